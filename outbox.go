@@ -1,0 +1,491 @@
+// Package outbox is a storage-agnostic transactional outbox.
+//
+// An application sends messages through a [github.com/outboxkit/outbox/middleware.Sender].
+// Middleware on the route captures each send into an [Envelope] instead of calling the
+// broker. The envelope is written to a [Store] — straight away ([Immediate] mode) or, in
+// [Transactional] mode, staged on a [Scope] carried by the context and written by the
+// store's unit of work in the same transaction as the application's own write. A
+// dispatcher ([github.com/outboxkit/outbox/dispatcher]) then relays envelopes to a broker
+// through a [Transport].
+//
+// This package holds the vocabulary every other package shares: messages and envelopes,
+// the store and transport contracts, write modes, the scope, bucket hashing and the
+// sentinel errors.
+//
+// # Semantics
+//
+//   - Delivery is at least once. A message can be published more than once (a relay
+//     crashes after the broker acknowledged it but before the store forgot it, or a lease
+//     moves while a publish is in flight); consumers deduplicate on the
+//     [HeaderMessageID] or [HeaderIdempotencyKey] header.
+//   - Order is kept per key: messages with one key land in one bucket, a bucket is relayed
+//     by one relay at a time, in the order the store assigned ([Envelope.Seq]). For
+//     writers that serialise their writes to a key, that is commit order.
+//   - Keys, payloads and headers are bytes. Nothing in the relay path serialises or
+//     re-encodes them.
+//
+// # Limitations
+//
+//   - Immediate mode is durable but not atomic with the application's own write: the
+//     envelope and the state are two writes. Use Transactional mode with a store's unit
+//     of work for atomicity.
+//   - Two uncoordinated transactions that write the same key have no defined order.
+//   - Lease expiry compares host clocks; keep relay hosts synchronised to well within the
+//     lease duration.
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Header names the outbox reads or stamps.
+const (
+	// HeaderMessageID carries the envelope's ID on every published message.
+	HeaderMessageID = "x-outbox-message-id"
+	// HeaderIdempotencyKey is stamped at capture with the message ID unless the
+	// application set one; consumers deduplicate on it.
+	HeaderIdempotencyKey = "idempotency-key"
+	// HeaderCorrelationID carries a correlation id across hops.
+	HeaderCorrelationID = "x-correlation-id"
+)
+
+// DefaultBucketCount is the bucket count stores use unless configured otherwise.
+const DefaultBucketCount = 8
+
+// Header is one message header. Headers are ordered and a key may repeat, as in Kafka.
+type Header struct {
+	Key   string
+	Value []byte
+}
+
+// Message is what an application sends.
+type Message struct {
+	// Topic names the destination: a Kafka topic, or a name a transport resolves to a
+	// queue. Required.
+	Topic string
+	// Key orders messages: messages with one key are delivered in order. A nil key is
+	// keyless; an empty, non-nil key is a real empty key.
+	Key []byte
+	// Payload is the message body. A nil payload is a tombstone.
+	Payload []byte
+	// Headers travel with the message in order.
+	Headers []Header
+	// Partition optionally pins the message to a Kafka partition. It also decides the
+	// bucket (partition modulo the bucket count).
+	Partition *int32
+}
+
+// Header returns the value of the last header named key, and whether there was one.
+func (m *Message) Header(key string) ([]byte, bool) {
+	for i := len(m.Headers) - 1; i >= 0; i-- {
+		if m.Headers[i].Key == key {
+			return m.Headers[i].Value, true
+		}
+	}
+	return nil, false
+}
+
+// Size is the number of bytes the message occupies: topic, key, payload and headers.
+// Stores and transports compare it with their limits.
+func (m *Message) Size() int {
+	n := len(m.Topic) + len(m.Key) + len(m.Payload)
+	for _, h := range m.Headers {
+		n += len(h.Key) + len(h.Value)
+	}
+	return n
+}
+
+// Validate reports whether the message can be captured.
+func (m *Message) Validate() error {
+	if m.Topic == "" {
+		return fmt.Errorf("%w: message has no topic", ErrInvalidMessage)
+	}
+	if m.Partition != nil && *m.Partition < 0 {
+		return fmt.Errorf("%w: partition %d is negative", ErrInvalidMessage, *m.Partition)
+	}
+	for i, h := range m.Headers {
+		if h.Key == "" {
+			return fmt.Errorf("%w: header %d has an empty key", ErrInvalidMessage, i)
+		}
+	}
+	return nil
+}
+
+// Status is where an envelope is in its life.
+type Status int
+
+const (
+	// Pending envelopes wait to be published (possibly not yet due after a failure).
+	Pending Status = iota
+	// Parked envelopes failed permanently or ran out of attempts. They are never
+	// deleted automatically; an operator requeues or purges them.
+	Parked
+	// Dispatched envelopes were published and are kept only while retention is on.
+	Dispatched
+)
+
+func (s Status) String() string {
+	switch s {
+	case Pending:
+		return "pending"
+	case Parked:
+		return "parked"
+	case Dispatched:
+		return "dispatched"
+	}
+	return fmt.Sprintf("Status(%d)", int(s))
+}
+
+// Envelope is a captured message with the bookkeeping the relay needs.
+type Envelope struct {
+	// ID is a UUIDv7, published as the HeaderMessageID header.
+	ID uuid.UUID
+	Message
+	// Bucket is the unit of ordering and of lease ownership; see [BucketOf].
+	Bucket int
+	// BucketCount is the writer's bucket count. A relay configured with another count
+	// refuses to dispatch it ([ErrMisconfigured]).
+	BucketCount int
+	// Seq orders envelopes within a bucket. The store assigns it.
+	Seq int64
+	// CreatedAt is the capture time.
+	CreatedAt time.Time
+	// Attempts counts failed publish attempts.
+	Attempts int
+	// NextAttemptAt is when the envelope is due. Zero means now.
+	NextAttemptAt time.Time
+	Status        Status
+	// LastError is the most recent publish failure.
+	LastError string
+	// DispatchedAt is set on envelopes kept by retention.
+	DispatchedAt time.Time
+}
+
+// NewEnvelope builds a pending envelope for msg: it validates the message, gives it a
+// fresh UUIDv7 and computes its bucket for bucketCount. The message's slices are not
+// copied.
+func NewEnvelope(msg Message, bucketCount int) (*Envelope, error) {
+	if bucketCount < 1 {
+		return nil, fmt.Errorf("%w: bucket count %d must be at least 1", ErrMisconfigured, bucketCount)
+	}
+	if err := msg.Validate(); err != nil {
+		return nil, err
+	}
+	id, err := uuid.NewV7()
+	if err != nil {
+		return nil, fmt.Errorf("outbox: new message id: %w", err)
+	}
+	now := time.Now().UTC()
+	return &Envelope{
+		ID:          id,
+		Message:     msg,
+		Bucket:      BucketOf(&msg, id, bucketCount),
+		BucketCount: bucketCount,
+		CreatedAt:   now,
+		Status:      Pending,
+	}, nil
+}
+
+// Due reports whether the envelope may be published at now.
+func (e *Envelope) Due(now time.Time) bool {
+	return e.Status == Pending && !e.NextAttemptAt.After(now)
+}
+
+// Clone returns a deep copy, so stores can hand out envelopes callers may change.
+func (e *Envelope) Clone() *Envelope {
+	c := *e
+	c.Key = cloneBytes(e.Key)
+	c.Payload = cloneBytes(e.Payload)
+	if e.Headers != nil {
+		c.Headers = make([]Header, len(e.Headers))
+		for i, h := range e.Headers {
+			c.Headers[i] = Header{Key: h.Key, Value: cloneBytes(h.Value)}
+		}
+	}
+	if e.Partition != nil {
+		p := *e.Partition
+		c.Partition = &p
+	}
+	return &c
+}
+
+// cloneBytes copies b, keeping nil and empty distinct.
+func cloneBytes(b []byte) []byte {
+	if b == nil {
+		return nil
+	}
+	return append(make([]byte, 0, len(b)), b...)
+}
+
+// WriteMode says how a captured send reaches the store.
+type WriteMode int
+
+const (
+	// Immediate writes the envelope straight to the store: durable, not atomic with the
+	// application's own write. The default.
+	Immediate WriteMode = iota
+	// Transactional stages the envelope on the context's [Scope]; a store's unit of work
+	// writes it in the application's transaction.
+	Transactional
+)
+
+func (m WriteMode) String() string {
+	switch m {
+	case Immediate:
+		return "immediate"
+	case Transactional:
+		return "transactional"
+	}
+	return fmt.Sprintf("WriteMode(%d)", int(m))
+}
+
+// Sentinel errors. Adapters wrap them with %w; test with errors.Is.
+var (
+	// ErrNoScope: a Transactional send found no scope on its context.
+	ErrNoScope = errors.New("outbox: transactional send without a scope: open one with outbox.NewScope (or the HTTP middleware) and commit through a store's unit of work")
+	// ErrMisconfigured: settings disagree (bucket counts, options); the relay stops.
+	ErrMisconfigured = errors.New("outbox: misconfigured")
+	// ErrNotFound: no envelope has the requested ID.
+	ErrNotFound = errors.New("outbox: not found")
+	// ErrClosed: the store, scope or dispatcher was closed.
+	ErrClosed = errors.New("outbox: closed")
+	// ErrInvalidMessage: the message cannot be captured (no topic, too large, ...).
+	ErrInvalidMessage = errors.New("outbox: invalid message")
+	// ErrTooLarge: a message or unit of work exceeds a store or transport limit. It
+	// wraps ErrInvalidMessage's meaning: nothing was written.
+	ErrTooLarge = errors.New("outbox: too large")
+	// ErrNoRoute: no route is registered for the topic.
+	ErrNoRoute = errors.New("outbox: no route for topic")
+)
+
+// Store is the minimum every store offers: a writer that the capture middleware uses.
+// Relays need [RelayStore]. Optional capabilities ([Admin], [Notifier], [Finder],
+// [Retainer], [SizeLimiter]) are found by type assertion.
+type Store interface {
+	// BucketCount is the store's configured bucket count. Envelopes written to it must
+	// carry the same count.
+	BucketCount() int
+	// Enqueue writes envelopes all or nothing, in a transaction of its own, and assigns
+	// their Seq. It refuses an envelope stamped with another bucket count
+	// ([ErrMisconfigured]) and returns [ErrClosed] after Close.
+	Enqueue(ctx context.Context, envs ...*Envelope) error
+	// Close releases what the store holds (notification listeners, goroutines). It does
+	// not close the client the caller passed in. Later calls return [ErrClosed].
+	Close() error
+}
+
+// Relay is what a dispatcher needs to drain a bucket.
+type Relay interface {
+	// Fetch returns up to limit pending envelopes of one bucket in Seq order, including
+	// envelopes that are not yet due (the dispatcher needs them to hold back later
+	// messages of a blocked key). Parked and dispatched envelopes are not returned.
+	Fetch(ctx context.Context, bucket, limit int) ([]*Envelope, error)
+	// Complete forgets envelopes the broker acknowledged: it deletes them. It is
+	// idempotent: completing an envelope that is gone is not an error.
+	Complete(ctx context.Context, envs []*Envelope) error
+	// Reschedule records a failed attempt: Attempts+1, NextAttemptAt=next, LastError=cause.
+	Reschedule(ctx context.Context, env *Envelope, next time.Time, cause string) error
+	// Park records a failure and parks the envelope; it is never retried automatically.
+	Park(ctx context.Context, env *Envelope, cause string) error
+}
+
+// Lease is one bucket's lease as read from the store. Owner is empty for a free
+// bucket. ExpiresAt doubles as the lease's version: renewals and releases are
+// conditional on it. Lease times have microsecond precision.
+type Lease struct {
+	Bucket    int
+	Owner     string
+	ExpiresAt time.Time
+}
+
+// Free reports whether the lease can be claimed at now: no owner, or lapsed.
+func (l Lease) Free(now time.Time) bool {
+	return l.Owner == "" || !l.ExpiresAt.After(now)
+}
+
+// RelayRecord is one relay's heartbeat record.
+type RelayRecord struct {
+	ID       string
+	LastSeen time.Time
+	// StoppedAt is set once the relay stopped gracefully; peers stop counting it.
+	StoppedAt time.Time
+}
+
+// Stopped reports whether the relay stamped itself stopped.
+func (r RelayRecord) Stopped() bool { return !r.StoppedAt.IsZero() }
+
+// Coordination is one consistent view of every lease and every relay record.
+type Coordination struct {
+	// Leases holds the stored leases, sorted by bucket. Buckets never leased are
+	// absent; leases of buckets beyond the bucket count are dropped by the reader.
+	Leases []Lease
+	// Relays holds every relay record, sorted by ID.
+	Relays []RelayRecord
+}
+
+// Leaser is the lease and heartbeat protocol of reference design "000": every write is
+// conditional, and the returned bool says whether the condition held. A refused write
+// is not an error. Times are truncated to microseconds by the caller; stores must
+// round-trip them exactly.
+type Leaser interface {
+	// ReadCoordination reads every lease and relay record in one consistent read.
+	ReadCoordination(ctx context.Context) (Coordination, error)
+	// Heartbeat sets relay's LastSeen to at, creating the record if needed, only if the
+	// stored LastSeen is earlier than at. It clears StoppedAt (a restart under the same
+	// ID).
+	Heartbeat(ctx context.Context, relay string, at time.Time) (bool, error)
+	// StopRelay stamps the relay's record StoppedAt=at (and LastSeen=at if later), so a
+	// heartbeat the relay abandoned cannot revive it.
+	StopRelay(ctx context.Context, relay string, at time.Time) error
+	// DeleteRelay deletes a relay record only if its LastSeen still equals lastSeen.
+	DeleteRelay(ctx context.Context, relay string, lastSeen time.Time) (bool, error)
+	// Claim takes a bucket for owner until expiresAt, only if the lease is absent, has
+	// no owner, or expired at now.
+	Claim(ctx context.Context, bucket int, owner string, now, expiresAt time.Time) (bool, error)
+	// Renew extends held to expiresAt, only if the stored lease still names held.Owner
+	// with expiry held.ExpiresAt, and that expiry is after now (an expired lease is
+	// never revived by a renewal).
+	Renew(ctx context.Context, held Lease, now, expiresAt time.Time) (bool, error)
+	// Release frees held, only if the stored lease still names held.Owner with expiry
+	// held.ExpiresAt.
+	Release(ctx context.Context, held Lease) (bool, error)
+}
+
+// RelayStore is everything a dispatcher needs.
+type RelayStore interface {
+	Store
+	Relay
+	Leaser
+}
+
+// Admin is the optional operator surface.
+type Admin interface {
+	// List returns envelopes with the given status, ordered by bucket then Seq,
+	// starting after the cursor (zero value: from the start), at most limit.
+	List(ctx context.Context, status Status, after Cursor, limit int) ([]*Envelope, error)
+	// Requeue makes parked envelopes pending again, due now, with Attempts reset. It
+	// returns how many it changed; unknown or non-parked IDs are skipped.
+	Requeue(ctx context.Context, ids ...uuid.UUID) (int, error)
+	// Purge deletes the given envelopes whatever their status and returns how many.
+	Purge(ctx context.Context, ids ...uuid.UUID) (int, error)
+	// Stats samples the backlog.
+	Stats(ctx context.Context) (Stats, error)
+}
+
+// Cursor is a position in List's order.
+type Cursor struct {
+	Bucket int
+	Seq    int64
+}
+
+// After returns the cursor just past env, for paging through List.
+func After(env *Envelope) Cursor { return Cursor{Bucket: env.Bucket, Seq: env.Seq} }
+
+// Stats is a backlog sample.
+type Stats struct {
+	// Pending counts pending envelopes per bucket, each count capped at PendingLimit.
+	Pending []int
+	// PendingLimit is the cap per bucket; a bucket at the cap may hold more.
+	PendingLimit int
+	// Parked counts parked envelopes (capped like Pending where the store must count
+	// item by item).
+	Parked int
+	// OldestPending is the CreatedAt of the oldest bucket head, zero when empty.
+	OldestPending time.Time
+}
+
+// Notifier is the optional wake-up capability: commits that wrote to a bucket are
+// announced so a local dispatcher need not wait for its next poll. Wake-ups are a
+// latency optimisation, never needed for correctness.
+type Notifier interface {
+	// Subscribe returns a channel of bucket numbers with new commits. Notifications
+	// coalesce and never block the writer; the channel closes when ctx ends or the
+	// store closes.
+	Subscribe(ctx context.Context) <-chan int
+}
+
+// Finder is the optional lookup by ID, used by stream-triggered dispatch.
+type Finder interface {
+	// Find returns the envelope with id in any status, or [ErrNotFound].
+	Find(ctx context.Context, id uuid.UUID) (*Envelope, error)
+}
+
+// Retainer is the optional capability that keeps dispatched envelopes for a while.
+type Retainer interface {
+	// MarkDispatched marks envelopes dispatched at at instead of deleting them.
+	// Idempotent like Complete.
+	MarkDispatched(ctx context.Context, envs []*Envelope, at time.Time) error
+	// DeleteDispatched deletes at most limit envelopes dispatched before before and
+	// returns how many; callers loop until it returns fewer than limit.
+	DeleteDispatched(ctx context.Context, before time.Time, limit int) (int, error)
+}
+
+// SizeLimiter is implemented by stores and transports with a per-message limit, so
+// capture can refuse an oversized message before anything is written.
+type SizeLimiter interface {
+	// MaxMessageSize is the largest [Message.Size] accepted.
+	MaxMessageSize() int
+}
+
+// Transport publishes envelopes to a broker.
+type Transport interface {
+	// Publish sends a batch and returns nil only when the broker durably acknowledged
+	// every message. Otherwise it returns a [*PublishError] naming the messages that
+	// failed (the others were acknowledged), or any other error meaning none may be
+	// assumed sent. Wrap permanent causes with [Permanent]. Every message must carry
+	// the [HeaderMessageID] header. Keys, payloads and headers pass through unchanged.
+	Publish(ctx context.Context, batch []*Envelope) error
+}
+
+// PublishError reports which messages of a batch failed.
+type PublishError struct {
+	Failed []MessageError
+}
+
+// MessageError is one message's failure.
+type MessageError struct {
+	ID  uuid.UUID
+	Err error
+}
+
+func (e *PublishError) Error() string {
+	if len(e.Failed) == 1 {
+		return fmt.Sprintf("outbox: publish %s: %v", e.Failed[0].ID, e.Failed[0].Err)
+	}
+	return fmt.Sprintf("outbox: publish: %d messages failed, first %s: %v", len(e.Failed), e.Failed[0].ID, e.Failed[0].Err)
+}
+
+// Unwrap exposes every cause to errors.Is and errors.As.
+func (e *PublishError) Unwrap() []error {
+	errs := make([]error, len(e.Failed))
+	for i, f := range e.Failed {
+		errs[i] = f.Err
+	}
+	return errs
+}
+
+// permanentError marks a failure that retrying cannot fix.
+type permanentError struct{ err error }
+
+func (p permanentError) Error() string { return p.err.Error() }
+func (p permanentError) Unwrap() error { return p.err }
+
+// Permanent marks err as a failure that retrying cannot fix (message too large, unknown
+// destination, not authorised): the dispatcher parks the message at once.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return permanentError{err}
+}
+
+// IsPermanent reports whether err, or an error it wraps, was marked [Permanent].
+func IsPermanent(err error) bool {
+	var p permanentError
+	return errors.As(err, &p)
+}
