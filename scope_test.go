@@ -1,0 +1,159 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxkit/outbox"
+)
+
+func newEnvelope(t *testing.T, topic string) *outbox.Envelope {
+	t.Helper()
+	env, err := outbox.NewEnvelope(outbox.Message{Topic: topic, Key: []byte("k")}, 8)
+	require.NoError(t, err)
+	return env
+}
+
+func TestScopeStageTakeRelease(t *testing.T) {
+	t.Parallel()
+	ctx, scope := outbox.NewScope(context.Background())
+	require.Same(t, scope, outbox.ScopeFrom(ctx))
+	require.Nil(t, outbox.ScopeFrom(context.Background()))
+
+	a, b := newEnvelope(t, "a"), newEnvelope(t, "b")
+	require.NoError(t, scope.Stage(a))
+	require.NoError(t, scope.Stage(b))
+	require.Equal(t, 2, scope.Len())
+	require.Equal(t, []*outbox.Envelope{a, b}, scope.Take(), "staging order kept")
+	require.Zero(t, scope.Len(), "take empties the buffer")
+
+	before := outbox.AbandonedEnvelopes()
+	require.Zero(t, scope.Release(), "releasing an empty scope is quiet")
+	require.Equal(t, before, outbox.AbandonedEnvelopes())
+	require.ErrorIs(t, scope.Stage(a), outbox.ErrClosed)
+}
+
+func TestScopeReleaseReportsUncommitted(t *testing.T) {
+	// Not parallel: reads the process-wide counter.
+	_, scope := outbox.NewScope(context.Background())
+	require.NoError(t, scope.Stage(newEnvelope(t, "a"), newEnvelope(t, "b")))
+	before := outbox.AbandonedEnvelopes()
+	require.Equal(t, 2, scope.Release())
+	require.Equal(t, before+2, outbox.AbandonedEnvelopes())
+	require.Zero(t, scope.Release(), "second release is harmless")
+}
+
+func TestScopeConcurrentStage(t *testing.T) {
+	t.Parallel()
+	_, scope := outbox.NewScope(context.Background())
+	env := newEnvelope(t, "a")
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 100 {
+				require.NoError(t, scope.Stage(env))
+			}
+		})
+	}
+	wg.Wait()
+	require.Len(t, scope.Take(), 800)
+}
+
+func TestNewEnvelope(t *testing.T) {
+	t.Parallel()
+	p := int32(3)
+	msg := outbox.Message{Topic: "orders", Key: []byte{}, Partition: &p, Headers: []outbox.Header{{Key: "h", Value: nil}}}
+	env, err := outbox.NewEnvelope(msg, 8)
+	require.NoError(t, err)
+	require.EqualValues(t, 7, env.ID.Version())
+	require.Equal(t, 3, env.Bucket)
+	require.Equal(t, 8, env.BucketCount)
+	require.Equal(t, outbox.Pending, env.Status)
+	require.True(t, env.Due(time.Now()))
+
+	_, err = outbox.NewEnvelope(outbox.Message{}, 8)
+	require.ErrorIs(t, err, outbox.ErrInvalidMessage)
+	neg := int32(-1)
+	_, err = outbox.NewEnvelope(outbox.Message{Topic: "t", Partition: &neg}, 8)
+	require.ErrorIs(t, err, outbox.ErrInvalidMessage)
+	_, err = outbox.NewEnvelope(outbox.Message{Topic: "t", Headers: []outbox.Header{{}}}, 8)
+	require.ErrorIs(t, err, outbox.ErrInvalidMessage)
+	_, err = outbox.NewEnvelope(outbox.Message{Topic: "t"}, 0)
+	require.ErrorIs(t, err, outbox.ErrMisconfigured)
+}
+
+func TestEnvelopeCloneIsDeep(t *testing.T) {
+	t.Parallel()
+	p := int32(1)
+	env, err := outbox.NewEnvelope(outbox.Message{Topic: "t", Key: []byte("k"), Payload: []byte("v"),
+		Headers: []outbox.Header{{Key: "a", Value: []byte("1")}}, Partition: &p}, 4)
+	require.NoError(t, err)
+	c := env.Clone()
+	require.Equal(t, env, c)
+	c.Key[0], c.Payload[0], c.Headers[0].Value[0], *c.Partition = 'x', 'x', 'x', 9
+	require.Equal(t, "k", string(env.Key))
+	require.Equal(t, "v", string(env.Payload))
+	require.Equal(t, "1", string(env.Headers[0].Value))
+	require.EqualValues(t, 1, *env.Partition)
+
+	tomb := &outbox.Envelope{Message: outbox.Message{Key: []byte{}}}
+	require.NotNil(t, tomb.Clone().Key, "empty key stays empty, not nil")
+	require.Nil(t, tomb.Clone().Payload, "tombstone stays nil")
+}
+
+func TestPublishErrorAndPermanent(t *testing.T) {
+	t.Parallel()
+	cause := errors.New("record too large")
+	a, b := newEnvelope(t, "a"), newEnvelope(t, "b")
+	err := error(&outbox.PublishError{Failed: []outbox.MessageError{
+		{ID: a.ID, Err: outbox.Permanent(cause)},
+		{ID: b.ID, Err: context.DeadlineExceeded},
+	}})
+	require.ErrorIs(t, err, cause)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.True(t, outbox.IsPermanent(err), "some failure is permanent")
+	require.False(t, outbox.IsPermanent(context.DeadlineExceeded))
+	require.True(t, outbox.IsPermanent(fmt.Errorf("wrapped: %w", outbox.Permanent(cause))))
+	require.NoError(t, outbox.Permanent(nil))
+	require.Contains(t, err.Error(), "2 messages failed")
+}
+
+func TestHubNotifiesAndCloses(t *testing.T) {
+	t.Parallel()
+	var hub outbox.Hub
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := hub.Subscribe(ctx)
+	hub.Notify(3, 5)
+	require.Equal(t, 3, <-ch)
+	require.Equal(t, 5, <-ch)
+
+	for range 1000 { // a slow subscriber never blocks the writer
+		hub.Notify(1)
+	}
+	cancel()
+	require.Eventually(t, func() bool {
+		for {
+			select {
+			case _, ok := <-ch:
+				if !ok {
+					return true
+				}
+			default:
+				return false
+			}
+		}
+	}, time.Second, time.Millisecond, "subscription closes with its context")
+
+	other := hub.Subscribe(context.Background())
+	hub.Close()
+	_, ok := <-other
+	require.False(t, ok, "close ends subscriptions")
+	_, ok = <-hub.Subscribe(context.Background())
+	require.False(t, ok, "subscribing to a closed hub gets a closed channel")
+}
