@@ -1,0 +1,100 @@
+package middleware
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+
+	"github.com/outboxkit/outbox"
+)
+
+// Sender sends one message. Handlers call it; routes, middleware and terminals
+// implement it.
+type Sender interface {
+	Send(ctx context.Context, msg outbox.Message) error
+}
+
+// SenderFunc adapts a function to [Sender].
+type SenderFunc func(ctx context.Context, msg outbox.Message) error
+
+// Send calls f.
+func (f SenderFunc) Send(ctx context.Context, msg outbox.Message) error { return f(ctx, msg) }
+
+// Middleware wraps a Sender with behaviour of its own. It may change the message (on a
+// copy), call next, or answer without calling next (as capture does).
+type Middleware func(next Sender) Sender
+
+// Chain wraps terminal in mws. The first middleware is the outermost: it sees a send
+// first. A nil terminal fails every send that reaches it.
+func Chain(terminal Sender, mws ...Middleware) Sender {
+	s := terminal
+	if s == nil {
+		s = noTerminal{}
+	}
+	for i := len(mws) - 1; i >= 0; i-- {
+		s = mws[i](s)
+	}
+	return s
+}
+
+// noTerminal ends a route that registered no terminal.
+type noTerminal struct{}
+
+func (noTerminal) Send(_ context.Context, msg outbox.Message) error {
+	return fmt.Errorf("middleware: route %q reached its end without a terminal: add UseOutbox or an Inline transport to the route", msg.Topic)
+}
+
+// Router sends each message through the route registered for its topic. It is itself a
+// Sender, so handlers depend on Sender alone. Register routes before the first send;
+// Handle and Send are safe for concurrent use.
+type Router struct {
+	shared []Middleware
+	mu     sync.RWMutex
+	routes map[string]Sender
+}
+
+// NewRouter returns a router whose routes all start with the shared middleware, outermost
+// first, followed by each route's own.
+func NewRouter(shared ...Middleware) *Router {
+	return &Router{shared: shared, routes: make(map[string]Sender)}
+}
+
+// Handle registers the route for topic: the router's shared middleware, then mws, then
+// terminal. terminal may be nil when a middleware answers every send (as
+// [Outbox.UseOutbox] does). Handle panics on an empty topic or a topic registered
+// twice, like http.ServeMux: both are programming errors found at start-up.
+func (r *Router) Handle(topic string, terminal Sender, mws ...Middleware) {
+	if topic == "" {
+		panic("middleware: Router.Handle with an empty topic")
+	}
+	all := make([]Middleware, 0, len(r.shared)+len(mws))
+	all = append(append(all, r.shared...), mws...)
+	s := Chain(terminal, all...)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, dup := r.routes[topic]; dup {
+		panic(fmt.Sprintf("middleware: Router.Handle: topic %q is already registered", topic))
+	}
+	r.routes[topic] = s
+}
+
+// Send sends msg through its topic's route. A topic with no route fails with an error
+// wrapping [outbox.ErrNoRoute].
+func (r *Router) Send(ctx context.Context, msg outbox.Message) error {
+	r.mu.RLock()
+	s, ok := r.routes[msg.Topic]
+	r.mu.RUnlock()
+	if !ok {
+		return fmt.Errorf("%w %q: register a route for it with Router.Handle before sending", outbox.ErrNoRoute, msg.Topic)
+	}
+	return s.Send(ctx, msg)
+}
+
+// Topics returns the registered topics, sorted.
+func (r *Router) Topics() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return slices.Sorted(maps.Keys(r.routes))
+}
