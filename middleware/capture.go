@@ -131,7 +131,7 @@ func (o *Outbox) capture(ctx context.Context, msg outbox.Message, mode outbox.Wr
 	}
 	if !o.cfg.DisableIdempotencyKey {
 		if _, ok := env.Header(outbox.HeaderIdempotencyKey); !ok {
-			env.Headers = withHeader(env.Headers, outbox.HeaderIdempotencyKey, []byte(env.ID.String()))
+			env.Headers = withHeader(env.Headers, outbox.HeaderIdempotencyKey, idempotencyKey(env))
 		}
 	}
 	if o.limit > 0 {
@@ -162,4 +162,11 @@ func withHeader(headers []outbox.Header, key string, value []byte) []outbox.Head
 // isContextErr reports a cancellation or deadline, which callers get back unwrapped.
 func isContextErr(err error) bool {
 	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// idempotencyKey is the envelope's id in its canonical text form, built in one
+// allocation.
+func idempotencyKey(env *outbox.Envelope) []byte {
+	text, _ := env.ID.MarshalText() // never fails
+	return text
 }

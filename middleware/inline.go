@@ -21,7 +21,7 @@ func Inline(t outbox.Transport) Sender {
 			return err
 		}
 		if _, ok := env.Header(outbox.HeaderIdempotencyKey); !ok {
-			env.Headers = withHeader(env.Headers, outbox.HeaderIdempotencyKey, []byte(env.ID.String()))
+			env.Headers = withHeader(env.Headers, outbox.HeaderIdempotencyKey, idempotencyKey(env))
 		}
 		if err := t.Publish(ctx, []*outbox.Envelope{env}); err != nil {
 			if isContextErr(err) {
