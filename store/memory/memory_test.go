@@ -1,0 +1,252 @@
+package memory_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/store/memory"
+)
+
+func newStore(t testing.TB, buckets int) *memory.Store {
+	t.Helper()
+	s, err := memory.New(memory.Config{BucketCount: buckets})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+func newEnvelope(t testing.TB, s outbox.Store, key, payload string) *outbox.Envelope {
+	t.Helper()
+	env, err := outbox.NewEnvelope(outbox.Message{Topic: "t", Key: []byte(key), Payload: []byte(payload)}, s.BucketCount())
+	require.NoError(t, err)
+	return env
+}
+
+func TestConfigValidate(t *testing.T) {
+	t.Parallel()
+	_, err := memory.New(memory.Config{BucketCount: -1})
+	require.ErrorIs(t, err, outbox.ErrMisconfigured)
+	require.ErrorContains(t, err, "BucketCount")
+	_, err = memory.New(memory.Config{MaxMessageSize: -1})
+	require.ErrorContains(t, err, "MaxMessageSize")
+
+	s, err := memory.New(memory.Config{})
+	require.NoError(t, err)
+	require.Equal(t, outbox.DefaultBucketCount, s.BucketCount())
+	require.Equal(t, memory.DefaultMaxMessageSize, s.MaxMessageSize())
+}
+
+func TestCommitWritesNothingWhenApplyFails(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, 1)
+	ctx, scope := outbox.NewScope(context.Background())
+	defer scope.Release()
+	require.NoError(t, scope.Stage(newEnvelope(t, s, "k", "a"), newEnvelope(t, s, "k", "b")))
+
+	boom := errors.New("boom")
+	require.ErrorIs(t, s.Commit(ctx, func() error { return boom }), boom)
+	envs, err := s.Fetch(ctx, 0, 10)
+	require.NoError(t, err)
+	require.Empty(t, envs)
+	require.Zero(t, scope.Len(), "a failed unit of work takes its staged envelopes with it")
+}
+
+func TestCommitDoesNotApplyWhenEnvelopesAreRefused(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, 2)
+	ctx, scope := outbox.NewScope(context.Background())
+	defer scope.Release()
+	wrong, err := outbox.NewEnvelope(outbox.Message{Topic: "t"}, 3)
+	require.NoError(t, err)
+	require.NoError(t, scope.Stage(newEnvelope(t, s, "k", "a"), wrong))
+
+	applied := false
+	err = s.Commit(ctx, func() error { applied = true; return nil })
+	require.ErrorIs(t, err, outbox.ErrMisconfigured)
+	require.False(t, applied, "the state change must not happen when the envelopes cannot be written")
+	st, err := s.Stats(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []int{0, 0}, st.Pending)
+}
+
+func TestCommitWithoutScope(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, 1)
+	require.ErrorIs(t, s.Commit(context.Background(), nil), outbox.ErrNoScope)
+}
+
+func TestTransactUsesTheCallersScope(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, 1)
+	ctx, scope := outbox.NewScope(context.Background())
+	defer scope.Release()
+	require.NoError(t, s.Transact(ctx, func(inner context.Context) error {
+		require.Same(t, scope, outbox.ScopeFrom(inner))
+		return scope.Stage(newEnvelope(t, s, "k", "a"))
+	}))
+	envs, err := s.Fetch(ctx, 0, 10)
+	require.NoError(t, err)
+	require.Len(t, envs, 1)
+}
+
+func TestTooLarge(t *testing.T) {
+	t.Parallel()
+	s, err := memory.New(memory.Config{BucketCount: 1, MaxMessageSize: 10})
+	require.NoError(t, err)
+	defer s.Close()
+	ctx := context.Background()
+	err = s.Enqueue(ctx, newEnvelope(t, s, "k", "ok"), newEnvelope(t, s, "k", "this payload is too long"))
+	require.ErrorIs(t, err, outbox.ErrTooLarge)
+	envs, err := s.Fetch(ctx, 0, 10)
+	require.NoError(t, err)
+	require.Empty(t, envs, "a refused batch writes nothing")
+}
+
+func TestDuplicateIDRefused(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, 1)
+	ctx := context.Background()
+	env := newEnvelope(t, s, "k", "a")
+	require.NoError(t, s.Enqueue(ctx, env))
+	require.ErrorIs(t, s.Enqueue(ctx, env.Clone()), outbox.ErrInvalidMessage)
+	require.ErrorIs(t, s.Enqueue(ctx, newEnvelope(t, s, "k", "b"), env), outbox.ErrInvalidMessage)
+}
+
+func TestCallersCannotChangeStoredEnvelopes(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, 1)
+	ctx := context.Background()
+	env := newEnvelope(t, s, "k", "abc")
+	require.NoError(t, s.Enqueue(ctx, env))
+	env.Payload[0] = 'X'
+
+	got, err := s.Fetch(ctx, 0, 1)
+	require.NoError(t, err)
+	require.Equal(t, "abc", string(got[0].Payload))
+	got[0].Payload[0] = 'Y'
+	got[0].Status = outbox.Parked
+
+	again, err := s.Fetch(ctx, 0, 1)
+	require.NoError(t, err)
+	require.Len(t, again, 1)
+	require.Equal(t, "abc", string(again[0].Payload))
+}
+
+// TestQueueBookkeeping drives parking, requeueing, completing and retention through
+// enough envelopes to trigger the queue's compaction, and checks Fetch and Stats stay
+// exact.
+func TestQueueBookkeeping(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, 1)
+	ctx := context.Background()
+	var envs []*outbox.Envelope
+	for range 300 {
+		envs = append(envs, newEnvelope(t, s, "k", "p"))
+	}
+	require.NoError(t, s.Enqueue(ctx, envs...))
+
+	// Park every third, mark every third (offset 1) dispatched: 200 dead in the queue.
+	var parked, dispatched []*outbox.Envelope
+	for i, env := range envs {
+		switch i % 3 {
+		case 0:
+			require.NoError(t, s.Park(ctx, env, "bad"))
+			parked = append(parked, env)
+		case 1:
+			dispatched = append(dispatched, env)
+		}
+	}
+	require.NoError(t, s.MarkDispatched(ctx, dispatched, envs[0].CreatedAt))
+	got, err := s.Fetch(ctx, 0, 1000)
+	require.NoError(t, err)
+	require.Len(t, got, 100)
+	for i, env := range got {
+		require.Equal(t, envs[3*i+2].ID, env.ID)
+	}
+
+	// Requeue the parked ones: they return to their Seq positions.
+	ids := make([]uuid.UUID, 0, len(parked))
+	for _, env := range parked {
+		ids = append(ids, env.ID)
+	}
+	n, err := s.Requeue(ctx, ids...)
+	require.NoError(t, err)
+	require.Equal(t, 100, n)
+	got, err = s.Fetch(ctx, 0, 1000)
+	require.NoError(t, err)
+	require.Len(t, got, 200)
+	for i := 1; i < len(got); i++ {
+		require.Less(t, got[i-1].Seq, got[i].Seq)
+	}
+	st, err := s.Stats(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []int{200}, st.Pending)
+	require.Zero(t, st.Parked)
+
+	require.NoError(t, s.Complete(ctx, got))
+	got, err = s.Fetch(ctx, 0, 1000)
+	require.NoError(t, err)
+	require.Empty(t, got)
+	deleted, err := s.DeleteDispatched(ctx, envs[0].CreatedAt.Add(1), 1000)
+	require.NoError(t, err)
+	require.Equal(t, 100, deleted)
+}
+
+func TestConcurrentEnqueueKeepsSeqStrictlyIncreasing(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, 2)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for range 50 {
+				if err := s.Enqueue(ctx, newEnvelope(t, s, string(rune('a'+g)), "p")); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	total := 0
+	for b := range 2 {
+		envs, err := s.Fetch(ctx, b, 1000)
+		require.NoError(t, err)
+		for i := 1; i < len(envs); i++ {
+			require.Less(t, envs[i-1].Seq, envs[i].Seq)
+		}
+		total += len(envs)
+	}
+	require.Equal(t, 400, total)
+}
+
+func BenchmarkEnqueue(b *testing.B) {
+	for _, batch := range []int{1, 10, 100} {
+		b.Run(map[int]string{1: "batch=1", 10: "batch=10", 100: "batch=100"}[batch], func(b *testing.B) {
+			s := newStore(b, outbox.DefaultBucketCount)
+			ctx := context.Background()
+			payload := make([]byte, 256)
+			envs := make([]*outbox.Envelope, batch)
+			b.ReportAllocs()
+			for b.Loop() {
+				for i := range envs {
+					env, err := outbox.NewEnvelope(outbox.Message{Topic: "bench", Key: []byte{byte(i)}, Payload: payload}, s.BucketCount())
+					if err != nil {
+						b.Fatal(err)
+					}
+					envs[i] = env
+				}
+				if err := s.Enqueue(ctx, envs...); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "msgs/s")
+		})
+	}
+}
