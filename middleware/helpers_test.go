@@ -1,88 +1,38 @@
 package middleware_test
 
-// Temporary stand-ins until store/memory and outboxtest.Recorder land.
-
 import (
-	"context"
-	"slices"
-	"sync"
 	"testing"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/store/memory"
 )
 
-type tmpStore struct {
-	mu     sync.Mutex
-	envs   []*outbox.Envelope
-	closed bool
-	limit  int
+// newStore returns an empty memory store, closed when the test ends.
+func newStore(t *testing.T) *memory.Store {
+	t.Helper()
+	return newStoreWith(t, memory.Config{})
 }
 
-func (s *tmpStore) BucketCount() int { return outbox.DefaultBucketCount }
-func (s *tmpStore) Enqueue(ctx context.Context, envs ...*outbox.Envelope) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return outbox.ErrClosed
-	}
-	for _, e := range envs {
-		s.envs = append(s.envs, e.Clone())
-	}
-	return nil
-}
-func (s *tmpStore) Close() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.closed = true
-	return nil
+// newLimitedStore returns a memory store that refuses messages over limit bytes.
+func newLimitedStore(t *testing.T, limit int) *memory.Store {
+	t.Helper()
+	return newStoreWith(t, memory.Config{MaxMessageSize: limit})
 }
 
-type limitedStore struct{ *tmpStore }
-
-func (s limitedStore) MaxMessageSize() int { return s.limit }
-
-func newStore(t *testing.T) outbox.Store { return &tmpStore{} }
-func newLimitedStore(t *testing.T, limit int) outbox.Store {
-	return limitedStore{&tmpStore{limit: limit}}
+func newStoreWith(t *testing.T, cfg memory.Config) *memory.Store {
+	t.Helper()
+	s, err := memory.New(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	return s
 }
 
-func stored(t *testing.T, s outbox.Store) []*outbox.Envelope {
-	var ts *tmpStore
-	switch v := s.(type) {
-	case *tmpStore:
-		ts = v
-	case limitedStore:
-		ts = v.tmpStore
-	}
-	ts.mu.Lock()
-	defer ts.mu.Unlock()
-	return slices.Clone(ts.envs)
+// stored returns every pending envelope in the store, by bucket then Seq.
+func stored(t *testing.T, s *memory.Store) []*outbox.Envelope {
+	t.Helper()
+	envs, err := s.List(t.Context(), outbox.Pending, outbox.Cursor{}, 1000)
+	require.NoError(t, err)
+	return envs
 }
-
-type tmpRecorder struct {
-	mu   sync.Mutex
-	envs []*outbox.Envelope
-}
-
-func (r *tmpRecorder) Publish(_ context.Context, batch []*outbox.Envelope) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, e := range batch {
-		r.envs = append(r.envs, e.Clone())
-	}
-	return nil
-}
-
-func newRecorder(t *testing.T) *tmpRecorder { return &tmpRecorder{} }
-func recorded(t *testing.T, r *tmpRecorder) []*outbox.Envelope {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return slices.Clone(r.envs)
-}
-
-type failingTransport struct{ err error }
-
-func (f failingTransport) Publish(context.Context, []*outbox.Envelope) error { return f.err }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/middleware"
+	"github.com/outboxkit/outbox/outboxtest"
 )
 
 // countingTerminal records how many sends reached the end of a route.
@@ -490,13 +491,13 @@ func TestStoreErrorIsReturned(t *testing.T) {
 
 func TestInlineRoutePublishesThroughTheTransport(t *testing.T) {
 	t.Parallel()
-	tr := newRecorder(t)
+	tr := outboxtest.NewRecorder()
 	r := middleware.NewRouter(middleware.CorrelationID())
 	r.Handle("metrics", middleware.Inline(tr))
 	ctx := middleware.WithCorrelationID(t.Context(), "c-1")
 	require.NoError(t, r.Send(ctx, outbox.Message{Topic: "metrics", Key: []byte("k"), Payload: []byte("v")}))
 
-	got := recorded(t, tr)
+	got := tr.Messages()
 	require.Len(t, got, 1)
 	assert.Equal(t, "metrics", got[0].Topic)
 	assert.Equal(t, []byte("k"), got[0].Key)
@@ -510,7 +511,8 @@ func TestInlineRoutePublishesThroughTheTransport(t *testing.T) {
 func TestInlineRouteReturnsTheBrokersError(t *testing.T) {
 	t.Parallel()
 	broken := errors.New("broker unreachable")
-	tr := failingTransport{err: broken}
+	tr := outboxtest.NewRecorder()
+	tr.FailWhen(func(*outbox.Envelope) error { return broken })
 	r := middleware.NewRouter()
 	r.Handle("metrics", middleware.Inline(tr))
 	err := r.Send(t.Context(), outbox.Message{Topic: "metrics"})
