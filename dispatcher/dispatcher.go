@@ -1,0 +1,621 @@
+package dispatcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/outboxkit/outbox"
+)
+
+// Dispatcher relays envelopes from a store to a transport. Build one with [New], then
+// either run the worker ([Dispatcher.Start], [Dispatcher.Stop]) or call
+// [Dispatcher.RunOnce] from a scheduler, and [Dispatcher.DispatchOne] from a change
+// stream.
+type Dispatcher struct {
+	store     outbox.RelayStore
+	transport outbox.Transport
+	cfg       Config
+	log       *slog.Logger
+	notifier  outbox.Notifier
+	finder    outbox.Finder
+	retainer  outbox.Retainer
+
+	// mu guards leases: the buckets this relay may publish, with the lease as stored.
+	mu     sync.Mutex
+	leases map[int]outbox.Lease
+	// bucketLocks serialise draining one bucket (worker, RunOnce, DispatchOne) and
+	// releasing its lease.
+	bucketLocks []chan struct{}
+	// coordMu serialises coordination rounds.
+	coordMu sync.Mutex
+	// lastPlan is the last round's plan; round counts rounds for standby skipping.
+	lastPlan LeasePlan
+	round    uint64
+
+	rounds, refused, published, retried, parked, deleted, outOfOrder atomic.Int64
+
+	life       sync.Mutex
+	started    bool
+	stopReq    chan struct{}
+	stopOnce   sync.Once
+	stopped    chan struct{}
+	cancelWork context.CancelFunc
+	err        error
+	// finishMu serialises the final resignation; resigned records it happened.
+	finishMu sync.Mutex
+	resigned atomic.Bool
+}
+
+// Stats are counters since the dispatcher was built.
+type Stats struct {
+	// Rounds is the number of coordination rounds run.
+	Rounds int64
+	// RefusedWrites counts conditional lease and heartbeat writes the store refused.
+	// A healthy fleet in steady state refuses none.
+	RefusedWrites int64
+	// Published counts envelopes the broker acknowledged.
+	Published int64
+	// Retried counts failed envelopes rescheduled with backoff.
+	Retried int64
+	// Parked counts envelopes parked.
+	Parked int64
+	// Deleted counts dispatched envelopes deleted by retention cleanup.
+	Deleted int64
+	// OutOfOrder counts envelopes a transport acknowledged although an earlier
+	// envelope of their key failed in the same Publish call; it can only be non-zero
+	// with [Config.SameKeyBatches].
+	OutOfOrder int64
+}
+
+// Result sums up one [Dispatcher.RunOnce] or [Dispatcher.DispatchOne].
+type Result struct {
+	// Buckets is the number of buckets this call held and drained.
+	Buckets int
+	// Published counts envelopes the broker acknowledged.
+	Published int
+	// Retried counts failed envelopes rescheduled with backoff.
+	Retried int
+	// Parked counts envelopes parked.
+	Parked int
+	// Deleted counts dispatched envelopes removed by retention cleanup.
+	Deleted int
+}
+
+func (r *Result) add(o Result) {
+	r.Published += o.Published
+	r.Retried += o.Retried
+	r.Parked += o.Parked
+	r.Deleted += o.Deleted
+}
+
+// New builds a dispatcher over store and transport. It reads nothing and starts
+// nothing. The store's bucket count must equal cfg.BucketCount, and Retention needs a
+// store that implements [outbox.Retainer]; otherwise New returns an error wrapping
+// [outbox.ErrMisconfigured].
+func New(store outbox.RelayStore, transport outbox.Transport, cfg Config) (*Dispatcher, error) {
+	if store == nil {
+		return nil, fmt.Errorf("%w: dispatcher: store is nil", outbox.ErrMisconfigured)
+	}
+	if transport == nil {
+		return nil, fmt.Errorf("%w: dispatcher: transport is nil", outbox.ErrMisconfigured)
+	}
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if n := store.BucketCount(); n != cfg.BucketCount {
+		return nil, fmt.Errorf("%w: dispatcher Config.BucketCount is %d but the store has %d buckets; every writer, store and relay must use one count",
+			outbox.ErrMisconfigured, cfg.BucketCount, n)
+	}
+	d := &Dispatcher{
+		store:       store,
+		transport:   transport,
+		cfg:         cfg,
+		log:         cfg.Logger.With("relay", cfg.RelayID),
+		leases:      make(map[int]outbox.Lease),
+		bucketLocks: make([]chan struct{}, cfg.BucketCount),
+		stopReq:     make(chan struct{}),
+		stopped:     make(chan struct{}),
+	}
+	for i := range d.bucketLocks {
+		d.bucketLocks[i] = make(chan struct{}, 1)
+	}
+	d.notifier, _ = store.(outbox.Notifier)
+	d.finder, _ = store.(outbox.Finder)
+	d.retainer, _ = store.(outbox.Retainer)
+	if cfg.Retention > 0 && d.retainer == nil {
+		return nil, fmt.Errorf("%w: dispatcher Config.Retention is %s but the store does not implement outbox.Retainer; set Retention to 0",
+			outbox.ErrMisconfigured, cfg.Retention)
+	}
+	return d, nil
+}
+
+// RelayID is the ID this relay uses in leases and heartbeats.
+func (d *Dispatcher) RelayID() string { return d.cfg.RelayID }
+
+// Stats returns the dispatcher's counters.
+func (d *Dispatcher) Stats() Stats {
+	return Stats{
+		Rounds:        d.rounds.Load(),
+		RefusedWrites: d.refused.Load(),
+		Published:     d.published.Load(),
+		Retried:       d.retried.Load(),
+		Parked:        d.parked.Load(),
+		Deleted:       d.deleted.Load(),
+		OutOfOrder:    d.outOfOrder.Load(),
+	}
+}
+
+// Owned returns, in order, the buckets this relay may publish from now: it holds
+// their lease and the lease is not near its expiry.
+func (d *Dispatcher) Owned() []int {
+	return d.ownedAt(d.now())
+}
+
+func (d *Dispatcher) ownedAt(now time.Time) []int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []int
+	for b, l := range d.leases {
+		if d.valid(l, now) {
+			out = append(out, b)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// margin is how long before its expiry a lease stops covering publishes: a batch that
+// starts later could still be in flight when a peer takes the bucket.
+func (d *Dispatcher) margin() time.Duration { return d.cfg.LeaseRenewInterval / 2 }
+
+func (d *Dispatcher) valid(l outbox.Lease, now time.Time) bool {
+	return now.Before(l.ExpiresAt.Add(-d.margin()))
+}
+
+// publishable reports whether bucket's lease covers a publish starting now.
+func (d *Dispatcher) publishable(bucket int, now time.Time) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	l, ok := d.leases[bucket]
+	return ok && d.valid(l, now)
+}
+
+// now reads the clock, in UTC, truncated to the microsecond precision stores keep.
+func (d *Dispatcher) now() time.Time {
+	return d.cfg.Now().UTC().Truncate(time.Microsecond)
+}
+
+func (d *Dispatcher) lockBucket(ctx context.Context, b int) error {
+	select {
+	case d.bucketLocks[b] <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (d *Dispatcher) unlockBucket(b int) { <-d.bucketLocks[b] }
+
+// RunOnce runs one sweep, for a scheduled function: it writes the heartbeat and takes
+// the buckets the fair-share plan gives it, drains every due envelope of those buckets,
+// runs retention cleanup if it holds bucket 0, then stamps the relay stopped and
+// releases its leases. It refuses to run while the worker runs. Every relay of a fleet
+// sharing a store must use its own RelayID.
+func (d *Dispatcher) RunOnce(ctx context.Context) (Result, error) {
+	d.life.Lock()
+	running := d.started && !d.resigned.Load()
+	d.life.Unlock()
+	if running {
+		return Result{}, errors.New("dispatcher: RunOnce while the worker runs; use one or the other")
+	}
+	var res Result
+	if err := d.coordinate(ctx); err != nil {
+		return res, err
+	}
+	owned := d.Owned()
+	res.Buckets = len(owned)
+	drained, _, err := d.drainBuckets(ctx, owned, true)
+	res.add(drained)
+	if err == nil {
+		var n int
+		n, err = d.cleanupRetention(ctx)
+		res.Deleted = n
+	}
+	if rerr := d.resign(ctx); err == nil {
+		err = rerr
+	}
+	return res, err
+}
+
+// DispatchOne publishes the envelope with id, for a change-stream trigger. The store
+// must implement [outbox.Finder].
+//
+// To keep per-key order it never publishes the envelope alone: under the lease of the
+// envelope's bucket it drains that bucket, in Seq order, up to and including the
+// envelope. If this relay's worker holds the bucket, it drains under that lease. If the
+// bucket is free, it claims it, drains, and releases it at once. If another relay holds
+// the bucket, DispatchOne does nothing and returns a zero Result: that relay publishes
+// the envelope. An envelope that is no longer pending (published, parked) or not yet
+// due is left alone as well.
+func (d *Dispatcher) DispatchOne(ctx context.Context, id uuid.UUID) (Result, error) {
+	var res Result
+	if d.finder == nil {
+		return res, fmt.Errorf("%w: dispatcher: DispatchOne needs a store that implements outbox.Finder", outbox.ErrMisconfigured)
+	}
+	env, err := d.finder.Find(ctx, id)
+	if err != nil {
+		return res, err
+	}
+	if env.Status != outbox.Pending {
+		return res, nil
+	}
+	if err := d.checkEnvelope(env); err != nil {
+		return res, err
+	}
+	b := env.Bucket
+	if !d.publishable(b, d.now()) {
+		claimed, err := d.claimOne(ctx, b)
+		if err != nil || !claimed {
+			return res, err
+		}
+		defer func() {
+			if err := d.releaseOne(context.WithoutCancel(ctx), b); err != nil {
+				d.log.Warn("dispatcher: releasing a bucket claimed for one dispatch failed; its lease will lapse", "bucket", b, "error", err)
+			}
+		}()
+	}
+	res.Buckets = 1
+	if err := d.lockBucket(ctx, b); err != nil {
+		return res, err
+	}
+	defer d.unlockBucket(b)
+	for {
+		p, err := d.drainOnce(ctx, b, env.Seq)
+		res.add(p.Result)
+		if err != nil || !p.more || p.reached {
+			return res, err
+		}
+	}
+}
+
+// claimOne claims a free bucket outside the plan for one dispatch.
+func (d *Dispatcher) claimOne(ctx context.Context, b int) (bool, error) {
+	now := d.now()
+	exp := now.Add(d.cfg.LeaseDuration)
+	ok, err := d.store.Claim(ctx, b, d.cfg.RelayID, now, exp)
+	if err != nil {
+		return false, err
+	}
+	if !ok {
+		return false, nil
+	}
+	d.mu.Lock()
+	d.leases[b] = outbox.Lease{Bucket: b, Owner: d.cfg.RelayID, ExpiresAt: exp}
+	d.mu.Unlock()
+	return true, nil
+}
+
+// releaseOne hands back one bucket's lease once no drain of it runs.
+func (d *Dispatcher) releaseOne(ctx context.Context, b int) error {
+	if err := d.lockBucket(ctx, b); err != nil {
+		return err
+	}
+	defer d.unlockBucket(b)
+	d.mu.Lock()
+	l, ok := d.leases[b]
+	delete(d.leases, b)
+	d.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	released, err := d.store.Release(ctx, l)
+	if err == nil && !released {
+		d.refused.Add(1)
+	}
+	return err
+}
+
+// checkEnvelope refuses an envelope written with another bucket count.
+func (d *Dispatcher) checkEnvelope(env *outbox.Envelope) error {
+	if env.BucketCount != 0 && env.BucketCount != d.cfg.BucketCount {
+		return fmt.Errorf("%w: envelope %s in bucket %d was written with bucket count %d, but this relay uses %d; every writer, store and relay must use one count (drain the store before changing it)",
+			outbox.ErrMisconfigured, env.ID, env.Bucket, env.BucketCount, d.cfg.BucketCount)
+	}
+	return nil
+}
+
+// drainBuckets drains buckets in parallel, up to MaxConcurrency at once. With
+// untilEmpty it keeps draining each bucket while it has due envelopes; otherwise it
+// drains one batch each and returns the buckets that may have more.
+func (d *Dispatcher) drainBuckets(ctx context.Context, buckets []int, untilEmpty bool) (Result, []int, error) {
+	var (
+		mu    sync.Mutex
+		res   Result
+		more  []int
+		first error
+		wg    sync.WaitGroup
+		sem   = make(chan struct{}, d.cfg.MaxConcurrency)
+	)
+	for _, b := range buckets {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			var local Result
+			var err error
+			hasMore := false
+			if err = d.lockBucket(ctx, b); err == nil {
+				for {
+					var p pass
+					p, err = d.drainOnce(ctx, b, -1)
+					local.add(p.Result)
+					hasMore = p.more
+					if err != nil || !p.more || !untilEmpty {
+						break
+					}
+				}
+				d.unlockBucket(b)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			res.add(local)
+			if hasMore && err == nil {
+				more = append(more, b)
+			}
+			if err != nil && (first == nil || errors.Is(err, outbox.ErrMisconfigured)) {
+				first = err
+			}
+		})
+	}
+	wg.Wait()
+	slices.Sort(more)
+	return res, more, first
+}
+
+// pass is the outcome of one batch of one bucket.
+type pass struct {
+	Result
+	// more: the bucket may hold more due envelopes.
+	more bool
+	// reached: the envelope DispatchOne looks for was handled or is held back.
+	reached bool
+}
+
+// drainOnce fetches one batch of bucket b and publishes what is due. With upTo >= 0 it
+// stops at the envelope with that Seq. The caller holds the bucket's lock.
+func (d *Dispatcher) drainOnce(ctx context.Context, b int, upTo int64) (pass, error) {
+	var p pass
+	if !d.publishable(b, d.now()) {
+		return p, nil
+	}
+	envs, err := d.store.Fetch(ctx, b, d.cfg.BatchSize)
+	if err != nil {
+		return p, err
+	}
+	now := d.now()
+	if !d.publishable(b, now) {
+		return p, nil
+	}
+	fetched := len(envs)
+	if upTo >= 0 {
+		// The target is handled in this window if the window reaches it, or if the
+		// bucket ends before it (it is gone already).
+		p.reached = fetched < d.cfg.BatchSize
+		cut := fetched
+		for i, e := range envs {
+			if e.Seq >= upTo {
+				p.reached = true
+			}
+			if e.Seq > upTo {
+				cut = i
+				break
+			}
+		}
+		envs = envs[:cut]
+	}
+	for _, e := range envs {
+		if err := d.checkEnvelope(e); err != nil {
+			d.log.Error("dispatcher: bucket count mismatch; the relay stops", "bucket", b, "error", err)
+			return p, err
+		}
+	}
+
+	// Due envelopes in Seq order; a key whose earlier envelope is not due (it failed
+	// and waits for its retry) holds its later envelopes back.
+	blocked := make(map[string]bool)
+	var due []*outbox.Envelope
+	for _, e := range envs {
+		keyed := e.Key != nil && !d.cfg.Unordered
+		if keyed && blocked[string(e.Key)] {
+			continue
+		}
+		if !e.Due(now) {
+			if keyed {
+				blocked[string(e.Key)] = true
+			}
+			continue
+		}
+		due = append(due, e)
+	}
+
+	// Publish in waves: each wave carries at most one envelope per key, so a failure
+	// can still hold back that key's later envelopes. Keys that are all distinct (the
+	// usual case) make one wave.
+	for len(due) > 0 {
+		var wave, rest []*outbox.Envelope
+		if d.cfg.Unordered || d.cfg.SameKeyBatches {
+			wave = due
+		} else {
+			inWave := make(map[string]bool)
+			for _, e := range due {
+				if e.Key == nil {
+					wave = append(wave, e)
+					continue
+				}
+				k := string(e.Key)
+				if blocked[k] {
+					continue
+				}
+				if inWave[k] {
+					rest = append(rest, e)
+					continue
+				}
+				inWave[k] = true
+				wave = append(wave, e)
+			}
+		}
+		if len(wave) == 0 {
+			break
+		}
+		if !d.publishable(b, d.now()) {
+			return p, nil
+		}
+		res, failedKeys, err := d.publish(ctx, wave)
+		p.add(res)
+		if err != nil {
+			return p, err
+		}
+		if !d.cfg.Unordered {
+			for k := range failedKeys {
+				blocked[k] = true
+			}
+		}
+		due = rest
+	}
+	progressed := p.Published+p.Retried+p.Parked > 0
+	p.more = fetched == d.cfg.BatchSize && progressed
+	if upTo >= 0 {
+		// A window held back entirely cannot reach the target: stop rather than spin.
+		p.more = !p.reached && progressed
+	}
+	return p, nil
+}
+
+// publish sends one batch and records every outcome: one Complete (or MarkDispatched)
+// for the acknowledged envelopes, a Reschedule or Park per failed one. It returns the
+// keys that failed.
+func (d *Dispatcher) publish(ctx context.Context, batch []*outbox.Envelope) (Result, map[string]bool, error) {
+	var res Result
+	err := d.transport.Publish(ctx, batch)
+	if err != nil && ctx.Err() != nil {
+		// Shutting down: nothing is assumed sent and nothing counts as an attempt.
+		return res, nil, ctx.Err()
+	}
+	failed := make(map[uuid.UUID]error)
+	if err != nil {
+		var pe *outbox.PublishError
+		if errors.As(err, &pe) {
+			for _, f := range pe.Failed {
+				failed[f.ID] = f.Err
+			}
+		} else {
+			for _, e := range batch {
+				failed[e.ID] = err
+			}
+		}
+	}
+	now := d.now()
+	acked := make([]*outbox.Envelope, 0, len(batch))
+	failedKeys := make(map[string]bool)
+	for _, e := range batch {
+		if _, bad := failed[e.ID]; bad {
+			if e.Key != nil {
+				failedKeys[string(e.Key)] = true
+			}
+			continue
+		}
+		if e.Key != nil && failedKeys[string(e.Key)] && !d.cfg.Unordered {
+			d.outOfOrder.Add(1)
+			d.log.Warn("dispatcher: the transport acknowledged a message after failing an earlier one of its key in the same batch; first deliveries of this key are out of order",
+				"id", e.ID, "bucket", e.Bucket)
+		}
+		acked = append(acked, e)
+	}
+	if len(acked) > 0 {
+		var err error
+		if d.cfg.Retention > 0 {
+			err = d.retainer.MarkDispatched(ctx, acked, now)
+		} else {
+			err = d.store.Complete(ctx, acked)
+		}
+		if err != nil {
+			// They stay pending and go out again: duplicates, never a loss.
+			return res, failedKeys, err
+		}
+		res.Published = len(acked)
+		d.published.Add(int64(len(acked)))
+	}
+	for _, e := range batch {
+		cause, bad := failed[e.ID]
+		if !bad {
+			continue
+		}
+		attempts := e.Attempts + 1
+		msg := cause.Error()
+		if outbox.IsPermanent(cause) || attempts >= d.cfg.MaxAttempts {
+			if err := d.store.Park(ctx, e, msg); err != nil {
+				return res, failedKeys, err
+			}
+			res.Parked++
+			d.parked.Add(1)
+			d.log.Warn("dispatcher: message parked", "id", e.ID, "bucket", e.Bucket, "attempts", attempts, "permanent", outbox.IsPermanent(cause), "error", msg)
+			continue
+		}
+		next := now.Add(d.backoff(attempts))
+		if err := d.store.Reschedule(ctx, e, next, msg); err != nil {
+			return res, failedKeys, err
+		}
+		res.Retried++
+		d.retried.Add(1)
+		d.log.Debug("dispatcher: publish failed; retrying later", "id", e.ID, "bucket", e.Bucket, "attempts", attempts, "next", next, "error", msg)
+	}
+	return res, failedKeys, nil
+}
+
+// backoff is the delay after the given number of failed attempts: BackoffBase doubled
+// per further failure, capped at BackoffMax, minus a random share of up to Jitter.
+func (d *Dispatcher) backoff(attempts int) time.Duration {
+	delay := d.cfg.BackoffBase
+	for i := 1; i < attempts && delay < d.cfg.BackoffMax; i++ {
+		delay *= 2
+	}
+	delay = min(delay, d.cfg.BackoffMax)
+	if d.cfg.Jitter > 0 {
+		delay -= time.Duration(rand.Float64() * d.cfg.Jitter * float64(delay))
+	}
+	return delay
+}
+
+// cleanupRetention deletes dispatched envelopes older than Retention, in bounded
+// batches, if this relay holds bucket 0 (so one relay of the fleet does it).
+func (d *Dispatcher) cleanupRetention(ctx context.Context) (int, error) {
+	if d.cfg.Retention <= 0 || !d.publishable(0, d.now()) {
+		return 0, nil
+	}
+	before := d.now().Add(-d.cfg.Retention)
+	total := 0
+	for range retentionRounds {
+		n, err := d.retainer.DeleteDispatched(ctx, before, retentionBatch)
+		total += n
+		d.deleted.Add(int64(n))
+		if err != nil {
+			return total, err
+		}
+		if n < retentionBatch {
+			break
+		}
+	}
+	return total, nil
+}

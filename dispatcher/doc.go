@@ -1,0 +1,74 @@
+// Package dispatcher relays captured envelopes from an outbox store to a broker.
+//
+// A [Dispatcher] runs in every relay process. Relays share a store's buckets through
+// leases: each round a relay writes its heartbeat, reads every lease and heartbeat in
+// one consistent read, computes the fleet's fair-share split with the pure function
+// [Plan], and carries out only its own part of it (renew what it keeps, hand back
+// what exceeds its share, claim what the plan gives it). For each bucket it holds it
+// fetches the head in Seq order, publishes the due envelopes in one
+// [outbox.Transport.Publish] call, and completes the acknowledged ones in one store
+// call; failures are retried with exponential backoff and jitter, then parked.
+//
+// Three entry points share this engine: the worker ([Dispatcher.Start],
+// [Dispatcher.Stop]) for long-running processes, [Dispatcher.RunOnce] for a scheduled
+// function, and [Dispatcher.DispatchOne] for a change-stream trigger.
+//
+// # Semantics
+//
+//   - At least once. An envelope is removed (or marked dispatched) only after the
+//     broker acknowledged it, so a crash between the two publishes it again. A lease
+//     that moves while a batch is in flight, and DispatchOne racing the owner, can
+//     also duplicate. Consumers deduplicate on the message-id or idempotency-key
+//     header.
+//   - Per-key order. A key lives in one bucket and a bucket is published by one relay
+//     at a time, in Seq order. A failed envelope holds back the later envelopes of its
+//     key that were fetched with it (until its retry succeeds or it is parked); other
+//     keys of the bucket keep flowing. Keyless envelopes never hold each other back.
+//     By default one Publish call carries at most one envelope per key, so a failure
+//     cannot be overtaken inside a batch ([Config.SameKeyBatches] relaxes this for
+//     transports that fail a key's whole tail). With [Config.Unordered] failures retry
+//     without holding their key.
+//   - A parked envelope is skipped: later envelopes of its key flow on. Parked
+//     envelopes are never deleted automatically.
+//   - Retries: the n-th failure waits BackoffBase·2^(n-1), capped at BackoffMax, less
+//     up to Jitter of it. A failure marked [outbox.Permanent] parks at once; the
+//     MaxAttempts-th failure parks.
+//   - Leases, event by event. Steady state: each relay renews its own leases once per
+//     LeaseRenewInterval, conditionally on the expiry it read; nothing is refused. A
+//     relay joins: peers hand back their excess on their next round and it claims it
+//     on its following round; nothing moves if the split is already fair, and relays
+//     beyond the bucket count are standbys (the first BucketCount of them run every
+//     round, the rest every other round). Graceful stop: the relay finishes in-flight
+//     batches, stamps itself stopped, releases its leases and re-reads until none names
+//     it; peers claim the buckets on their next round. Crash: its leases lapse after
+//     LeaseDuration, and only then do peers split them. Clock set back: the relay
+//     sends no renewal that would move an expiry backwards, logs a warning, publishes
+//     nothing from those buckets until its clock passes the stored expiry, and claims
+//     nothing while its heartbeat is refused. Stall past the lease: a peer takes the
+//     lapsed buckets, the stalled relay's renewal is refused and it stops publishing
+//     them. A relay publishes from a bucket only while more than half a
+//     LeaseRenewInterval remains on its lease. Stopped relay records are deleted one
+//     LeaseDuration after they stopped, dead ones after ten.
+//   - Refused conditional writes are counted ([Stats].RefusedWrites); a healthy fleet
+//     in steady state makes none.
+//   - An envelope stamped with another bucket count stops the worker with an error
+//     wrapping [outbox.ErrMisconfigured] ([Dispatcher.Err]).
+//   - Wake-ups: with a store that implements [outbox.Notifier] the worker drains a
+//     bucket it holds as soon as a commit is announced; otherwise it polls every
+//     PollInterval. Store errors back the worker off (up to LeaseRenewInterval) and it
+//     recovers by itself.
+//
+// # Limitations
+//
+//   - Ordering holds within the fetched window: if a blocked key's envelopes fill a
+//     whole batch, later keys of that bucket wait until the blocked envelope is
+//     retried or parked. Raise BatchSize if a few keys dominate a bucket.
+//   - Lease expiry compares host clocks: keep relay hosts synchronised to well within
+//     LeaseDuration − LeaseRenewInterval.
+//   - DispatchOne claims a free bucket outside the fair-share plan for the length of
+//     one drain; in a fleet of workers this can cost a refused write. It does nothing
+//     for a bucket another relay holds.
+//   - RunOnce relays do not keep a membership between runs; mixing them with
+//     long-running workers on one store makes the workers hand back buckets that the
+//     scheduled relay is no longer there to take.
+package dispatcher
