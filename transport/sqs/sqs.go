@@ -1,0 +1,376 @@
+package sqs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/outboxkit/outbox"
+)
+
+const (
+	// DefaultMaxBytes is the default per-message and per-request byte limit: 256 KiB,
+	// what emulators and older accounts allow.
+	DefaultMaxBytes = 256 * 1024
+	// MaxBytesLimit is the largest limit SQS supports: 1 MiB.
+	MaxBytesLimit = 1024 * 1024
+	// DefaultConcurrency is the default number of SendMessageBatch requests in flight
+	// at once for one Publish call.
+	DefaultConcurrency = 8
+	// maxEntries is SQS's limit of entries in one SendMessageBatch request.
+	maxEntries = 10
+	fifoSuffix = ".fifo"
+	// minMaxBytes leaves room for the attributes every message carries.
+	minMaxBytes = 1024
+)
+
+// API is the part of the SQS client the transport uses. A *sqs.Client satisfies it;
+// so does a wrapper that adds tracing or fault injection around one.
+type API interface {
+	SendMessageBatch(ctx context.Context, in *sqs.SendMessageBatchInput, opts ...func(*sqs.Options)) (*sqs.SendMessageBatchOutput, error)
+	GetQueueURLAPI
+}
+
+// Config configures a [Transport]. The zero value is usable.
+type Config struct {
+	// Resolver maps topics to queue URLs. Defaults to a [NameResolver] on the client:
+	// the topic is the queue name, looked up once with GetQueueUrl and cached.
+	Resolver Resolver
+	// MaxBytes caps one message, and the sum of the messages in one SendMessageBatch
+	// request, as SQS counts them: body plus every attribute's name, type and value.
+	// Defaults to [DefaultMaxBytes] (256 KiB); SQS allows up to [MaxBytesLimit] (1 MiB)
+	// when the queue's MaximumMessageSize allows it.
+	MaxBytes int
+	// Concurrency caps the SendMessageBatch requests one Publish has in flight.
+	// Requests to one FIFO queue are always sent one after another, to keep group
+	// order. Defaults to [DefaultConcurrency].
+	Concurrency int
+	// Logger receives debug records of failed requests. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults(client API) {
+	if c.Resolver == nil {
+		c.Resolver = NewNameResolver(client, "")
+	}
+	if c.MaxBytes == 0 {
+		c.MaxBytes = DefaultMaxBytes
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = DefaultConcurrency
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+func (c *Config) validate() error {
+	if c.MaxBytes < minMaxBytes || c.MaxBytes > MaxBytesLimit {
+		return fmt.Errorf("%w: sqs: Config.MaxBytes %d must be between %d and %d", outbox.ErrMisconfigured, c.MaxBytes, minMaxBytes, MaxBytesLimit)
+	}
+	if c.Concurrency < 1 {
+		return fmt.Errorf("%w: sqs: Config.Concurrency %d must be at least 1", outbox.ErrMisconfigured, c.Concurrency)
+	}
+	return nil
+}
+
+// Transport publishes envelopes to SQS queues. It is safe for concurrent use.
+type Transport struct {
+	client API
+	cfg    Config
+}
+
+var (
+	_ outbox.Transport   = (*Transport)(nil)
+	_ outbox.SizeLimiter = (*Transport)(nil)
+)
+
+// New returns a Transport sending through client, which the caller built and
+// configured (region, credentials, endpoint, retries). New never dials.
+func New(client API, cfg Config) (*Transport, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: sqs: New needs a client (sqs.NewFromConfig or sqs.New)", outbox.ErrMisconfigured)
+	}
+	cfg.setDefaults(client)
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Transport{client: client, cfg: cfg}, nil
+}
+
+// MaxMessageSize implements [outbox.SizeLimiter]: the configured byte limit less what
+// the transport adds to every message. A message within it can still be refused at
+// publish if base64 (a binary payload grows by a third) or attribute overhead takes it
+// over [Config.MaxBytes]; that failure is permanent.
+func (t *Transport) MaxMessageSize() int { return t.cfg.MaxBytes - fixedOverhead }
+
+// As gives access to the client: target may be a **sqs.Client (when the transport was
+// built on one) or a *API. It reports whether target was set.
+func (t *Transport) As(target any) bool {
+	switch p := target.(type) {
+	case **sqs.Client:
+		c, ok := t.client.(*sqs.Client)
+		if ok {
+			*p = c
+		}
+		return ok
+	case *API:
+		*p = t.client
+		return true
+	}
+	return false
+}
+
+// pending is one envelope on its way to a queue.
+type pending struct {
+	index int // position in the batch
+	env   *outbox.Envelope
+	entry types.SendMessageBatchRequestEntry
+	size  int
+	group string
+}
+
+// queueJob is every pending message of one queue, in batch order.
+type queueJob struct {
+	url     string
+	fifo    bool
+	entries []*pending
+}
+
+// Publish implements [outbox.Transport]. It sends the batch with SendMessageBatch
+// requests of at most ten entries and [Config.MaxBytes] bytes, to every queue at once
+// (up to [Config.Concurrency] requests), and waits for all of them. Messages that SQS
+// did not acknowledge are returned in an [*outbox.PublishError], each failure marked
+// permanent or transient. If ctx ends before SQS acknowledged anything, Publish
+// returns ctx.Err().
+func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error {
+	if len(batch) == 0 {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	failures := make([]error, len(batch))
+	acked := make([]bool, len(batch))
+
+	urls := make(map[string]string)
+	urlErrs := make(map[string]error)
+	jobs := make(map[string]*queueJob)
+	var order []*queueJob
+	for i, env := range batch {
+		url, ok := urls[env.Topic]
+		if !ok {
+			if err, failed := urlErrs[env.Topic]; failed {
+				failures[i] = err
+				continue
+			}
+			var err error
+			url, err = t.cfg.Resolver.QueueURL(ctx, env.Topic)
+			if err != nil {
+				if ctxErr := ctx.Err(); ctxErr != nil {
+					return ctxErr // nothing was sent yet
+				}
+				urlErrs[env.Topic] = err
+				failures[i] = err
+				continue
+			}
+			urls[env.Topic] = url
+		}
+		if env.Size() > t.MaxMessageSize() {
+			failures[i] = outbox.Permanent(fmt.Errorf("sqs: message is %d bytes, over the transport's limit of %d (Config.MaxBytes less per-message attributes): %w", env.Size(), t.MaxMessageSize(), outbox.ErrTooLarge))
+			continue
+		}
+		enc, err := encode(env, t.cfg.MaxBytes)
+		if err != nil {
+			failures[i] = outbox.Permanent(err)
+			continue
+		}
+		job := jobs[url]
+		if job == nil {
+			job = &queueJob{url: url, fifo: strings.HasSuffix(url, fifoSuffix)}
+			jobs[url] = job
+			order = append(order, job)
+		}
+		p := &pending{index: i, env: env, size: enc.size}
+		p.entry = types.SendMessageBatchRequestEntry{
+			MessageBody:       aws.String(enc.body),
+			MessageAttributes: enc.attrs,
+		}
+		if job.fifo {
+			p.group = GroupID(env)
+			p.entry.MessageGroupId = aws.String(p.group)
+			p.entry.MessageDeduplicationId = aws.String(env.ID.String())
+		}
+		job.entries = append(job.entries, p)
+	}
+
+	var (
+		wg  sync.WaitGroup
+		sem = make(chan struct{}, t.cfg.Concurrency)
+	)
+	// send runs one request and records its outcome. Each index is written by one
+	// request only, so no lock is needed around failures and acked.
+	send := func(url string, chunk []*pending) (failed map[string]error) {
+		t.sendChunk(ctx, url, chunk, failures, acked)
+		for _, p := range chunk {
+			if !acked[p.index] && !outbox.IsPermanent(failures[p.index]) && p.group != "" {
+				if failed == nil {
+					failed = make(map[string]error)
+				}
+				if _, ok := failed[p.group]; !ok {
+					failed[p.group] = failures[p.index]
+				}
+			}
+		}
+		return failed
+	}
+	for _, job := range order {
+		chunks := split(job.entries, t.cfg.MaxBytes)
+		if !job.fifo {
+			for _, chunk := range chunks {
+				wg.Add(1)
+				sem <- struct{}{}
+				go func() {
+					defer wg.Done()
+					defer func() { <-sem }()
+					send(job.url, chunk)
+				}()
+			}
+			continue
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			// One request at a time: SQS orders a group only within a request and
+			// across requests that follow one another. Once a message of a group
+			// failed transiently, later messages of that group are held back so they
+			// cannot overtake it.
+			blocked := make(map[string]error)
+			for _, chunk := range chunks {
+				ready := chunk[:0:0]
+				for _, p := range chunk {
+					if cause, ok := blocked[p.group]; ok {
+						failures[p.index] = fmt.Errorf("sqs: held back behind an earlier message of group %q that failed: %w", p.group, cause)
+						continue
+					}
+					ready = append(ready, p)
+				}
+				if len(ready) == 0 {
+					continue
+				}
+				for g, err := range send(job.url, ready) {
+					blocked[g] = err
+				}
+			}
+		}()
+	}
+	wg.Wait()
+
+	var perr outbox.PublishError
+	anyAcked := false
+	for i, env := range batch {
+		if acked[i] {
+			anyAcked = true
+			continue
+		}
+		err := failures[i]
+		if err == nil {
+			err = errors.New("sqs: no result for message")
+		}
+		perr.Failed = append(perr.Failed, outbox.MessageError{ID: env.ID, Err: err})
+	}
+	if len(perr.Failed) == 0 {
+		return nil
+	}
+	if !anyAcked {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+	return &perr
+}
+
+// split cuts a queue's messages, in order, into requests of at most ten entries whose
+// sizes add up to at most maxBytes.
+func split(entries []*pending, maxBytes int) [][]*pending {
+	var (
+		chunks [][]*pending
+		start  int
+		bytes  int
+	)
+	for i, p := range entries {
+		if i-start == maxEntries || (i > start && bytes+p.size > maxBytes) {
+			chunks = append(chunks, entries[start:i])
+			start, bytes = i, 0
+		}
+		bytes += p.size
+	}
+	if start < len(entries) {
+		chunks = append(chunks, entries[start:])
+	}
+	return chunks
+}
+
+// sendChunk sends one SendMessageBatch request and records, per message, an
+// acknowledgement or a classified failure. A message is acknowledged only when SQS
+// listed its entry among the successful ones.
+func (t *Transport) sendChunk(ctx context.Context, url string, chunk []*pending, failures []error, acked []bool) {
+	if err := ctx.Err(); err != nil {
+		for _, p := range chunk {
+			failures[p.index] = err
+		}
+		return
+	}
+	entries := make([]types.SendMessageBatchRequestEntry, len(chunk))
+	byID := make(map[string]*pending, len(chunk))
+	for i, p := range chunk {
+		id := strconv.Itoa(i)
+		entries[i] = p.entry
+		entries[i].Id = aws.String(id)
+		byID[id] = p
+	}
+	out, err := t.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: aws.String(url), Entries: entries})
+	if err != nil {
+		if ctxErr := ctx.Err(); ctxErr != nil && errors.Is(err, ctxErr) {
+			err = ctxErr
+		} else {
+			err = classify(fmt.Errorf("sqs: send %d messages to %s: %w", len(chunk), url, err))
+		}
+		t.cfg.Logger.DebugContext(ctx, "sqs: SendMessageBatch failed", "queue", url, "messages", len(chunk), "permanent", outbox.IsPermanent(err), "error", err)
+		for _, p := range chunk {
+			failures[p.index] = err
+		}
+		return
+	}
+	for _, s := range out.Successful {
+		if s.Id == nil {
+			continue
+		}
+		if p, ok := byID[*s.Id]; ok {
+			acked[p.index] = true
+			delete(byID, *s.Id)
+		}
+	}
+	for _, f := range out.Failed {
+		if f.Id == nil {
+			continue
+		}
+		if p, ok := byID[*f.Id]; ok {
+			failures[p.index] = entryError(f)
+			delete(byID, *f.Id)
+		}
+	}
+	for id, p := range byID {
+		failures[p.index] = fmt.Errorf("sqs: SendMessageBatch returned no result for entry %s", id)
+	}
+}
