@@ -22,6 +22,9 @@ type StoreHarness struct {
 	// one transaction; if fn returns an error, nothing is written and Transact returns
 	// that error.
 	Transact func(ctx context.Context, s outbox.RelayStore, fn func(ctx context.Context) error) error
+	// Sequential runs the suite's subtests one at a time, for stores whose New cannot
+	// run concurrently. By default they run in parallel.
+	Sequential bool
 }
 
 // TransportHarness adapts one transport to [RunTransportTests].

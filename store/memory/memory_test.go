@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/store/memory"
 )
 
@@ -249,4 +250,17 @@ func BenchmarkEnqueue(b *testing.B) {
 			b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "msgs/s")
 		})
 	}
+}
+
+func TestConformance(t *testing.T) {
+	outboxtest.RunStoreTests(t, outboxtest.StoreHarness{
+		New: func(t *testing.T, buckets int) outbox.RelayStore {
+			s, err := memory.New(memory.Config{BucketCount: buckets})
+			require.NoError(t, err)
+			return s
+		},
+		Transact: func(ctx context.Context, s outbox.RelayStore, fn func(context.Context) error) error {
+			return s.(*memory.Store).Transact(ctx, fn)
+		},
+	})
 }

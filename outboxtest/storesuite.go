@@ -1,0 +1,1050 @@
+package outboxtest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxkit/outbox"
+)
+
+// suiteTimeout bounds every call the suites make, so a hung store fails its test
+// instead of the whole run.
+const suiteTimeout = 30 * time.Second
+
+// RunStoreTests runs the store conformance suite: every behaviour of
+// [outbox.RelayStore] and of the optional capabilities the store implements
+// ([outbox.Admin], [outbox.Finder], [outbox.Retainer], [outbox.Notifier]). Subtests
+// for a capability the store lacks are skipped with a message saying so, as are the
+// unit-of-work subtests when the harness has no Transact.
+//
+// Every subtest gets its own store from h.New. Subtests run in parallel unless
+// h.Sequential is set.
+func RunStoreTests(t *testing.T, h StoreHarness) {
+	t.Helper()
+	require.NotNil(t, h.New, "StoreHarness.New is required")
+	s := storeSuite{h: h}
+	groups := []struct {
+		name  string
+		tests []storeTest
+	}{
+		{"Enqueue", []storeTest{
+			{"FetchReturnsSeqOrderPerBucket", s.fetchSeqOrder},
+			{"RoundTripsEveryField", s.roundTrip},
+			{"FetchLimit", s.fetchLimit},
+			{"FetchIncludesNotYetDue", s.fetchNotYetDue},
+			{"AllOrNothing", s.enqueueAllOrNothing},
+			{"BucketCountMismatch", s.bucketCountMismatch},
+		}},
+		{"UnitOfWork", []storeTest{
+			{"CommitMakesAllVisible", s.unitOfWorkCommit},
+			{"RollbackLeavesNothing", s.unitOfWorkRollback},
+			{"NothingStaged", s.unitOfWorkEmpty},
+			{"BucketCountMismatch", s.unitOfWorkMismatch},
+		}},
+		{"Relay", []storeTest{
+			{"CompleteDeletesAndIsIdempotent", s.complete},
+			{"Reschedule", s.reschedule},
+			{"Park", s.park},
+		}},
+		{"Admin", []storeTest{
+			{"ListPaging", s.adminList},
+			{"Requeue", s.adminRequeue},
+			{"Purge", s.adminPurge},
+			{"Stats", s.adminStats},
+		}},
+		{"Finder", []storeTest{{"Find", s.find}}},
+		{"Retainer", []storeTest{{"MarkAndDeleteDispatched", s.retainer}}},
+		{"Notifier", []storeTest{{"CommitWakesSubscriber", s.notifier}}},
+		{"Lease", []storeTest{
+			{"ConcurrentClaimersOneWins", s.leaseExclusive},
+			{"ClaimHeldRefusedExpiredTaken", s.leaseClaimExpired},
+			{"Renew", s.leaseRenew},
+			{"Release", s.leaseRelease},
+			{"HeartbeatOnlyMovesForward", s.heartbeat},
+			{"StopRelay", s.stopRelay},
+			{"DeleteRelay", s.deleteRelay},
+			{"ReadCoordinationSorted", s.coordinationSorted},
+		}},
+		{"Lifecycle", []storeTest{
+			{"CancelledContext", s.cancelledContext},
+			{"Closed", s.closed},
+		}},
+	}
+	for _, g := range groups {
+		t.Run(g.name, func(t *testing.T) {
+			if !h.Sequential {
+				t.Parallel()
+			}
+			for _, tc := range g.tests {
+				t.Run(tc.name, func(t *testing.T) {
+					if !h.Sequential {
+						t.Parallel()
+					}
+					tc.run(t)
+				})
+			}
+		})
+	}
+}
+
+type storeTest struct {
+	name string
+	run  func(t *testing.T)
+}
+
+type storeSuite struct{ h StoreHarness }
+
+func testContext(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), suiteTimeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// store returns a fresh store the test closes at its end.
+func (s storeSuite) store(t *testing.T, buckets int) outbox.RelayStore {
+	t.Helper()
+	st := s.h.New(t, buckets)
+	require.NotNil(t, st, "StoreHarness.New returned nil")
+	require.Equal(t, buckets, st.BucketCount(), "the store must report the bucket count it was made with")
+	t.Cleanup(func() { _ = st.Close() })
+	return st
+}
+
+// msg builds an envelope for bucket (through an explicit partition, which picks the
+// bucket as partition modulo the count).
+func msg(t *testing.T, st outbox.Store, bucket int, payload string) *outbox.Envelope {
+	t.Helper()
+	p := int32(bucket)
+	env, err := outbox.NewEnvelope(outbox.Message{
+		Topic:     "conformance",
+		Key:       []byte("key"),
+		Payload:   []byte(payload),
+		Partition: &p,
+	}, st.BucketCount())
+	require.NoError(t, err)
+	require.Equal(t, bucket, env.Bucket)
+	return env
+}
+
+func fetch(t *testing.T, st outbox.RelayStore, bucket int) []*outbox.Envelope {
+	t.Helper()
+	envs, err := st.Fetch(testContext(t), bucket, 1000)
+	require.NoError(t, err)
+	return envs
+}
+
+func ids(envs []*outbox.Envelope) []uuid.UUID {
+	out := make([]uuid.UUID, len(envs))
+	for i, env := range envs {
+		out[i] = env.ID
+	}
+	return out
+}
+
+func payloads(envs []*outbox.Envelope) []string {
+	out := make([]string, len(envs))
+	for i, env := range envs {
+		out[i] = string(env.Payload)
+	}
+	return out
+}
+
+// base is a lease clock with a non-zero microsecond part, truncated to microseconds
+// as the Leaser contract promises, and far from the host clock so a store that
+// consulted its own clock would be caught.
+var base = time.Date(2031, 3, 4, 5, 6, 7, 123456000, time.UTC)
+
+func (s storeSuite) fetchSeqOrder(t *testing.T) {
+	ctx := testContext(t)
+	st := s.store(t, 4)
+	want := map[int][]string{}
+	// Interleave buckets across single and multi-envelope writes.
+	for round := range 3 {
+		var batch []*outbox.Envelope
+		for b := range 4 {
+			p := fmt.Sprintf("r%d-b%d", round, b)
+			batch = append(batch, msg(t, st, b, p))
+			want[b] = append(want[b], p)
+		}
+		require.NoError(t, st.Enqueue(ctx, batch...))
+		extra := msg(t, st, round, fmt.Sprintf("r%d-single", round))
+		require.NoError(t, st.Enqueue(ctx, extra))
+		want[round] = append(want[round], string(extra.Payload))
+	}
+	for b := range 4 {
+		got := fetch(t, st, b)
+		require.Equal(t, want[b], payloads(got), "bucket %d in commit order", b)
+		for i, env := range got {
+			require.Positive(t, env.Seq, "Seq starts above zero, so the zero Cursor lists from the start")
+			require.Equal(t, b, env.Bucket)
+			if i > 0 {
+				require.Greater(t, env.Seq, got[i-1].Seq, "Seq strictly increases within a bucket")
+			}
+		}
+	}
+}
+
+func (s storeSuite) roundTrip(t *testing.T) {
+	ctx := testContext(t)
+	st := s.store(t, 1)
+	every := make([]byte, 256)
+	for i := range every {
+		every[i] = byte(i)
+	}
+	partition := int32(7)
+	messages := []outbox.Message{
+		{Topic: "orders", Key: every, Payload: every, Headers: []outbox.Header{
+			{Key: "dup", Value: []byte("first")},
+			{Key: "empty", Value: []byte{}},
+			{Key: "dup", Value: []byte("second")},
+			{Key: "binary", Value: every},
+		}},
+		{Topic: "orders", Key: nil, Payload: []byte("keyless")},
+		{Topic: "orders", Key: []byte{}, Payload: []byte("empty key")},
+		{Topic: "orders", Key: []byte("tombstone"), Payload: nil},
+		{Topic: "orders", Key: []byte("empty payload"), Payload: []byte{}},
+		{Topic: "payments.v2", Key: []byte("p"), Payload: []byte("pinned"), Partition: &partition},
+		{Topic: "unicode-ünïcødé", Key: []byte("ключ"), Payload: []byte("значение"), Headers: []outbox.Header{{Key: "ключ", Value: []byte("v")}}},
+	}
+	var sent []*outbox.Envelope
+	for _, m := range messages {
+		env, err := outbox.NewEnvelope(m, 1)
+		require.NoError(t, err)
+		sent = append(sent, env)
+	}
+	require.NoError(t, st.Enqueue(ctx, sent...))
+	got := fetch(t, st, 0)
+	require.Len(t, got, len(sent))
+	for i, want := range sent {
+		requireSameEnvelope(t, want, got[i])
+		require.Equal(t, outbox.Pending, got[i].Status)
+		require.Zero(t, got[i].Attempts)
+		require.Empty(t, got[i].LastError)
+		require.True(t, got[i].Due(time.Now()), "a new envelope is due at once")
+	}
+}
+
+// requireSameEnvelope checks that got carries want's message and identity unchanged.
+func requireSameEnvelope(t *testing.T, want, got *outbox.Envelope) {
+	t.Helper()
+	require.Equal(t, want.ID, got.ID)
+	require.Equal(t, want.Topic, got.Topic)
+	require.Equal(t, want.Key == nil, got.Key == nil, "nil and empty keys stay distinct (%s)", want.ID)
+	require.True(t, bytes.Equal(want.Key, got.Key), "key of %s", want.ID)
+	require.Equal(t, want.Payload == nil, got.Payload == nil, "a nil payload (tombstone) and an empty one stay distinct (%s)", want.ID)
+	require.True(t, bytes.Equal(want.Payload, got.Payload), "payload of %s", want.ID)
+	require.Len(t, got.Headers, len(want.Headers), "headers of %s", want.ID)
+	for j, h := range want.Headers {
+		require.Equal(t, h.Key, got.Headers[j].Key, "header %d of %s", j, want.ID)
+		require.True(t, bytes.Equal(h.Value, got.Headers[j].Value), "header %d of %s", j, want.ID)
+	}
+	if want.Partition == nil {
+		require.Nil(t, got.Partition, "partition of %s", want.ID)
+	} else {
+		require.NotNil(t, got.Partition, "partition of %s", want.ID)
+		require.Equal(t, *want.Partition, *got.Partition)
+	}
+	require.Equal(t, want.Bucket, got.Bucket)
+	require.Equal(t, want.BucketCount, got.BucketCount)
+	require.WithinDuration(t, want.CreatedAt, got.CreatedAt, time.Microsecond, "CreatedAt within the store's precision")
+}
+
+func (s storeSuite) fetchLimit(t *testing.T) {
+	ctx := testContext(t)
+	st := s.store(t, 2)
+	var envs []*outbox.Envelope
+	for i := range 5 {
+		envs = append(envs, msg(t, st, 1, fmt.Sprint(i)))
+	}
+	require.NoError(t, st.Enqueue(ctx, envs...))
+	got, err := st.Fetch(ctx, 1, 2)
+	require.NoError(t, err)
+	require.Equal(t, []string{"0", "1"}, payloads(got), "the head of the bucket")
+	got, err = st.Fetch(ctx, 1, 10)
+	require.NoError(t, err)
+	require.Len(t, got, 5)
+	got, err = st.Fetch(ctx, 0, 10)
+	require.NoError(t, err)
+	require.Empty(t, got, "other buckets are not returned")
+}
+
+func (s storeSuite) fetchNotYetDue(t *testing.T) {
+	ctx := testContext(t)
+	st := s.store(t, 1)
+	a, b, c := msg(t, st, 0, "a"), msg(t, st, 0, "b"), msg(t, st, 0, "c")
+	require.NoError(t, st.Enqueue(ctx, a, b, c))
+	later := time.Now().Add(time.Hour).UTC().Truncate(time.Microsecond)
+	require.NoError(t, st.Reschedule(ctx, a, later, "broker down"))
+	require.NoError(t, st.Park(ctx, b, "rejected"))
+
+	got := fetch(t, st, 0)
+	require.Equal(t, []string{"a", "c"}, payloads(got), "not-yet-due envelopes are fetched, parked ones are not")
+	require.False(t, got[0].Due(time.Now()))
+	require.WithinDuration(t, later, got[0].NextAttemptAt, time.Microsecond)
+	require.True(t, got[1].Due(time.Now()))
+}
+
+func (s storeSuite) enqueueAllOrNothing(t *testing.T) {
+	ctx := testContext(t)
+	st := s.store(t, 2)
+	good := msg(t, st, 0, "good")
+	bad, err := outbox.NewEnvelope(outbox.Message{Topic: "t", Payload: []byte("bad")}, 3)
+	require.NoError(t, err)
+	err = st.Enqueue(ctx, good, bad)
+	require.Error(t, err)
+	require.Empty(t, fetch(t, st, 0), "a refused write writes nothing")
+	require.Empty(t, fetch(t, st, 1))
+	require.NoError(t, st.Enqueue(ctx), "enqueueing nothing is not an error")
+}
+
+func (s storeSuite) bucketCountMismatch(t *testing.T) {
+	ctx := testContext(t)
+	st := s.store(t, 2)
+	env, err := outbox.NewEnvelope(outbox.Message{Topic: "t", Payload: []byte("x")}, 4)
+	require.NoError(t, err)
+	env.Bucket = 0 // a valid bucket for both counts: only the stamp disagrees
+	require.ErrorIs(t, st.Enqueue(ctx, env), outbox.ErrMisconfigured)
+	require.Empty(t, fetch(t, st, 0))
+}
+
+func (s storeSuite) transact(t *testing.T) func(ctx context.Context, st outbox.RelayStore, fn func(context.Context) error) error {
+	t.Helper()
+	if s.h.Transact == nil {
+		t.Skip("StoreHarness.Transact is nil: the store's unit of work is not exercised")
+	}
+	return s.h.Transact
+}
+
+func stage(t *testing.T, ctx context.Context, envs ...*outbox.Envelope) error {
+	t.Helper()
+	scope := outbox.ScopeFrom(ctx)
+	require.NotNil(t, scope, "Transact must pass fn a context carrying a scope")
+	return scope.Stage(envs...)
+}
+
+func (s storeSuite) unitOfWorkCommit(t *testing.T) {
+	transact := s.transact(t)
+	ctx, scope := outbox.NewScope(testContext(t))
+	defer scope.Release()
+	st := s.store(t, 3)
+	want := map[int][]uuid.UUID{}
+	err := transact(ctx, st, func(ctx context.Context) error {
+		for i := range 6 {
+			env := msg(t, st, i%3, fmt.Sprint(i))
+			want[env.Bucket] = append(want[env.Bucket], env.ID)
+			if err := stage(t, ctx, env); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	for b := range 3 {
+		require.Equal(t, want[b], ids(fetch(t, st, b)), "bucket %d holds every staged envelope in staging order", b)
+	}
+	require.Zero(t, scope.Len(), "the unit of work takes what it wrote off the scope")
+}
+
+func (s storeSuite) unitOfWorkRollback(t *testing.T) {
+	transact := s.transact(t)
+	ctx, scope := outbox.NewScope(testContext(t))
+	defer scope.Release()
+	st := s.store(t, 2)
+	boom := errors.New("application write failed")
+	err := transact(ctx, st, func(ctx context.Context) error {
+		if err := stage(t, ctx, msg(t, st, 0, "a"), msg(t, st, 1, "b")); err != nil {
+			return err
+		}
+		return boom
+	})
+	require.ErrorIs(t, err, boom, "Transact returns fn's error")
+	require.Empty(t, fetch(t, st, 0), "a rolled-back unit of work writes nothing")
+	require.Empty(t, fetch(t, st, 1))
+
+	// The store is still usable and a later unit of work commits normally.
+	require.NoError(t, transact(ctx, st, func(ctx context.Context) error {
+		return stage(t, ctx, msg(t, st, 0, "c"))
+	}))
+	require.Equal(t, []string{"c"}, payloads(fetch(t, st, 0)), "nothing of the rolled-back unit of work reappears")
+}
+
+func (s storeSuite) unitOfWorkEmpty(t *testing.T) {
+	transact := s.transact(t)
+	ctx, scope := outbox.NewScope(testContext(t))
+	defer scope.Release()
+	st := s.store(t, 1)
+	require.NoError(t, transact(ctx, st, func(context.Context) error { return nil }))
+	require.Empty(t, fetch(t, st, 0))
+}
+
+func (s storeSuite) unitOfWorkMismatch(t *testing.T) {
+	transact := s.transact(t)
+	ctx, scope := outbox.NewScope(testContext(t))
+	defer scope.Release()
+	st := s.store(t, 2)
+	wrong, err := outbox.NewEnvelope(outbox.Message{Topic: "t", Payload: []byte("x")}, 5)
+	require.NoError(t, err)
+	wrong.Bucket = 1
+	err = transact(ctx, st, func(ctx context.Context) error {
+		return stage(t, ctx, msg(t, st, 0, "ok"), wrong)
+	})
+	require.ErrorIs(t, err, outbox.ErrMisconfigured)
+	require.Empty(t, fetch(t, st, 0), "nothing of a refused unit of work is written")
+	require.Empty(t, fetch(t, st, 1))
+}
+
+func (s storeSuite) complete(t *testing.T) {
+	ctx := testContext(t)
+	st := s.store(t, 1)
+	a, b, c := msg(t, st, 0, "a"), msg(t, st, 0, "b"), msg(t, st, 0, "c")
+	require.NoError(t, st.Enqueue(ctx, a, b, c))
+	require.NoError(t, st.Complete(ctx, []*outbox.Envelope{a, c}))
+	require.Equal(t, []string{"b"}, payloads(fetch(t, st, 0)))
+	require.NoError(t, st.Complete(ctx, []*outbox.Envelope{a, c}), "completing twice is not an error")
+	require.NoError(t, st.Complete(ctx, []*outbox.Envelope{msg(t, st, 0, "never stored")}), "completing an unknown envelope is not an error")
+	require.NoError(t, st.Complete(ctx, nil))
+	require.Equal(t, []string{"b"}, payloads(fetch(t, st, 0)))
+	if f, ok := st.(outbox.Finder); ok {
+		_, err := f.Find(ctx, a.ID)
+		require.ErrorIs(t, err, outbox.ErrNotFound, "a completed envelope is deleted")
+	}
+}
+
+func (s storeSuite) reschedule(t *testing.T) {
+	ctx := testContext(t)
+	st := s.store(t, 1)
+	a, b := msg(t, st, 0, "a"), msg(t, st, 0, "b")
+	require.NoError(t, st.Enqueue(ctx, a, b))
+	first := time.Now().Add(time.Minute).UTC().Truncate(time.Microsecond)
+	require.NoError(t, st.Reschedule(ctx, a, first, "timeout"))
+	second := first.Add(2*time.Minute + 345*time.Microsecond)
+	require.NoError(t, st.Reschedule(ctx, a, second, "connection refused"))
+
+	got := fetch(t, st, 0)
+	require.Equal(t, []string{"a", "b"}, payloads(got), "a rescheduled envelope keeps its place")
+	require.Equal(t, 2, got[0].Attempts)
+	require.WithinDuration(t, second, got[0].NextAttemptAt, time.Microsecond)
+	require.Equal(t, "connection refused", got[0].LastError)
+	require.Equal(t, outbox.Pending, got[0].Status)
+	require.Zero(t, got[1].Attempts, "other envelopes are untouched")
+}
+
+func (s storeSuite) park(t *testing.T) {
+	ctx := testContext(t)
+	st := s.store(t, 1)
+	a, b := msg(t, st, 0, "a"), msg(t, st, 0, "b")
+	require.NoError(t, st.Enqueue(ctx, a, b))
+	require.NoError(t, st.Reschedule(ctx, a, time.Now().UTC(), "first failure"))
+	require.NoError(t, st.Park(ctx, a, "message too large"))
+	require.Equal(t, []string{"b"}, payloads(fetch(t, st, 0)), "a parked envelope is not fetched")
+
+	admin, ok := st.(outbox.Admin)
+	if !ok {
+		t.Log("store does not implement outbox.Admin: the parked envelope's record is not checked")
+		return
+	}
+	parked, err := admin.List(ctx, outbox.Parked, outbox.Cursor{}, 10)
+	require.NoError(t, err)
+	require.Len(t, parked, 1)
+	requireSameEnvelope(t, a, parked[0])
+	require.Equal(t, outbox.Parked, parked[0].Status)
+	require.Equal(t, "message too large", parked[0].LastError)
+	require.Equal(t, 2, parked[0].Attempts, "parking records the failed attempt")
+}
+
+func (s storeSuite) admin(t *testing.T, st outbox.RelayStore) outbox.Admin {
+	t.Helper()
+	admin, ok := st.(outbox.Admin)
+	if !ok {
+		t.Skip("store does not implement outbox.Admin")
+	}
+	return admin
+}
+
+func (s storeSuite) adminList(t *testing.T) {
+	ctx := testContext(t)
+	st := s.store(t, 3)
+	admin := s.admin(t, st)
+	var all []*outbox.Envelope
+	for i := range 8 {
+		all = append(all, msg(t, st, (i*2)%3, fmt.Sprint(i)))
+	}
+	require.NoError(t, st.Enqueue(ctx, all...))
+	require.NoError(t, st.Park(ctx, all[0], "parked"))
+
+	var listed []*outbox.Envelope
+	cursor := outbox.Cursor{}
+	for page := 0; ; page++ {
+		require.Less(t, page, 10, "paging must end")
+		got, err := admin.List(ctx, outbox.Pending, cursor, 3)
+		require.NoError(t, err)
+		require.LessOrEqual(t, len(got), 3)
+		if len(got) == 0 {
+			break
+		}
+		listed = append(listed, got...)
+		cursor = outbox.After(got[len(got)-1])
+	}
+	require.Len(t, listed, 7, "every pending envelope once, the parked one not")
+	for i := 1; i < len(listed); i++ {
+		prev, cur := listed[i-1], listed[i]
+		require.True(t, prev.Bucket < cur.Bucket || (prev.Bucket == cur.Bucket && prev.Seq < cur.Seq),
+			"List orders by bucket then Seq")
+	}
+	seen := map[uuid.UUID]bool{}
+	for _, env := range listed {
+		require.False(t, seen[env.ID])
+		seen[env.ID] = true
+		require.Equal(t, outbox.Pending, env.Status)
+	}
+	require.False(t, seen[all[0].ID])
+
+	parked, err := admin.List(ctx, outbox.Parked, outbox.Cursor{}, 10)
+	require.NoError(t, err)
+	require.Equal(t, []uuid.UUID{all[0].ID}, ids(parked))
+	none, err := admin.List(ctx, outbox.Dispatched, outbox.Cursor{}, 10)
+	require.NoError(t, err)
+	require.Empty(t, none)
+}
+
+func (s storeSuite) adminRequeue(t *testing.T) {
+	ctx := testContext(t)
+	st := s.store(t, 1)
+	admin := s.admin(t, st)
+	a, b, c := msg(t, st, 0, "a"), msg(t, st, 0, "b"), msg(t, st, 0, "c")
+	require.NoError(t, st.Enqueue(ctx, a, b, c))
+	require.NoError(t, st.Reschedule(ctx, a, time.Now().Add(time.Hour).UTC(), "slow"))
+	require.NoError(t, st.Park(ctx, a, "gave up"))
+	require.NoError(t, st.Park(ctx, c, "gave up"))
+	require.Equal(t, []string{"b"}, payloads(fetch(t, st, 0)))
+
+	n, err := admin.Requeue(ctx, a.ID, b.ID, c.ID, uuid.New())
+	require.NoError(t, err)
+	require.Equal(t, 2, n, "only parked envelopes count; pending and unknown IDs are skipped")
+	got := fetch(t, st, 0)
+	require.Equal(t, []string{"a", "b", "c"}, payloads(got), "requeued envelopes return to their Seq positions")
+	for _, env := range got {
+		require.Equal(t, outbox.Pending, env.Status)
+		require.Zero(t, env.Attempts, "requeue resets attempts")
+		require.True(t, env.Due(time.Now()), "requeued envelopes are due now")
+	}
+	n, err = admin.Requeue(ctx, a.ID)
+	require.NoError(t, err)
+	require.Zero(t, n, "requeueing twice changes nothing")
+}
+
+func (s storeSuite) adminPurge(t *testing.T) {
+	ctx := testContext(t)
+	st := s.store(t, 1)
+	admin := s.admin(t, st)
+	a, b, c := msg(t, st, 0, "a"), msg(t, st, 0, "b"), msg(t, st, 0, "c")
+	require.NoError(t, st.Enqueue(ctx, a, b, c))
+	require.NoError(t, st.Park(ctx, b, "bad"))
+	n, err := admin.Purge(ctx, a.ID, b.ID, uuid.New())
+	require.NoError(t, err)
+	require.Equal(t, 2, n, "purge deletes pending and parked envelopes; unknown IDs are skipped")
+	require.Equal(t, []string{"c"}, payloads(fetch(t, st, 0)))
+	parked, err := admin.List(ctx, outbox.Parked, outbox.Cursor{}, 10)
+	require.NoError(t, err)
+	require.Empty(t, parked)
+	n, err = admin.Purge(ctx, a.ID)
+	require.NoError(t, err)
+	require.Zero(t, n)
+}
+
+func (s storeSuite) adminStats(t *testing.T) {
+	ctx := testContext(t)
+	st := s.store(t, 3)
+	admin := s.admin(t, st)
+
+	empty, err := admin.Stats(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []int{0, 0, 0}, empty.Pending)
+	require.Zero(t, empty.Parked)
+	require.True(t, empty.OldestPending.IsZero(), "no backlog, no oldest")
+	require.Positive(t, empty.PendingLimit)
+
+	first := msg(t, st, 2, "oldest")
+	require.NoError(t, st.Enqueue(ctx, first))
+	var rest []*outbox.Envelope
+	for i := range 4 {
+		env := msg(t, st, 0, fmt.Sprint(i))
+		env.CreatedAt = first.CreatedAt.Add(time.Duration(i+1) * time.Millisecond)
+		rest = append(rest, env)
+	}
+	require.NoError(t, st.Enqueue(ctx, rest...))
+	require.NoError(t, st.Park(ctx, rest[3], "bad"))
+
+	stats, err := admin.Stats(ctx)
+	require.NoError(t, err)
+	capped := func(n int) int { return min(n, stats.PendingLimit) }
+	require.Equal(t, []int{capped(3), 0, capped(1)}, stats.Pending)
+	require.Equal(t, 1, stats.Parked)
+	require.WithinDuration(t, first.CreatedAt, stats.OldestPending, time.Microsecond)
+}
+
+func (s storeSuite) find(t *testing.T) {
+	ctx := testContext(t)
+	st := s.store(t, 2)
+	finder, ok := st.(outbox.Finder)
+	if !ok {
+		t.Skip("store does not implement outbox.Finder")
+	}
+	a, b := msg(t, st, 1, "a"), msg(t, st, 1, "b")
+	require.NoError(t, st.Enqueue(ctx, a, b))
+	require.NoError(t, st.Park(ctx, b, "bad"))
+	got, err := finder.Find(ctx, a.ID)
+	require.NoError(t, err)
+	requireSameEnvelope(t, a, got)
+	require.Equal(t, outbox.Pending, got.Status)
+	got, err = finder.Find(ctx, b.ID)
+	require.NoError(t, err, "Find returns envelopes in any status")
+	require.Equal(t, outbox.Parked, got.Status)
+	_, err = finder.Find(ctx, uuid.New())
+	require.ErrorIs(t, err, outbox.ErrNotFound)
+}
+
+func (s storeSuite) retainer(t *testing.T) {
+	ctx := testContext(t)
+	st := s.store(t, 1)
+	ret, ok := st.(outbox.Retainer)
+	if !ok {
+		t.Skip("store does not implement outbox.Retainer")
+	}
+	a, b, c := msg(t, st, 0, "a"), msg(t, st, 0, "b"), msg(t, st, 0, "c")
+	require.NoError(t, st.Enqueue(ctx, a, b, c))
+	t1 := time.Now().UTC().Truncate(time.Microsecond)
+	t2 := t1.Add(time.Minute)
+	require.NoError(t, ret.MarkDispatched(ctx, []*outbox.Envelope{a}, t1))
+	require.NoError(t, ret.MarkDispatched(ctx, []*outbox.Envelope{b}, t2))
+	require.NoError(t, ret.MarkDispatched(ctx, []*outbox.Envelope{a, msg(t, st, 0, "unknown")}, t1), "marking is idempotent and skips unknown envelopes")
+	require.Equal(t, []string{"c"}, payloads(fetch(t, st, 0)), "dispatched envelopes are not fetched")
+
+	if admin, ok := st.(outbox.Admin); ok {
+		kept, err := admin.List(ctx, outbox.Dispatched, outbox.Cursor{}, 10)
+		require.NoError(t, err)
+		require.Equal(t, []uuid.UUID{a.ID, b.ID}, ids(kept))
+		require.WithinDuration(t, t1, kept[0].DispatchedAt, time.Microsecond)
+	}
+
+	n, err := ret.DeleteDispatched(ctx, t1, 10)
+	require.NoError(t, err)
+	require.Zero(t, n, "only envelopes dispatched strictly before the cutoff go")
+	n, err = ret.DeleteDispatched(ctx, t2.Add(time.Second), 1)
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "at most limit")
+	n, err = ret.DeleteDispatched(ctx, t2.Add(time.Second), 10)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	n, err = ret.DeleteDispatched(ctx, t2.Add(time.Second), 10)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	require.Equal(t, []string{"c"}, payloads(fetch(t, st, 0)), "pending envelopes are never swept")
+}
+
+func (s storeSuite) notifier(t *testing.T) {
+	ctx := testContext(t)
+	st := s.store(t, 4)
+	notifier, ok := st.(outbox.Notifier)
+	if !ok {
+		t.Skip("store does not implement outbox.Notifier")
+	}
+	subCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ch := notifier.Subscribe(subCtx)
+
+	// Notifications may arrive asynchronously (LISTEN/NOTIFY); retry the write until
+	// one for our bucket shows up, so a subscription still being set up does not fail
+	// the test.
+	deadline := time.After(10 * time.Second)
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	require.NoError(t, st.Enqueue(ctx, msg(t, st, 3, "wake")))
+	for woken := false; !woken; {
+		select {
+		case b, ok := <-ch:
+			require.True(t, ok, "the channel stays open while the context lives")
+			woken = b == 3
+		case <-tick.C:
+			require.NoError(t, st.Enqueue(ctx, msg(t, st, 3, "wake")))
+		case <-deadline:
+			t.Fatal("a commit to bucket 3 woke no subscriber within 10s")
+		}
+	}
+
+	cancel()
+	closed := time.After(10 * time.Second)
+	for {
+		select {
+		case _, ok := <-ch:
+			if !ok {
+				return
+			}
+		case <-closed:
+			t.Fatal("the subscription did not close after its context ended")
+		}
+	}
+}
+
+func (s storeSuite) leaseExclusive(t *testing.T) {
+	ctx := testContext(t)
+	st := s.store(t, 2)
+	const claimers = 8
+	for _, bucket := range []int{0, 1} {
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var winners []string
+		for i := range claimers {
+			owner := fmt.Sprintf("relay-%d", i)
+			wg.Go(func() {
+				ok, err := st.Claim(ctx, bucket, owner, base, base.Add(time.Minute))
+				assert.NoError(t, err)
+				if ok {
+					mu.Lock()
+					winners = append(winners, owner)
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		require.Len(t, winners, 1, "exactly one of %d concurrent claimers of bucket %d wins", claimers, bucket)
+		coord, err := st.ReadCoordination(ctx)
+		require.NoError(t, err)
+		lease := leaseOf(t, coord, bucket)
+		require.Equal(t, winners[0], lease.Owner)
+		require.True(t, lease.ExpiresAt.Equal(base.Add(time.Minute)), "expiry round-trips exactly: %v", lease.ExpiresAt)
+	}
+}
+
+func leaseOf(t *testing.T, c outbox.Coordination, bucket int) outbox.Lease {
+	t.Helper()
+	for _, l := range c.Leases {
+		if l.Bucket == bucket {
+			return l
+		}
+	}
+	require.Failf(t, "no lease", "bucket %d has no lease in %+v", bucket, c.Leases)
+	return outbox.Lease{}
+}
+
+func relayOf(t *testing.T, c outbox.Coordination, id string) outbox.RelayRecord {
+	t.Helper()
+	for _, r := range c.Relays {
+		if r.ID == id {
+			return r
+		}
+	}
+	require.Failf(t, "no relay", "relay %q has no record in %+v", id, c.Relays)
+	return outbox.RelayRecord{}
+}
+
+func (s storeSuite) leaseClaimExpired(t *testing.T) {
+	ctx := testContext(t)
+	st := s.store(t, 1)
+	expiry := base.Add(30 * time.Second)
+	ok, err := st.Claim(ctx, 0, "a", base, expiry)
+	require.NoError(t, err)
+	require.True(t, ok, "an absent lease is claimable")
+
+	ok, err = st.Claim(ctx, 0, "b", expiry.Add(-time.Microsecond), expiry.Add(time.Minute))
+	require.NoError(t, err)
+	require.False(t, ok, "a lease held until after now is not claimable")
+	ok, err = st.Claim(ctx, 0, "a", base, expiry.Add(time.Minute))
+	require.NoError(t, err)
+	require.False(t, ok, "not even by its owner: owners renew")
+
+	takeover := expiry.Add(time.Minute + 7*time.Microsecond)
+	ok, err = st.Claim(ctx, 0, "b", expiry, takeover)
+	require.NoError(t, err)
+	require.True(t, ok, "a lease expired at now is claimable")
+	coord, err := st.ReadCoordination(ctx)
+	require.NoError(t, err)
+	lease := leaseOf(t, coord, 0)
+	require.Equal(t, "b", lease.Owner)
+	require.True(t, lease.ExpiresAt.Equal(takeover), "want %v, got %v", takeover, lease.ExpiresAt)
+}
+
+func (s storeSuite) leaseRenew(t *testing.T) {
+	ctx := testContext(t)
+	st := s.store(t, 2)
+	first := base.Add(30 * time.Second)
+	ok, err := st.Claim(ctx, 1, "a", base, first)
+	require.NoError(t, err)
+	require.True(t, ok)
+	held := outbox.Lease{Bucket: 1, Owner: "a", ExpiresAt: first}
+
+	ok, err = st.Renew(ctx, outbox.Lease{Bucket: 1, Owner: "b", ExpiresAt: first}, base, first.Add(time.Minute))
+	require.NoError(t, err)
+	require.False(t, ok, "another owner cannot renew")
+
+	second := first.Add(10*time.Second + 1*time.Microsecond)
+	ok, err = st.Renew(ctx, held, base.Add(10*time.Second), second)
+	require.NoError(t, err)
+	require.True(t, ok, "the owner renews under the expiry it read")
+	coord, err := st.ReadCoordination(ctx)
+	require.NoError(t, err)
+	require.True(t, leaseOf(t, coord, 1).ExpiresAt.Equal(second))
+
+	ok, err = st.Renew(ctx, held, base.Add(11*time.Second), second.Add(time.Minute))
+	require.NoError(t, err)
+	require.False(t, ok, "a renewal under a stale expiry is refused")
+
+	held.ExpiresAt = second
+	ok, err = st.Renew(ctx, held, second, second.Add(time.Minute))
+	require.NoError(t, err)
+	require.False(t, ok, "an expired lease is never revived by a renewal")
+
+	ok, err = st.Renew(ctx, outbox.Lease{Bucket: 0, Owner: "a", ExpiresAt: first}, base, first)
+	require.NoError(t, err)
+	require.False(t, ok, "a lease never claimed cannot be renewed")
+}
+
+func (s storeSuite) leaseRelease(t *testing.T) {
+	ctx := testContext(t)
+	st := s.store(t, 1)
+	expiry := base.Add(time.Minute)
+	ok, err := st.Claim(ctx, 0, "a", base, expiry)
+	require.NoError(t, err)
+	require.True(t, ok)
+
+	ok, err = st.Release(ctx, outbox.Lease{Bucket: 0, Owner: "b", ExpiresAt: expiry})
+	require.NoError(t, err)
+	require.False(t, ok, "release is guarded by owner")
+	ok, err = st.Release(ctx, outbox.Lease{Bucket: 0, Owner: "a", ExpiresAt: expiry.Add(-time.Second)})
+	require.NoError(t, err)
+	require.False(t, ok, "release is guarded by expiry")
+
+	ok, err = st.Release(ctx, outbox.Lease{Bucket: 0, Owner: "a", ExpiresAt: expiry})
+	require.NoError(t, err)
+	require.True(t, ok)
+	coord, err := st.ReadCoordination(ctx)
+	require.NoError(t, err)
+	for _, l := range coord.Leases {
+		require.True(t, l.Free(base), "a released lease is free: %+v", l)
+	}
+	ok, err = st.Release(ctx, outbox.Lease{Bucket: 0, Owner: "a", ExpiresAt: expiry})
+	require.NoError(t, err)
+	require.False(t, ok, "releasing twice changes nothing")
+
+	ok, err = st.Claim(ctx, 0, "b", base, expiry.Add(time.Minute))
+	require.NoError(t, err)
+	require.True(t, ok, "a released lease is claimable before its old expiry")
+}
+
+func (s storeSuite) heartbeat(t *testing.T) {
+	ctx := testContext(t)
+	st := s.store(t, 1)
+	beat := func(at time.Time) bool {
+		ok, err := st.Heartbeat(ctx, "relay-a", at)
+		require.NoError(t, err)
+		return ok
+	}
+	require.True(t, beat(base), "the first heartbeat creates the record")
+	require.False(t, beat(base), "an equal timestamp is refused")
+	require.False(t, beat(base.Add(-time.Microsecond)), "an older timestamp is refused")
+	later := base.Add(time.Second + time.Microsecond)
+	require.True(t, beat(later))
+	require.False(t, beat(base.Add(time.Second)), "a late, abandoned heartbeat cannot move LastSeen back")
+
+	coord, err := st.ReadCoordination(ctx)
+	require.NoError(t, err)
+	r := relayOf(t, coord, "relay-a")
+	require.True(t, r.LastSeen.Equal(later), "LastSeen round-trips exactly: want %v, got %v", later, r.LastSeen)
+	require.False(t, r.Stopped())
+}
+
+func (s storeSuite) stopRelay(t *testing.T) {
+	ctx := testContext(t)
+	st := s.store(t, 1)
+	ok, err := st.Heartbeat(ctx, "a", base)
+	require.NoError(t, err)
+	require.True(t, ok)
+	stop := base.Add(5 * time.Second)
+	require.NoError(t, st.StopRelay(ctx, "a", stop))
+
+	coord, err := st.ReadCoordination(ctx)
+	require.NoError(t, err)
+	r := relayOf(t, coord, "a")
+	require.True(t, r.Stopped())
+	require.True(t, r.StoppedAt.Equal(stop), "StoppedAt round-trips exactly")
+	require.True(t, r.LastSeen.Equal(stop), "stopping moves LastSeen forward")
+
+	ok, err = st.Heartbeat(ctx, "a", stop.Add(-time.Second))
+	require.NoError(t, err)
+	require.False(t, ok, "a heartbeat the relay abandoned cannot revive it")
+	coord, err = st.ReadCoordination(ctx)
+	require.NoError(t, err)
+	require.True(t, relayOf(t, coord, "a").Stopped())
+
+	restart := stop.Add(time.Second)
+	ok, err = st.Heartbeat(ctx, "a", restart)
+	require.NoError(t, err)
+	require.True(t, ok)
+	coord, err = st.ReadCoordination(ctx)
+	require.NoError(t, err)
+	r = relayOf(t, coord, "a")
+	require.False(t, r.Stopped(), "a later heartbeat (a restart) clears StoppedAt")
+	require.True(t, r.LastSeen.Equal(restart))
+
+	// Stopping with an earlier time keeps LastSeen.
+	early := restart.Add(-time.Minute)
+	require.NoError(t, st.StopRelay(ctx, "a", early))
+	coord, err = st.ReadCoordination(ctx)
+	require.NoError(t, err)
+	r = relayOf(t, coord, "a")
+	require.True(t, r.Stopped())
+	require.True(t, r.LastSeen.Equal(restart), "LastSeen never moves back")
+}
+
+func (s storeSuite) deleteRelay(t *testing.T) {
+	ctx := testContext(t)
+	st := s.store(t, 1)
+	ok, err := st.Heartbeat(ctx, "a", base)
+	require.NoError(t, err)
+	require.True(t, ok)
+	ok, err = st.Heartbeat(ctx, "b", base)
+	require.NoError(t, err)
+	require.True(t, ok)
+
+	ok, err = st.DeleteRelay(ctx, "a", base.Add(-time.Microsecond))
+	require.NoError(t, err)
+	require.False(t, ok, "a record that moved on since it was read is kept")
+	ok, err = st.DeleteRelay(ctx, "a", base)
+	require.NoError(t, err)
+	require.True(t, ok)
+	ok, err = st.DeleteRelay(ctx, "a", base)
+	require.NoError(t, err)
+	require.False(t, ok, "deleting twice changes nothing")
+	ok, err = st.DeleteRelay(ctx, "nobody", base)
+	require.NoError(t, err)
+	require.False(t, ok)
+
+	coord, err := st.ReadCoordination(ctx)
+	require.NoError(t, err)
+	require.Len(t, coord.Relays, 1)
+	require.Equal(t, "b", coord.Relays[0].ID)
+}
+
+func (s storeSuite) coordinationSorted(t *testing.T) {
+	ctx := testContext(t)
+	st := s.store(t, 4)
+	coord, err := st.ReadCoordination(ctx)
+	require.NoError(t, err)
+	require.Empty(t, coord.Leases, "a new store has no leases")
+	require.Empty(t, coord.Relays)
+
+	for _, b := range []int{3, 0, 2} {
+		ok, err := st.Claim(ctx, b, fmt.Sprintf("owner-%d", b), base, base.Add(time.Duration(b+1)*time.Second))
+		require.NoError(t, err)
+		require.True(t, ok)
+	}
+	for _, id := range []string{"relay-c", "relay-a", "relay-b"} {
+		ok, err := st.Heartbeat(ctx, id, base)
+		require.NoError(t, err)
+		require.True(t, ok)
+	}
+	coord, err = st.ReadCoordination(ctx)
+	require.NoError(t, err)
+	var buckets []int
+	for _, l := range coord.Leases {
+		buckets = append(buckets, l.Bucket)
+		require.Equal(t, fmt.Sprintf("owner-%d", l.Bucket), l.Owner)
+		require.True(t, l.ExpiresAt.Equal(base.Add(time.Duration(l.Bucket+1)*time.Second)))
+	}
+	require.Equal(t, []int{0, 2, 3}, buckets, "leases sorted by bucket; never-leased buckets absent")
+	var relays []string
+	for _, r := range coord.Relays {
+		relays = append(relays, r.ID)
+	}
+	require.Equal(t, []string{"relay-a", "relay-b", "relay-c"}, relays, "relays sorted by ID")
+}
+
+// storeCalls lists one call of every store method, for the lifecycle tests.
+func storeCalls(st outbox.RelayStore, env *outbox.Envelope) map[string]func(ctx context.Context) error {
+	lease := outbox.Lease{Bucket: 0, Owner: "a", ExpiresAt: base.Add(time.Minute)}
+	calls := map[string]func(ctx context.Context) error{
+		"Enqueue":          func(ctx context.Context) error { return st.Enqueue(ctx, env.Clone()) },
+		"Fetch":            func(ctx context.Context) error { _, err := st.Fetch(ctx, 0, 10); return err },
+		"Complete":         func(ctx context.Context) error { return st.Complete(ctx, []*outbox.Envelope{env}) },
+		"Reschedule":       func(ctx context.Context) error { return st.Reschedule(ctx, env, base, "x") },
+		"Park":             func(ctx context.Context) error { return st.Park(ctx, env, "x") },
+		"ReadCoordination": func(ctx context.Context) error { _, err := st.ReadCoordination(ctx); return err },
+		"Heartbeat":        func(ctx context.Context) error { _, err := st.Heartbeat(ctx, "a", base); return err },
+		"StopRelay":        func(ctx context.Context) error { return st.StopRelay(ctx, "a", base) },
+		"DeleteRelay":      func(ctx context.Context) error { _, err := st.DeleteRelay(ctx, "a", base); return err },
+		"Claim": func(ctx context.Context) error {
+			_, err := st.Claim(ctx, 0, "a", base, base.Add(time.Minute))
+			return err
+		},
+		"Renew":   func(ctx context.Context) error { _, err := st.Renew(ctx, lease, base, base.Add(time.Hour)); return err },
+		"Release": func(ctx context.Context) error { _, err := st.Release(ctx, lease); return err },
+	}
+	if admin, ok := st.(outbox.Admin); ok {
+		calls["Admin.List"] = func(ctx context.Context) error {
+			_, err := admin.List(ctx, outbox.Pending, outbox.Cursor{}, 10)
+			return err
+		}
+		calls["Admin.Requeue"] = func(ctx context.Context) error { _, err := admin.Requeue(ctx, env.ID); return err }
+		calls["Admin.Purge"] = func(ctx context.Context) error { _, err := admin.Purge(ctx, uuid.New()); return err }
+		calls["Admin.Stats"] = func(ctx context.Context) error { _, err := admin.Stats(ctx); return err }
+	}
+	if f, ok := st.(outbox.Finder); ok {
+		calls["Finder.Find"] = func(ctx context.Context) error { _, err := f.Find(ctx, env.ID); return err }
+	}
+	if r, ok := st.(outbox.Retainer); ok {
+		calls["Retainer.MarkDispatched"] = func(ctx context.Context) error {
+			return r.MarkDispatched(ctx, []*outbox.Envelope{env}, base)
+		}
+		calls["Retainer.DeleteDispatched"] = func(ctx context.Context) error {
+			_, err := r.DeleteDispatched(ctx, base, 10)
+			return err
+		}
+	}
+	return calls
+}
+
+func (s storeSuite) cancelledContext(t *testing.T) {
+	st := s.store(t, 1)
+	env := msg(t, st, 0, "a")
+	require.NoError(t, st.Enqueue(testContext(t), env))
+	ctx, cancel := context.WithCancel(testContext(t))
+	cancel()
+	for name, call := range storeCalls(st, msg(t, st, 0, "b")) {
+		require.ErrorIs(t, call(ctx), context.Canceled, "%s with a cancelled context", name)
+	}
+	if s.h.Transact != nil {
+		ctx, scope := outbox.NewScope(ctx)
+		defer scope.Release()
+		err := s.h.Transact(ctx, st, func(ctx context.Context) error { return stage(t, ctx, msg(t, st, 0, "c")) })
+		require.ErrorIs(t, err, context.Canceled, "Transact with a cancelled context")
+	}
+	got := fetch(t, st, 0)
+	require.Equal(t, []uuid.UUID{env.ID}, ids(got), "calls with a cancelled context change nothing")
+	require.Zero(t, got[0].Attempts)
+}
+
+func (s storeSuite) closed(t *testing.T) {
+	st := s.store(t, 1)
+	env := msg(t, st, 0, "a")
+	ctx := testContext(t)
+	require.NoError(t, st.Enqueue(ctx, env))
+	require.NoError(t, st.Close())
+	for name, call := range storeCalls(st, msg(t, st, 0, "b")) {
+		require.ErrorIs(t, call(ctx), outbox.ErrClosed, "%s after Close", name)
+	}
+	if s.h.Transact != nil {
+		ctx, scope := outbox.NewScope(ctx)
+		defer scope.Release()
+		err := s.h.Transact(ctx, st, func(ctx context.Context) error { return stage(t, ctx, msg(t, st, 0, "c")) })
+		require.ErrorIs(t, err, outbox.ErrClosed, "Transact after Close")
+	}
+}
