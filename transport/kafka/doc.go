@@ -1,0 +1,59 @@
+// Package kafka is the outbox transport for Apache Kafka, built on franz-go's kgo
+// client.
+//
+// The caller builds the *kgo.Client (seed brokers, TLS, SASL, ...) and passes it to
+// [New]; the transport never dials and never closes it. kgo's defaults are what the
+// transport needs: acks from all in-sync replicas and an idempotent producer. [New]
+// refuses a client with weaker acks, with idempotent writes disabled (unless
+// [Config.AllowNonIdempotent]) or with a transactional id. To honour messages that
+// name a partition, build the client with kgo.RecordPartitioner([Partitioner](nil)).
+//
+// A consumer turns records back into messages with [Decode].
+//
+// # Semantics
+//
+//   - Topic → topic. Key, payload and headers are passed through byte for byte; a nil
+//     payload is produced as a null value (a tombstone), a nil key as a null key.
+//   - Every record carries the [outbox.HeaderMessageID] header (the envelope's id) after
+//     the application's headers, and an [outbox.HeaderIdempotencyKey] header equal to
+//     the message id when the application set none (see [Config.OmitIdempotencyKey]).
+//   - Partitioning is the client's: with kgo's default partitioner, keyed records land
+//     where Kafka's Java client puts them (murmur2), which is also how the outbox
+//     buckets keys, so a topic with as many partitions as the outbox has buckets is fed
+//     by one bucket per partition. A message with an explicit partition goes to that
+//     partition when the client uses [Partitioner].
+//   - [Transport.Publish] hands the whole batch to the client at once and waits once.
+//     It returns nil only when every record was acknowledged by all in-sync replicas.
+//     Otherwise it returns a [*outbox.PublishError] naming each envelope that was not
+//     acknowledged; the others were. Failures that retrying cannot fix are marked
+//     [outbox.Permanent]: a message over [Config.MaxMessageSize] or the broker's limit
+//     (also wrapping [outbox.ErrTooLarge]), an invalid topic name, an authorization
+//     failure, a record the broker's validation or policy rejects, a partition the
+//     topic does not have, a message naming a partition on a client without
+//     [Partitioner], and an unknown topic when [Config.UnknownTopicPermanent] is set.
+//     Everything else (leader changes, timeouts, an unreachable cluster) is transient.
+//   - The transport retries nothing itself; the client retries as configured
+//     (kgo.RecordRetries, kgo.RecordDeliveryTimeout) before a record fails.
+//
+// # Limitations
+//
+//   - Delivery is at least once. A batch whose acknowledgement was lost, or that was
+//     abandoned because ctx ended, is published again by the dispatcher; consumers
+//     deduplicate on the message id.
+//   - Order is per partition. Within a batch, records of one key keep their order
+//     (one partition, one idempotent producer). With kgo.DisableIdempotentWrite and
+//     retries, Kafka itself may reorder.
+//   - An idempotent producer never withdraws a record it sent, so during a broker
+//     outage the client can hold a batch indefinitely. Publish stops waiting after
+//     [Config.AckTimeout] (every message of the batch is then reported failed,
+//     transient) or when ctx ends (ctx's error is returned). The client keeps the
+//     records it sent and may still deliver them later, so the dispatcher's retry can
+//     be a duplicate. A helper goroutine waits for the client to resolve those
+//     records; it ends when they are acknowledged, when the client's retry limits
+//     fail them, or when the client is closed.
+//   - The record timestamp is the produce time. The capture time is not used, so that
+//     time-based retention never deletes a record that waited in the outbox.
+//   - [Config.MaxMessageSize] compares [outbox.Message.Size] (topic, key, payload and
+//     header bytes); the wire adds a few bytes per header, so a message just under the
+//     limit with very many headers can still be refused by the client, permanently.
+package kafka

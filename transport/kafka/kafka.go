@@ -1,0 +1,305 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxkit/outbox"
+)
+
+// DefaultMaxMessageSize is Kafka's default limit on one message (1 MiB). The
+// effective default is lowered to what the client's batches can carry; see
+// [Config.MaxMessageSize].
+const DefaultMaxMessageSize = 1 << 20
+
+// framingAllowance is the room left in a producer batch for the record batch header
+// (61 bytes), one record's length fields, and the two headers the transport stamps
+// (a name and a 36-byte UUID each).
+const framingAllowance = 512
+
+// Config tunes a [Transport]. The zero value is ready to use.
+type Config struct {
+	// MaxMessageSize is the largest [outbox.Message.Size] the transport accepts; a
+	// larger message fails permanently without being sent, and capture refuses it up
+	// front through [outbox.SizeLimiter]. Defaults to 1 MiB (Kafka's default message
+	// limit), lowered to the client's ProducerBatchMaxBytes (kgo's default is
+	// 1,000,012 bytes) less 512 bytes of framing. It may not exceed that either:
+	// raise kgo.ProducerBatchMaxBytes (and the topic's max.message.bytes) first.
+	MaxMessageSize int
+
+	// OmitIdempotencyKey stops the transport from adding an [outbox.HeaderIdempotencyKey]
+	// header (set to the message id) to messages captured without one. Defaults to
+	// false: every record carries the header.
+	OmitIdempotencyKey bool
+
+	// UnknownTopicPermanent reports a topic the cluster does not know as a permanent
+	// failure, so the dispatcher parks the message at once. Defaults to false: the
+	// client gives up after kgo.UnknownTopicRetries metadata attempts (default 4) and
+	// the message is retried with backoff, which suits topics created by a deployment
+	// that may lag the application.
+	UnknownTopicPermanent bool
+
+	// AllowNonIdempotent accepts a client built with kgo.DisableIdempotentWrite, for
+	// clusters where the producer lacks the IDEMPOTENT_WRITE permission. Retried
+	// produce requests can then write duplicates and reorder a key's records.
+	// Defaults to false: New refuses such a client.
+	AllowNonIdempotent bool
+
+	// AckTimeout bounds how long Publish waits for the broker's acknowledgements.
+	// When it passes, every message of the batch is reported failed, transient, so
+	// the dispatcher retries the batch later; the client keeps the records it already
+	// sent and may still deliver them (the retry is then a duplicate). An idempotent
+	// producer never gives up on a record it sent, so without this bound a broker
+	// outage would hold Publish until the broker returns. Defaults to 30 s; a negative
+	// value waits until ctx ends.
+	AckTimeout time.Duration
+}
+
+// DefaultAckTimeout is the default [Config.AckTimeout].
+const DefaultAckTimeout = 30 * time.Second
+
+// Transport publishes outbox envelopes to Kafka through a franz-go client. It is safe
+// for concurrent use.
+type Transport struct {
+	client *kgo.Client
+	cfg    Config
+	// explicitPartitions records whether the client's partitioner honours
+	// Message.Partition (it was built with [Partitioner]).
+	explicitPartitions bool
+}
+
+var (
+	_ outbox.Transport   = (*Transport)(nil)
+	_ outbox.SizeLimiter = (*Transport)(nil)
+)
+
+// New returns a transport that produces through client. The client is the caller's:
+// New never dials and the transport never closes it.
+//
+// The client must produce durably: acks from all in-sync replicas (kgo's default,
+// kgo.RequiredAcks(kgo.AllISRAcks())) and idempotent writes (kgo's default; see
+// [Config.AllowNonIdempotent]). It must not be transactional, since the transport
+// does not begin or end transactions. New returns an error wrapping
+// [outbox.ErrMisconfigured] otherwise, or when cfg is invalid.
+//
+// To publish messages that name a partition, build the client with
+// kgo.RecordPartitioner([Partitioner](nil)); without it, such messages fail
+// permanently.
+func New(client *kgo.Client, cfg Config) (*Transport, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: kafka: client is nil: pass a *kgo.Client built with kgo.NewClient", outbox.ErrMisconfigured)
+	}
+	if acks, _ := client.OptValue(kgo.RequiredAcks).(kgo.Acks); acks != kgo.AllISRAcks() {
+		return nil, fmt.Errorf("%w: kafka: client must require acks from all in-sync replicas: drop kgo.RequiredAcks or pass kgo.RequiredAcks(kgo.AllISRAcks())", outbox.ErrMisconfigured)
+	}
+	if disabled, _ := client.OptValue(kgo.DisableIdempotentWrite).(bool); disabled && !cfg.AllowNonIdempotent {
+		return nil, fmt.Errorf("%w: kafka: client has idempotent writes disabled: drop kgo.DisableIdempotentWrite, or set Config.AllowNonIdempotent to accept duplicates from retried requests", outbox.ErrMisconfigured)
+	}
+	if txn := client.OptValues(kgo.TransactionalID); len(txn) == 2 && txn[1] == true {
+		return nil, fmt.Errorf("%w: kafka: client is transactional (kgo.TransactionalID %q): give the transport a client without a transactional id", outbox.ErrMisconfigured, txn[0])
+	}
+	capacity := DefaultMaxMessageSize
+	if batchMax, ok := client.OptValue(kgo.ProducerBatchMaxBytes).(int32); ok && batchMax > 0 {
+		capacity = int(batchMax) - framingAllowance
+	}
+	switch {
+	case cfg.MaxMessageSize < 0:
+		return nil, fmt.Errorf("%w: kafka: Config.MaxMessageSize %d is negative", outbox.ErrMisconfigured, cfg.MaxMessageSize)
+	case cfg.MaxMessageSize == 0:
+		cfg.MaxMessageSize = min(DefaultMaxMessageSize, capacity)
+	case cfg.MaxMessageSize > capacity:
+		return nil, fmt.Errorf("%w: kafka: Config.MaxMessageSize %d exceeds the %d bytes the client's batches carry: raise kgo.ProducerBatchMaxBytes to at least %d", outbox.ErrMisconfigured, cfg.MaxMessageSize, capacity, cfg.MaxMessageSize+framingAllowance)
+	}
+	if cfg.AckTimeout == 0 {
+		cfg.AckTimeout = DefaultAckTimeout
+	}
+	_, explicit := client.OptValue(kgo.RecordPartitioner).(*explicitPartitioner)
+	return &Transport{client: client, cfg: cfg, explicitPartitions: explicit}, nil
+}
+
+// MaxMessageSize implements [outbox.SizeLimiter].
+func (t *Transport) MaxMessageSize() int { return t.cfg.MaxMessageSize }
+
+// As reaches the underlying client: target must be a **kgo.Client.
+func (t *Transport) As(target any) bool {
+	if p, ok := target.(**kgo.Client); ok {
+		*p = t.client
+		return true
+	}
+	return false
+}
+
+// Publish produces every envelope of the batch concurrently and waits once for the
+// broker's acknowledgements. It returns nil when every record was acknowledged, a
+// [*outbox.PublishError] naming the envelopes that were not (each cause marked
+// [outbox.Permanent] when retrying cannot help), or ctx's error when ctx ended first
+// (then nothing may be assumed sent).
+func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error {
+	if len(batch) == 0 {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	var failed []outbox.MessageError
+	metas := make([]recordMeta, len(batch))
+	recs := make([]kgo.Record, 0, len(batch))
+	for i, env := range batch {
+		if err := t.check(env); err != nil {
+			failed = append(failed, outbox.MessageError{ID: env.ID, Err: err})
+			continue
+		}
+		m := &metas[i]
+		m.index, m.explicit = i, -1
+		if env.Partition != nil {
+			m.explicit = *env.Partition
+		}
+		recs = append(recs, kgo.Record{
+			Topic:   env.Topic,
+			Key:     env.Key,
+			Value:   env.Payload,
+			Headers: t.headers(env),
+			Context: withMeta(ctx, m),
+		})
+	}
+	if len(recs) > 0 {
+		ptrs := make([]*kgo.Record, len(recs))
+		for i := range recs {
+			ptrs[i] = &recs[i]
+		}
+		results, err := t.produce(ctx, ptrs)
+		if err != nil {
+			return err
+		}
+		if results == nil {
+			for i := range recs {
+				env := batch[metaOf(&recs[i]).index]
+				failed = append(failed, outbox.MessageError{ID: env.ID, Err: fmt.Errorf("%w (waited %s)", errNoAck, t.cfg.AckTimeout)})
+			}
+		}
+		for _, res := range results {
+			if res.Err == nil {
+				continue
+			}
+			if ctx.Err() != nil {
+				// Records the client failed because ctx ended: report the context's
+				// error alone, as for a cancelled wait.
+				return ctx.Err()
+			}
+			m := metaOf(res.Record)
+			env := batch[m.index]
+			failed = append(failed, outbox.MessageError{ID: env.ID, Err: t.classify(env, m, res.Err)})
+		}
+	}
+	if len(failed) > 0 {
+		return &outbox.PublishError{Failed: failed}
+	}
+	return nil
+}
+
+// errNoAck reports records the broker did not acknowledge within AckTimeout.
+var errNoAck = errors.New("kafka: no acknowledgement within Config.AckTimeout; the broker may still have the message")
+
+// produce hands the records to the client in one ProduceSync, which stops the
+// client's linger for their partitions so a batch does not wait out
+// kgo.ProducerLinger, and waits for the results, ctx, or the ack timeout, whichever
+// comes first. ProduceSync itself may wait for the broker far longer: an idempotent
+// producer cannot withdraw a record it sent. The helper goroutine ends when the
+// client resolves the records (acknowledged, failed by its retry limits, or failed
+// by client.Close). A nil result with a nil error means the timeout passed.
+func (t *Transport) produce(ctx context.Context, recs []*kgo.Record) (kgo.ProduceResults, error) {
+	if ctx.Done() == nil && t.cfg.AckTimeout < 0 {
+		return t.client.ProduceSync(ctx, recs...), nil
+	}
+	done := make(chan kgo.ProduceResults, 1)
+	go func() { done <- t.client.ProduceSync(ctx, recs...) }()
+	var timeout <-chan time.Time
+	if t.cfg.AckTimeout > 0 {
+		timer := time.NewTimer(t.cfg.AckTimeout)
+		defer timer.Stop()
+		timeout = timer.C
+	}
+	select {
+	case results := <-done:
+		return results, nil
+	case <-ctx.Done():
+	case <-timeout:
+	}
+	select {
+	case results := <-done:
+		return results, nil
+	default:
+		return nil, ctx.Err()
+	}
+}
+
+// check refuses, before anything is sent, what the broker could never accept.
+func (t *Transport) check(env *outbox.Envelope) error {
+	if size := env.Size(); size > t.cfg.MaxMessageSize {
+		return outbox.Permanent(fmt.Errorf("%w: kafka: message of %d bytes exceeds the transport's limit of %d", outbox.ErrTooLarge, size, t.cfg.MaxMessageSize))
+	}
+	if env.Partition != nil && !t.explicitPartitions {
+		return outbox.Permanent(fmt.Errorf("%w: kafka: message names partition %d but the client's partitioner ignores explicit partitions: build the client with kgo.RecordPartitioner(kafka.Partitioner(nil))", outbox.ErrMisconfigured, *env.Partition))
+	}
+	return nil
+}
+
+// headers returns the application's headers followed by the message id and, when
+// the application set none, the idempotency key. The envelope's own slice is never
+// appended to.
+func (t *Transport) headers(env *outbox.Envelope) []kgo.RecordHeader {
+	id := []byte(env.ID.String())
+	hs := make([]kgo.RecordHeader, 0, len(env.Headers)+2)
+	for _, h := range env.Headers {
+		hs = append(hs, kgo.RecordHeader{Key: h.Key, Value: h.Value})
+	}
+	if v, ok := env.Header(outbox.HeaderMessageID); !ok || string(v) != string(id) {
+		hs = append(hs, kgo.RecordHeader{Key: outbox.HeaderMessageID, Value: id})
+	}
+	if !t.cfg.OmitIdempotencyKey {
+		if _, ok := env.Header(outbox.HeaderIdempotencyKey); !ok {
+			hs = append(hs, kgo.RecordHeader{Key: outbox.HeaderIdempotencyKey, Value: id})
+		}
+	}
+	return hs
+}
+
+// permanentCodes are broker answers that retrying the same record cannot change.
+var permanentCodes = []*kerr.Error{
+	kerr.InvalidTopicException,
+	kerr.TopicAuthorizationFailed,
+	kerr.ClusterAuthorizationFailed,
+	kerr.TransactionalIDAuthorizationFailed,
+	kerr.InvalidRecord,
+	kerr.PolicyViolation,
+	kerr.UnsupportedForMessageFormat,
+	kerr.InvalidRequiredAcks,
+}
+
+// classify turns one record's failure into the error reported for its envelope: the
+// one place broker and client errors are translated.
+func (t *Transport) classify(env *outbox.Envelope, m *recordMeta, err error) error {
+	wrapped := fmt.Errorf("kafka: produce to %q: %w", env.Topic, err)
+	switch {
+	case m.missing.Load():
+		return outbox.Permanent(fmt.Errorf("%w: kafka: topic %q has no partition %d: %w", outbox.ErrInvalidMessage, env.Topic, m.explicit, err))
+	case errors.Is(err, kerr.MessageTooLarge), errors.Is(err, kerr.RecordListTooLarge):
+		return outbox.Permanent(fmt.Errorf("%w: %w", outbox.ErrTooLarge, wrapped))
+	case errors.Is(err, kerr.UnknownTopicOrPartition), errors.Is(err, kerr.UnknownTopicID):
+		if t.cfg.UnknownTopicPermanent {
+			return outbox.Permanent(wrapped)
+		}
+		return wrapped
+	}
+	for _, code := range permanentCodes {
+		if errors.Is(err, code) {
+			return outbox.Permanent(wrapped)
+		}
+	}
+	return wrapped
+}
