@@ -1,0 +1,150 @@
+package sqlstore
+
+import (
+	"fmt"
+	"log/slog"
+	"regexp"
+	"strings"
+
+	"github.com/outboxkit/outbox"
+)
+
+// Dialect names the SQL database behind a *sql.DB.
+type Dialect int
+
+const (
+	// PostgreSQL 15 or later, through any database/sql driver (pgx's stdlib is the
+	// one tested). LISTEN/NOTIFY wake-ups need pgx's stdlib.
+	PostgreSQL Dialect = iota + 1
+	// MySQL 8 or MariaDB 10.11 through github.com/go-sql-driver/mysql.
+	MySQL
+	// SQLite through a pure-Go driver (github.com/glebarez/go-sqlite is the one tested).
+	SQLite
+)
+
+func (d Dialect) String() string {
+	switch d {
+	case PostgreSQL:
+		return "postgres"
+	case MySQL:
+		return "mysql"
+	case SQLite:
+		return "sqlite"
+	}
+	return fmt.Sprintf("Dialect(%d)", int(d))
+}
+
+// Defaults applied by [Config]'s validation.
+const (
+	// DefaultTable is the messages table's default name.
+	DefaultTable = "outbox_messages"
+	// DefaultMaxMessageSize is the default per-message limit (1 MiB).
+	DefaultMaxMessageSize = 1 << 20
+	// DefaultStatsLimit is the default cap of the per-bucket counts of Stats.
+	DefaultStatsLimit = 10_000
+)
+
+// Config configures a [Store]. The zero value is valid: every field has a default.
+type Config struct {
+	// Table is the messages table, optionally schema-qualified ("billing.outbox").
+	// Each part must be a plain SQL identifier: a letter or underscore, then letters,
+	// digits or underscores, at most 63 characters. Defaults to "outbox_messages".
+	Table string
+	// LeaseTable holds one lease per bucket. Defaults to Table + "_leases".
+	LeaseTable string
+	// RelayTable holds one heartbeat record per relay. Defaults to Table + "_relays".
+	RelayTable string
+	// BucketCount must equal the bucket count of every writer and relay sharing the
+	// tables. Defaults to outbox.DefaultBucketCount.
+	BucketCount int
+	// MaxMessageSize is the largest [outbox.Message.Size] Enqueue and the units of
+	// work accept. Defaults to DefaultMaxMessageSize (1 MiB). MySQL also needs a
+	// max_allowed_packet that fits a whole batch.
+	MaxMessageSize int
+	// StatsLimit caps each per-bucket count of Stats, so sampling a large backlog
+	// stays cheap. Defaults to DefaultStatsLimit.
+	StatsLimit int
+	// NotifyChannel is the PostgreSQL LISTEN/NOTIFY channel, an identifier like the
+	// table names. Defaults to the messages table's name (dots become underscores).
+	// Ignored on MySQL and SQLite.
+	NotifyChannel string
+	// DisableNotify turns PostgreSQL NOTIFY off: writes send no notification and
+	// Subscribe does not LISTEN, so only in-process commits wake a dispatcher.
+	// Defaults to false.
+	DisableNotify bool
+	// Logger receives listener reconnects and other background events. Defaults to
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+
+// validName checks a possibly schema-qualified name.
+func validName(field, name string) error {
+	parts := strings.Split(name, ".")
+	if len(parts) > 2 {
+		return fmt.Errorf("%w: sqlstore: Config.%s %q: at most one schema qualifier is allowed", outbox.ErrMisconfigured, field, name)
+	}
+	for _, p := range parts {
+		if !identifier.MatchString(p) {
+			return fmt.Errorf("%w: sqlstore: Config.%s %q is not a plain SQL identifier (a letter or underscore, then letters, digits or underscores, at most 63)", outbox.ErrMisconfigured, field, name)
+		}
+	}
+	return nil
+}
+
+// withDefaults returns a validated copy with every default filled in.
+func (c Config) withDefaults() (Config, error) {
+	if c.Table == "" {
+		c.Table = DefaultTable
+	}
+	if err := validName("Table", c.Table); err != nil {
+		return c, err
+	}
+	if c.LeaseTable == "" {
+		c.LeaseTable = c.Table + "_leases"
+	}
+	if err := validName("LeaseTable", c.LeaseTable); err != nil {
+		return c, err
+	}
+	if c.RelayTable == "" {
+		c.RelayTable = c.Table + "_relays"
+	}
+	if err := validName("RelayTable", c.RelayTable); err != nil {
+		return c, err
+	}
+	if err := validName("Table", c.Table+"_migrations"); err != nil {
+		return c, fmt.Errorf("%w (Migrate keeps its versions in Table+\"_migrations\"; shorten Table)", err)
+	}
+	if c.LeaseTable == c.Table || c.RelayTable == c.Table || c.LeaseTable == c.RelayTable {
+		return c, fmt.Errorf("%w: sqlstore: Config.Table, LeaseTable and RelayTable must differ", outbox.ErrMisconfigured)
+	}
+	switch {
+	case c.BucketCount == 0:
+		c.BucketCount = outbox.DefaultBucketCount
+	case c.BucketCount < 0:
+		return c, fmt.Errorf("%w: sqlstore: Config.BucketCount %d must be positive", outbox.ErrMisconfigured, c.BucketCount)
+	}
+	switch {
+	case c.MaxMessageSize == 0:
+		c.MaxMessageSize = DefaultMaxMessageSize
+	case c.MaxMessageSize < 0:
+		return c, fmt.Errorf("%w: sqlstore: Config.MaxMessageSize %d must be positive", outbox.ErrMisconfigured, c.MaxMessageSize)
+	}
+	switch {
+	case c.StatsLimit == 0:
+		c.StatsLimit = DefaultStatsLimit
+	case c.StatsLimit < 0:
+		return c, fmt.Errorf("%w: sqlstore: Config.StatsLimit %d must be positive", outbox.ErrMisconfigured, c.StatsLimit)
+	}
+	if c.NotifyChannel == "" {
+		c.NotifyChannel = strings.ReplaceAll(c.Table, ".", "_")
+	}
+	if !identifier.MatchString(c.NotifyChannel) {
+		return c, fmt.Errorf("%w: sqlstore: Config.NotifyChannel %q is not a plain SQL identifier", outbox.ErrMisconfigured, c.NotifyChannel)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c, nil
+}

@@ -1,0 +1,347 @@
+package sqlstore_test
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/glebarez/sqlite"
+	_ "github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/jackc/pgx/v5/stdlib"
+	"github.com/stretchr/testify/require"
+	gormmysql "gorm.io/driver/mysql"
+	gormpostgres "gorm.io/driver/postgres"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+
+	"github.com/outboxkit/outbox"
+	sqlstore "github.com/outboxkit/outbox/store/sql"
+)
+
+func postgresURL() string {
+	if u := os.Getenv("OUTBOX_TEST_POSTGRES_URL"); u != "" {
+		return u
+	}
+	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+}
+
+func mysqlDSN() string {
+	if d := os.Getenv("OUTBOX_TEST_MYSQL_DSN"); d != "" {
+		return d
+	}
+	return "root@tcp(127.0.0.1:3306)/test?parseTime=true&loc=UTC"
+}
+
+// unavailable fails under CI=true and skips otherwise.
+func unavailable(t testing.TB, what string, err error) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("%s is required under CI=true: %v", what, err)
+	}
+	t.Skipf("%s is not reachable (%v); set it up as TESTING.md describes to run this test", what, err)
+}
+
+// Shared clients: one per server and client kind, opened on first use. Tests isolate
+// themselves by table names.
+var (
+	pgPoolOnce, pgDBOnce, pgGormOnce, myDBOnce, myGormOnce sync.Once
+	pgPool                                                 *pgxpool.Pool
+	pgDB, myDB                                             *sql.DB
+	pgGorm, myGorm                                         *gorm.DB
+	pgPoolErr, pgDBErr, pgGormErr, myDBErr, myGormErr      error
+)
+
+func ping(ctx context.Context, db *sql.DB) error {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	return db.PingContext(ctx)
+}
+
+func postgresPool(t testing.TB) *pgxpool.Pool {
+	pgPoolOnce.Do(func() {
+		cfg, err := pgxpool.ParseConfig(postgresURL())
+		if err != nil {
+			pgPoolErr = err
+			return
+		}
+		cfg.MaxConns = 16
+		pgPool, pgPoolErr = pgxpool.NewWithConfig(context.Background(), cfg)
+		if pgPoolErr == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			pgPoolErr = pgPool.Ping(ctx)
+		}
+	})
+	if pgPoolErr != nil {
+		unavailable(t, "PostgreSQL", pgPoolErr)
+	}
+	return pgPool
+}
+
+func postgresDB(t testing.TB) *sql.DB {
+	pgDBOnce.Do(func() {
+		pgDB, pgDBErr = sql.Open("pgx", postgresURL())
+		if pgDBErr == nil {
+			pgDB.SetMaxOpenConns(16)
+			pgDBErr = ping(context.Background(), pgDB)
+		}
+	})
+	if pgDBErr != nil {
+		unavailable(t, "PostgreSQL", pgDBErr)
+	}
+	return pgDB
+}
+
+var quietGorm = &gorm.Config{Logger: logger.Default.LogMode(logger.Silent)}
+
+func postgresGorm(t testing.TB) *gorm.DB {
+	pgGormOnce.Do(func() {
+		pgGorm, pgGormErr = gorm.Open(gormpostgres.Open(postgresURL()), quietGorm)
+		if pgGormErr == nil {
+			var db *sql.DB
+			db, pgGormErr = pgGorm.DB()
+			if pgGormErr == nil {
+				db.SetMaxOpenConns(16)
+				pgGormErr = ping(context.Background(), db)
+			}
+		}
+	})
+	if pgGormErr != nil {
+		unavailable(t, "PostgreSQL", pgGormErr)
+	}
+	return pgGorm
+}
+
+func mysqlDB(t testing.TB) *sql.DB {
+	myDBOnce.Do(func() {
+		myDB, myDBErr = sql.Open("mysql", mysqlDSN())
+		if myDBErr == nil {
+			myDB.SetMaxOpenConns(16)
+			myDBErr = ping(context.Background(), myDB)
+		}
+	})
+	if myDBErr != nil {
+		unavailable(t, "MariaDB/MySQL", myDBErr)
+	}
+	return myDB
+}
+
+func mysqlGorm(t testing.TB) *gorm.DB {
+	myGormOnce.Do(func() {
+		myGorm, myGormErr = gorm.Open(gormmysql.Open(mysqlDSN()), quietGorm)
+		if myGormErr == nil {
+			var db *sql.DB
+			db, myGormErr = myGorm.DB()
+			if myGormErr == nil {
+				db.SetMaxOpenConns(16)
+				myGormErr = ping(context.Background(), db)
+			}
+		}
+	})
+	if myGormErr != nil {
+		unavailable(t, "MariaDB/MySQL", myGormErr)
+	}
+	return myGorm
+}
+
+// sqliteDSN is the DSN every SQLite test uses: immediate transactions, WAL and a
+// busy timeout, so concurrent writers wait for the lock instead of failing.
+func sqliteDSN(path string) string {
+	return "file:" + path + "?_txlock=immediate&_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)"
+}
+
+func sqliteDB(t testing.TB) *sql.DB {
+	db, err := sql.Open("sqlite", sqliteDSN(filepath.Join(t.TempDir(), "outbox.db")))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+func sqliteGorm(t testing.TB) *gorm.DB {
+	db, err := gorm.Open(sqlite.Open(sqliteDSN(filepath.Join(t.TempDir(), "outbox.db"))), quietGorm)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if sqlDB, err := db.DB(); err == nil {
+			_ = sqlDB.Close()
+		}
+	})
+	return db
+}
+
+func uniqueTable() string {
+	b := make([]byte, 5)
+	_, _ = rand.Read(b)
+	return "ob_" + hex.EncodeToString(b)
+}
+
+// backend is one database and client kind.
+type backend struct {
+	name string
+	// open builds a store on fresh tables (migrated, dropped in cleanup).
+	open func(t testing.TB, cfg sqlstore.Config) *sqlstore.Store
+	// transact runs fn in the client kind's unit of work; exec runs a business
+	// statement ('?' placeholders) inside it.
+	transact func(ctx context.Context, s *sqlstore.Store, fn func(ctx context.Context, exec execFunc) error) error
+}
+
+type execFunc func(query string, args ...any) error
+
+func migrated(t testing.TB, s *sqlstore.Store, err error) *sqlstore.Store {
+	t.Helper()
+	require.NoError(t, err)
+	ctx := context.Background()
+	require.NoError(t, s.Migrate(ctx))
+	t.Cleanup(func() {
+		_ = s.Close()
+		_ = s.DropTables(context.Background())
+	})
+	return s
+}
+
+func withTable(cfg sqlstore.Config) sqlstore.Config {
+	if cfg.Table == "" {
+		cfg.Table = uniqueTable()
+	}
+	return cfg
+}
+
+func rebind(q string) string {
+	out := make([]byte, 0, len(q)+8)
+	n := 0
+	for i := 0; i < len(q); i++ {
+		if q[i] == '?' {
+			n++
+			out = append(out, '$')
+			out = append(out, []byte(itoa(n))...)
+			continue
+		}
+		out = append(out, q[i])
+	}
+	return string(out)
+}
+
+func itoa(n int) string {
+	if n < 10 {
+		return string(rune('0' + n))
+	}
+	return itoa(n/10) + string(rune('0'+n%10))
+}
+
+func sqlTransact(ctx context.Context, s *sqlstore.Store, fn func(ctx context.Context, exec execFunc) error) error {
+	return s.Transact(ctx, nil, func(ctx context.Context, tx *sql.Tx) error {
+		return fn(ctx, func(q string, args ...any) error {
+			if s.Dialect() == sqlstore.PostgreSQL {
+				q = rebind(q)
+			}
+			_, err := tx.ExecContext(ctx, q, args...)
+			return err
+		})
+	})
+}
+
+func gormTransact(ctx context.Context, s *sqlstore.Store, fn func(ctx context.Context, exec execFunc) error) error {
+	return s.TransactGorm(ctx, func(tx *gorm.DB) error {
+		return fn(tx.Statement.Context, func(q string, args ...any) error {
+			return tx.Exec(q, args...).Error
+		})
+	})
+}
+
+var backends = []backend{
+	{
+		name: "postgres/pgx",
+		open: func(t testing.TB, cfg sqlstore.Config) *sqlstore.Store {
+			s, err := sqlstore.NewPgx(postgresPool(t), withTable(cfg))
+			return migrated(t, s, err)
+		},
+		transact: func(ctx context.Context, s *sqlstore.Store, fn func(ctx context.Context, exec execFunc) error) error {
+			return s.TransactPgx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+				return fn(ctx, func(q string, args ...any) error {
+					_, err := tx.Exec(ctx, rebind(q), args...)
+					return err
+				})
+			})
+		},
+	},
+	{
+		name: "postgres/database-sql",
+		open: func(t testing.TB, cfg sqlstore.Config) *sqlstore.Store {
+			s, err := sqlstore.NewDB(postgresDB(t), sqlstore.PostgreSQL, withTable(cfg))
+			return migrated(t, s, err)
+		},
+		transact: sqlTransact,
+	},
+	{
+		name: "postgres/gorm",
+		open: func(t testing.TB, cfg sqlstore.Config) *sqlstore.Store {
+			s, err := sqlstore.NewGorm(postgresGorm(t), withTable(cfg))
+			return migrated(t, s, err)
+		},
+		transact: gormTransact,
+	},
+	{
+		name: "mysql/database-sql",
+		open: func(t testing.TB, cfg sqlstore.Config) *sqlstore.Store {
+			s, err := sqlstore.NewDB(mysqlDB(t), sqlstore.MySQL, withTable(cfg))
+			return migrated(t, s, err)
+		},
+		transact: sqlTransact,
+	},
+	{
+		name: "mysql/gorm",
+		open: func(t testing.TB, cfg sqlstore.Config) *sqlstore.Store {
+			s, err := sqlstore.NewGorm(mysqlGorm(t), withTable(cfg))
+			return migrated(t, s, err)
+		},
+		transact: gormTransact,
+	},
+	{
+		name: "sqlite/database-sql",
+		open: func(t testing.TB, cfg sqlstore.Config) *sqlstore.Store {
+			s, err := sqlstore.NewDB(sqliteDB(t), sqlstore.SQLite, withTable(cfg))
+			return migrated(t, s, err)
+		},
+		transact: sqlTransact,
+	},
+	{
+		name: "sqlite/gorm",
+		open: func(t testing.TB, cfg sqlstore.Config) *sqlstore.Store {
+			s, err := sqlstore.NewGorm(sqliteGorm(t), withTable(cfg))
+			return migrated(t, s, err)
+		},
+		transact: gormTransact,
+	},
+}
+
+// eachBackend runs test once per database and client kind, in parallel.
+func eachBackend(t *testing.T, test func(t *testing.T, b backend)) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			test(t, b)
+		})
+	}
+}
+
+func newEnvelope(t testing.TB, s outbox.Store, key, payload string) *outbox.Envelope {
+	t.Helper()
+	env, err := outbox.NewEnvelope(outbox.Message{Topic: "orders", Key: []byte(key), Payload: []byte(payload)}, s.BucketCount())
+	require.NoError(t, err)
+	return env
+}
+
+func testContext(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func sqlstoreConfig() sqlstore.Config { return sqlstore.Config{} }

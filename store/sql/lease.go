@@ -1,0 +1,121 @@
+package sqlstore
+
+import (
+	"context"
+	"sort"
+	"time"
+
+	"github.com/outboxkit/outbox"
+)
+
+// The lease primitives are conditional UPDATEs (and an INSERT that does nothing on
+// a conflict for a row that does not exist yet): the affected-row count says whether
+// the condition held, so the database arbitrates between relays.
+
+// ReadCoordination implements [outbox.Leaser] with one statement, which every
+// dialect runs on one snapshot.
+func (s *Store) ReadCoordination(ctx context.Context) (outbox.Coordination, error) {
+	var c outbox.Coordination
+	if err := s.begin(ctx); err != nil {
+		return c, err
+	}
+	rs, err := s.db.query(ctx, s.stmts.readCoordination, s.cfg.BucketCount)
+	if err != nil {
+		return c, s.wrap(ctx, "read coordination", err)
+	}
+	defer rs.Close()
+	for rs.Next() {
+		var kind, bucket, t1, t2 int64
+		var name string
+		if err := rs.Scan(&kind, &bucket, &name, &t1, &t2); err != nil {
+			return c, s.wrap(ctx, "read coordination", err)
+		}
+		if kind == 0 {
+			if bucket >= 0 {
+				c.Leases = append(c.Leases, outbox.Lease{Bucket: int(bucket), Owner: name, ExpiresAt: fromMicros(t1)})
+			}
+			continue
+		}
+		c.Relays = append(c.Relays, outbox.RelayRecord{ID: name, LastSeen: fromMicros(t1), StoppedAt: fromMicros(t2)})
+	}
+	if err := rs.Err(); err != nil {
+		return c, s.wrap(ctx, "read coordination", err)
+	}
+	sort.Slice(c.Leases, func(i, j int) bool { return c.Leases[i].Bucket < c.Leases[j].Bucket })
+	sort.Slice(c.Relays, func(i, j int) bool { return c.Relays[i].ID < c.Relays[j].ID })
+	return c, nil
+}
+
+// Heartbeat implements [outbox.Leaser].
+func (s *Store) Heartbeat(ctx context.Context, relay string, at time.Time) (bool, error) {
+	if err := s.begin(ctx); err != nil {
+		return false, err
+	}
+	at64 := micros(at)
+	n, err := s.db.exec(ctx, s.stmts.heartbeatUpdate, at64, relay, at64)
+	if err != nil || n > 0 {
+		return n > 0, s.wrap(ctx, "heartbeat", err)
+	}
+	// No row moved: either the record is absent (create it) or it is newer (refused).
+	n, err = s.db.exec(ctx, s.stmts.heartbeatInsert, relay, at64)
+	return n > 0, s.wrap(ctx, "heartbeat", err)
+}
+
+// StopRelay implements [outbox.Leaser].
+func (s *Store) StopRelay(ctx context.Context, relay string, at time.Time) error {
+	if err := s.begin(ctx); err != nil {
+		return err
+	}
+	at64 := micros(at)
+	n, err := s.db.exec(ctx, s.stmts.stopUpdate, at64, at64, at64, relay)
+	if err != nil || n > 0 {
+		return s.wrap(ctx, "stop relay", err)
+	}
+	// MySQL counts an update that changes nothing as 0 rows; the insert then finds
+	// the row and does nothing, which is the right outcome too.
+	_, err = s.db.exec(ctx, s.stmts.stopInsert, relay, at64, at64)
+	return s.wrap(ctx, "stop relay", err)
+}
+
+// DeleteRelay implements [outbox.Leaser].
+func (s *Store) DeleteRelay(ctx context.Context, relay string, lastSeen time.Time) (bool, error) {
+	if err := s.begin(ctx); err != nil {
+		return false, err
+	}
+	n, err := s.db.exec(ctx, s.stmts.deleteRelay, relay, micros(lastSeen))
+	return n > 0, s.wrap(ctx, "delete relay", err)
+}
+
+// Claim implements [outbox.Leaser].
+func (s *Store) Claim(ctx context.Context, bucket int, owner string, now, expiresAt time.Time) (bool, error) {
+	if err := s.begin(ctx); err != nil {
+		return false, err
+	}
+	exp := micros(expiresAt)
+	n, err := s.db.exec(ctx, s.stmts.claimUpdate, owner, exp, bucket, micros(now))
+	if err != nil || n > 0 {
+		return n > 0, s.wrap(ctx, "claim", err)
+	}
+	// The lease row is created by the first claim; a concurrent creator wins the
+	// conflict and this insert affects nothing.
+	n, err = s.db.exec(ctx, s.stmts.claimInsert, bucket, owner, exp)
+	return n > 0, s.wrap(ctx, "claim", err)
+}
+
+// Renew implements [outbox.Leaser].
+func (s *Store) Renew(ctx context.Context, held outbox.Lease, now, expiresAt time.Time) (bool, error) {
+	if err := s.begin(ctx); err != nil {
+		return false, err
+	}
+	n, err := s.db.exec(ctx, s.stmts.renew, micros(expiresAt), held.Bucket, held.Owner, micros(held.ExpiresAt), micros(now))
+	return n > 0, s.wrap(ctx, "renew", err)
+}
+
+// Release implements [outbox.Leaser].
+func (s *Store) Release(ctx context.Context, held outbox.Lease) (bool, error) {
+	if err := s.begin(ctx); err != nil {
+		return false, err
+	}
+	n, err := s.db.exec(ctx, s.stmts.release, held.Bucket, held.Owner, micros(held.ExpiresAt))
+	return n > 0, s.wrap(ctx, "release", err)
+}

@@ -1,0 +1,166 @@
+package sqlstore
+
+import (
+	"bytes"
+	"context"
+	"embed"
+	"fmt"
+	"io/fs"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+	"text/template"
+	"time"
+)
+
+//go:embed migrations
+var migrationFiles embed.FS
+
+// migration is one numbered, rendered schema step.
+type migration struct {
+	version    int
+	statements []string
+}
+
+// tableNames feeds the migration templates. Every name was validated as an
+// identifier, so splicing them is safe.
+type tableNames struct {
+	Table, LeaseTable, RelayTable string
+}
+
+// Index names an index after the messages table (without its schema: an index lives
+// in its table's schema).
+func (n tableNames) Index(suffix string) string {
+	base := n.Table
+	if i := strings.LastIndexByte(base, '.'); i >= 0 {
+		base = base[i+1:]
+	}
+	return base + "_" + suffix
+}
+
+func loadMigrations(d Dialect, c Config) ([]migration, error) {
+	dir := path.Join("migrations", d.String())
+	entries, err := fs.ReadDir(migrationFiles, dir)
+	if err != nil {
+		return nil, err
+	}
+	names := tableNames{Table: c.Table, LeaseTable: c.LeaseTable, RelayTable: c.RelayTable}
+	var out []migration
+	for _, e := range entries {
+		prefix, _, ok := strings.Cut(e.Name(), "_")
+		if !ok || !strings.HasSuffix(e.Name(), ".sql") {
+			continue
+		}
+		version, err := strconv.Atoi(prefix)
+		if err != nil {
+			return nil, fmt.Errorf("sqlstore: migration %s: bad version: %w", e.Name(), err)
+		}
+		raw, err := fs.ReadFile(migrationFiles, path.Join(dir, e.Name()))
+		if err != nil {
+			return nil, err
+		}
+		tmpl, err := template.New(e.Name()).Parse(string(raw))
+		if err != nil {
+			return nil, err
+		}
+		var buf bytes.Buffer
+		if err := tmpl.Execute(&buf, names); err != nil {
+			return nil, err
+		}
+		out = append(out, migration{version: version, statements: splitStatements(buf.String())})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].version < out[j].version })
+	return out, nil
+}
+
+// splitStatements cuts a script at semicolons that end a line: drivers differ on
+// multi-statement support (MySQL needs a DSN flag), so each runs alone.
+func splitStatements(script string) []string {
+	var out []string
+	for _, part := range strings.Split(script, ";\n") {
+		if s := strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(part), ";")); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// DDL returns the schema statements Migrate runs for the store's dialect and tables,
+// for teams that apply migrations with their own tooling. Statements are in order,
+// without trailing semicolons.
+func (s *Store) DDL() []string {
+	ms, err := loadMigrations(s.dialect, s.cfg)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, m := range ms {
+		out = append(out, m.statements...)
+	}
+	return out
+}
+
+// Migrate creates or upgrades the store's tables from the embedded migrations. It is
+// safe to run at every start and from several processes at once: each step is
+// idempotent and recorded in Table+"_migrations".
+func (s *Store) Migrate(ctx context.Context) error {
+	if err := s.checkOpen(); err != nil {
+		return err
+	}
+	ms, err := loadMigrations(s.dialect, s.cfg)
+	if err != nil {
+		return fmt.Errorf("sqlstore: migrate: %w", err)
+	}
+	versions := s.cfg.Table + "_migrations"
+	create := "CREATE TABLE IF NOT EXISTS " + versions + " (version INTEGER NOT NULL PRIMARY KEY, applied_at BIGINT NOT NULL)"
+	if _, err := s.db.exec(ctx, create); err != nil {
+		return s.wrap(ctx, "migrate", err)
+	}
+	applied := map[int]bool{}
+	rs, err := s.db.query(ctx, "SELECT version FROM "+versions)
+	if err != nil {
+		return s.wrap(ctx, "migrate", err)
+	}
+	for rs.Next() {
+		var v int64
+		if err := rs.Scan(&v); err != nil {
+			rs.Close()
+			return s.wrap(ctx, "migrate", err)
+		}
+		applied[int(v)] = true
+	}
+	rs.Close()
+	if err := rs.Err(); err != nil {
+		return s.wrap(ctx, "migrate", err)
+	}
+	record := insertIgnore(s.dialect, versions, "version, applied_at", "?, ?", "version")
+	if s.dialect == PostgreSQL {
+		record = rebind(record)
+	}
+	for _, m := range ms {
+		if applied[m.version] {
+			continue
+		}
+		for _, stmt := range m.statements {
+			if _, err := s.db.exec(ctx, stmt); err != nil {
+				return s.wrap(ctx, fmt.Sprintf("migrate to version %d", m.version), err)
+			}
+		}
+		if _, err := s.db.exec(ctx, record, m.version, time.Now().UnixMicro()); err != nil {
+			return s.wrap(ctx, "migrate", err)
+		}
+	}
+	return nil
+}
+
+// DropTables drops the store's tables and every message in them. Tests and demos
+// use it; production schemas are rarely dropped by code.
+func (s *Store) DropTables(ctx context.Context) error {
+	for _, t := range []string{s.cfg.Table, s.cfg.LeaseTable, s.cfg.RelayTable, s.cfg.Table + "_migrations"} {
+		if _, err := s.db.exec(ctx, "DROP TABLE IF EXISTS "+t); err != nil {
+			return s.wrap(ctx, "drop tables", err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,626 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"gorm.io/gorm"
+
+	"github.com/outboxkit/outbox"
+)
+
+// Store is an outbox store on one set of SQL tables. It implements
+// [outbox.RelayStore], [outbox.Admin], [outbox.Notifier], [outbox.Finder],
+// [outbox.Retainer] and [outbox.SizeLimiter]. It is safe for concurrent use.
+type Store struct {
+	cfg     Config
+	dialect Dialect
+	stmts   statements
+	db      querier // the pool or *sql.DB, for statements outside a caller's transaction
+
+	pool   *pgxpool.Pool
+	sqlDB  *sql.DB
+	gormDB *gorm.DB
+
+	hub    outbox.Hub
+	closed atomic.Bool
+
+	listenMu     sync.Mutex
+	listenCancel context.CancelFunc
+	listenDone   chan struct{}
+}
+
+var (
+	_ outbox.RelayStore  = (*Store)(nil)
+	_ outbox.Admin       = (*Store)(nil)
+	_ outbox.Notifier    = (*Store)(nil)
+	_ outbox.Finder      = (*Store)(nil)
+	_ outbox.Retainer    = (*Store)(nil)
+	_ outbox.SizeLimiter = (*Store)(nil)
+)
+
+// NewPgx returns a PostgreSQL store on a pgx pool the caller built. Units of work
+// use [Store.TransactPgx] and [Store.EnqueuePgxTx].
+func NewPgx(pool *pgxpool.Pool, cfg Config) (*Store, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: sqlstore: NewPgx needs a *pgxpool.Pool", outbox.ErrMisconfigured)
+	}
+	s, err := newStore(PostgreSQL, cfg)
+	if err != nil {
+		return nil, err
+	}
+	s.pool = pool
+	s.db = pgxQuerier{pool}
+	return s, nil
+}
+
+// NewDB returns a store on a *sql.DB the caller opened, for the given dialect. Units
+// of work use [Store.Transact] and [Store.EnqueueTx].
+//
+// SQLite needs a DSN that makes concurrent writers wait rather than fail:
+// _txlock=immediate, _pragma=busy_timeout(5000) and _pragma=journal_mode(WAL)
+// (see the package documentation).
+func NewDB(db *sql.DB, dialect Dialect, cfg Config) (*Store, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: sqlstore: NewDB needs a *sql.DB", outbox.ErrMisconfigured)
+	}
+	s, err := newStore(dialect, cfg)
+	if err != nil {
+		return nil, err
+	}
+	s.sqlDB = db
+	s.db = sqlQuerier{db}
+	return s, nil
+}
+
+// NewGorm returns a store on a *gorm.DB the caller opened with the postgres, mysql or
+// sqlite dialector; the dialect follows the dialector. Units of work use
+// [Store.TransactGorm] and [Store.EnqueueGormTx].
+func NewGorm(db *gorm.DB, cfg Config) (*Store, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: sqlstore: NewGorm needs a *gorm.DB", outbox.ErrMisconfigured)
+	}
+	var dialect Dialect
+	switch name := db.Dialector.Name(); name {
+	case "postgres":
+		dialect = PostgreSQL
+	case "mysql":
+		dialect = MySQL
+	case "sqlite":
+		dialect = SQLite
+	default:
+		return nil, fmt.Errorf("%w: sqlstore: gorm dialector %q is not supported (postgres, mysql or sqlite)", outbox.ErrMisconfigured, name)
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		return nil, fmt.Errorf("%w: sqlstore: gorm has no *sql.DB: %v", outbox.ErrMisconfigured, err)
+	}
+	s, err := newStore(dialect, cfg)
+	if err != nil {
+		return nil, err
+	}
+	s.gormDB = db
+	s.sqlDB = sqlDB
+	s.db = sqlQuerier{sqlDB}
+	return s, nil
+}
+
+func newStore(d Dialect, cfg Config) (*Store, error) {
+	if d != PostgreSQL && d != MySQL && d != SQLite {
+		return nil, fmt.Errorf("%w: sqlstore: unknown dialect %v: use PostgreSQL, MySQL or SQLite", outbox.ErrMisconfigured, d)
+	}
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if d == SQLite && (strings.Contains(cfg.Table, ".") || strings.Contains(cfg.LeaseTable, ".") || strings.Contains(cfg.RelayTable, ".")) {
+		return nil, fmt.Errorf("%w: sqlstore: Config.Table %q: SQLite table names cannot be schema-qualified here", outbox.ErrMisconfigured, cfg.Table)
+	}
+	return &Store{cfg: cfg, dialect: d, stmts: newStatements(d, cfg)}, nil
+}
+
+// Dialect is the store's SQL dialect.
+func (s *Store) Dialect() Dialect { return s.dialect }
+
+// BucketCount implements [outbox.Store].
+func (s *Store) BucketCount() int { return s.cfg.BucketCount }
+
+// MaxMessageSize implements [outbox.SizeLimiter].
+func (s *Store) MaxMessageSize() int { return s.cfg.MaxMessageSize }
+
+// As reaches the client the store was built on: target may be a **pgxpool.Pool,
+// **sql.DB or **gorm.DB.
+func (s *Store) As(target any) bool {
+	switch t := target.(type) {
+	case **pgxpool.Pool:
+		*t = s.pool
+		return s.pool != nil
+	case **sql.DB:
+		*t = s.sqlDB
+		return s.sqlDB != nil
+	case **gorm.DB:
+		*t = s.gormDB
+		return s.gormDB != nil
+	}
+	return false
+}
+
+// Close stops the LISTEN connection, if any, and closes every subscription. It does
+// not close the caller's client. Later calls return [outbox.ErrClosed].
+func (s *Store) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	s.stopListener()
+	s.hub.Close()
+	return nil
+}
+
+func (s *Store) checkOpen() error {
+	if s.closed.Load() {
+		return fmt.Errorf("%w: sqlstore: store is closed", outbox.ErrClosed)
+	}
+	return nil
+}
+
+// begin checks the store is open and ctx is live.
+func (s *Store) begin(ctx context.Context) error {
+	if err := s.checkOpen(); err != nil {
+		return err
+	}
+	return ctx.Err()
+}
+
+// wrap is the one place backend errors are translated: context errors come back
+// unwrapped, everything else names the operation.
+func (s *Store) wrap(ctx context.Context, op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return ctxErr
+	}
+	if errors.Is(err, context.Canceled) {
+		return context.Canceled
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return context.DeadlineExceeded
+	}
+	return fmt.Errorf("sqlstore: %s: %w", op, err)
+}
+
+// check validates envelopes before anything is written.
+func (s *Store) check(envs []*outbox.Envelope) error {
+	for i, env := range envs {
+		if env == nil {
+			return fmt.Errorf("%w: sqlstore: envelope %d is nil", outbox.ErrInvalidMessage, i)
+		}
+		if env.ID == uuid.Nil {
+			return fmt.Errorf("%w: sqlstore: envelope %d has no ID: build envelopes with outbox.NewEnvelope", outbox.ErrInvalidMessage, i)
+		}
+		if env.BucketCount != s.cfg.BucketCount {
+			return fmt.Errorf("%w: sqlstore: envelope %s was built for %d buckets, the store has %d", outbox.ErrMisconfigured, env.ID, env.BucketCount, s.cfg.BucketCount)
+		}
+		if env.Bucket < 0 || env.Bucket >= s.cfg.BucketCount {
+			return fmt.Errorf("%w: sqlstore: envelope %s has bucket %d outside [0, %d)", outbox.ErrInvalidMessage, env.ID, env.Bucket, s.cfg.BucketCount)
+		}
+		if err := env.Validate(); err != nil {
+			return fmt.Errorf("sqlstore: envelope %s: %w", env.ID, err)
+		}
+		if n := env.Size(); n > s.cfg.MaxMessageSize {
+			return fmt.Errorf("%w: sqlstore: message %s is %d bytes, the limit is %d (Config.MaxMessageSize)", outbox.ErrTooLarge, env.ID, n, s.cfg.MaxMessageSize)
+		}
+	}
+	return nil
+}
+
+// Enqueue implements [outbox.Store]: one multi-row INSERT (several, in one
+// transaction, beyond the dialect's bind-parameter limit).
+func (s *Store) Enqueue(ctx context.Context, envs ...*outbox.Envelope) error {
+	if err := s.begin(ctx); err != nil {
+		return err
+	}
+	if err := s.check(envs); err != nil {
+		return err
+	}
+	if len(envs) == 0 {
+		return nil
+	}
+	var err error
+	if len(envs) <= maxRows(s.dialect) {
+		err = s.insert(ctx, s.db, envs)
+	} else {
+		err = s.inTx(ctx, func(q querier) error { return s.insert(ctx, q, envs) })
+	}
+	if err != nil {
+		return s.wrap(ctx, "enqueue", duplicate(err))
+	}
+	s.NotifyCommitted(envs...)
+	return nil
+}
+
+// inTx runs fn in a transaction of the store's own client.
+func (s *Store) inTx(ctx context.Context, fn func(q querier) error) error {
+	if s.pool != nil {
+		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error { return fn(pgxQuerier{tx}) })
+	}
+	tx, err := s.sqlDB.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := fn(sqlQuerier{tx}); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+// insert writes envs (already checked) on q, in as few statements as the
+// bind-parameter limit allows, and assigns their Seq.
+func (s *Store) insert(ctx context.Context, q querier, envs []*outbox.Envelope) error {
+	limit := maxRows(s.dialect)
+	for len(envs) > 0 {
+		n := min(len(envs), limit)
+		if err := s.insertChunk(ctx, q, envs[:n]); err != nil {
+			return err
+		}
+		envs = envs[n:]
+	}
+	return nil
+}
+
+func (s *Store) insertChunk(ctx context.Context, q querier, envs []*outbox.Envelope) error {
+	args := make([]any, 0, len(envs)*insertColumnCount+1)
+	for _, env := range envs {
+		var part int64
+		if env.Partition != nil {
+			part = int64(*env.Partition)
+		}
+		args = append(args,
+			idArg(s.dialect, env.ID), env.Bucket, env.BucketCount, env.Topic,
+			nonNil(env.Key), nonNil(env.Payload), encodeHeaders(env.Headers),
+			part, messageFlags(&env.Message), micros(env.CreatedAt), env.Attempts,
+			micros(env.NextAttemptAt), int(env.Status), truncateError(env.LastError))
+	}
+	var b strings.Builder
+	b.Grow(64 + len(envs)*insertColumnCount*6)
+	notify := s.dialect == PostgreSQL && !s.cfg.DisableNotify
+	if notify {
+		b.WriteString("WITH ins AS (")
+	}
+	b.WriteString("INSERT INTO ")
+	b.WriteString(s.cfg.Table)
+	b.WriteString(" (" + insertColumns + ") VALUES ")
+	placeholders(&b, s.dialect, len(envs), insertColumnCount, 0)
+
+	if s.dialect == MySQL {
+		// MySQL has no RETURNING: LAST_INSERT_ID is the first row's seq and a
+		// multi-row INSERT takes consecutive values (auto_increment_increment = 1).
+		sq, ok := q.(sqlQuerier)
+		if !ok {
+			return errors.New("mysql needs a database/sql connection")
+		}
+		res, err := sq.c.ExecContext(ctx, b.String(), args...)
+		if err != nil {
+			return err
+		}
+		first, err := res.LastInsertId()
+		if err != nil {
+			return err
+		}
+		for i, env := range envs {
+			env.Seq = first + int64(i)
+		}
+		return nil
+	}
+
+	if notify {
+		// The notification is sent by the insert itself, so it costs no round trip
+		// and PostgreSQL delivers it only if the transaction commits.
+		b.WriteString(" RETURNING id, seq, bucket) SELECT ins.id, ins.seq FROM ins CROSS JOIN (SELECT pg_notify($")
+		b.WriteString(fmt.Sprint(len(args) + 1))
+		b.WriteString(", string_agg(DISTINCT bucket::text, ',')) FROM ins) notified")
+		args = append(args, s.cfg.NotifyChannel)
+	} else {
+		b.WriteString(" RETURNING id, seq")
+	}
+	rs, err := q.query(ctx, b.String(), args...)
+	if err != nil {
+		return err
+	}
+	defer rs.Close()
+	// Rows may come back in any order: match them by id (an id may repeat).
+	byID := make(map[uuid.UUID][]*outbox.Envelope, len(envs))
+	for _, env := range envs {
+		byID[env.ID] = append(byID[env.ID], env)
+	}
+	for rs.Next() {
+		var id uuidValue
+		var seq int64
+		if err := rs.Scan(&id, &seq); err != nil {
+			return err
+		}
+		if pending := byID[id.id]; len(pending) > 0 {
+			pending[0].Seq = seq
+			byID[id.id] = pending[1:]
+		}
+	}
+	return rs.Err()
+}
+
+// duplicate marks a unique-key violation on the message id as invalid input: an
+// envelope is written once.
+func duplicate(err error) error {
+	var state interface{ SQLState() string }
+	dup := errors.As(err, &state) && state.SQLState() == "23505"
+	msg := err.Error()
+	dup = dup || strings.Contains(msg, "Error 1062") || strings.Contains(msg, "UNIQUE constraint failed")
+	if dup {
+		return fmt.Errorf("%w: an envelope with this ID is already stored: %w", outbox.ErrInvalidMessage, err)
+	}
+	return err
+}
+
+// NotifyCommitted wakes this process's dispatchers for the envelopes' buckets. Units
+// of work call it after their commit; call it yourself after committing a
+// transaction you passed to an EnqueueTx method. Never call it before the commit.
+func (s *Store) NotifyCommitted(envs ...*outbox.Envelope) {
+	switch len(envs) {
+	case 0:
+		return
+	case 1:
+		s.hub.Notify(envs[0].Bucket)
+		return
+	}
+	seen := make(map[int]struct{}, len(envs))
+	buckets := make([]int, 0, len(envs))
+	for _, env := range envs {
+		if _, ok := seen[env.Bucket]; !ok {
+			seen[env.Bucket] = struct{}{}
+			buckets = append(buckets, env.Bucket)
+		}
+	}
+	s.hub.Notify(buckets...)
+}
+
+// Fetch implements [outbox.Relay]: one index range scan on (status, bucket, seq).
+func (s *Store) Fetch(ctx context.Context, bucket, limit int) ([]*outbox.Envelope, error) {
+	if err := s.begin(ctx); err != nil {
+		return nil, err
+	}
+	if bucket < 0 || bucket >= s.cfg.BucketCount {
+		return nil, fmt.Errorf("%w: sqlstore: bucket %d outside 0..%d", outbox.ErrMisconfigured, bucket, s.cfg.BucketCount-1)
+	}
+	if limit <= 0 {
+		return nil, nil
+	}
+	rs, err := s.db.query(ctx, s.stmts.fetch, bucket, limit)
+	if err != nil {
+		return nil, s.wrap(ctx, "fetch", err)
+	}
+	envs, err := scanEnvelopes(rs)
+	return envs, s.wrap(ctx, "fetch", err)
+}
+
+// Complete implements [outbox.Relay]: one DELETE per batch.
+func (s *Store) Complete(ctx context.Context, envs []*outbox.Envelope) error {
+	if err := s.begin(ctx); err != nil {
+		return err
+	}
+	if len(envs) == 0 {
+		return nil
+	}
+	return s.wrap(ctx, "complete", s.bySeq(ctx, "DELETE FROM "+s.cfg.Table+" WHERE", nil, envs))
+}
+
+// MarkDispatched implements [outbox.Retainer]: one UPDATE per batch.
+func (s *Store) MarkDispatched(ctx context.Context, envs []*outbox.Envelope, at time.Time) error {
+	if err := s.begin(ctx); err != nil {
+		return err
+	}
+	if len(envs) == 0 {
+		return nil
+	}
+	prefix := "UPDATE " + s.cfg.Table + " SET status = 2, dispatched_at = ? WHERE status = 0 AND"
+	if s.dialect == PostgreSQL {
+		prefix = rebind(prefix)
+	}
+	return s.wrap(ctx, "mark dispatched", s.bySeq(ctx, prefix, []any{micros(at)}, envs))
+}
+
+// bySeq runs "prefix seq IN (...)" (or "= ANY($n)" on pgx) for every envelope's seq.
+func (s *Store) bySeq(ctx context.Context, prefix string, lead []any, envs []*outbox.Envelope) error {
+	seqs := make([]int64, len(envs))
+	for i, env := range envs {
+		seqs[i] = env.Seq
+	}
+	if s.pool != nil {
+		// One statement text for every batch size: pgx prepares it once.
+		_, err := s.db.exec(ctx, prefix+fmt.Sprintf(" seq = ANY($%d)", len(lead)+1), append(lead, seqs)...)
+		return err
+	}
+	const chunk = 5000
+	for len(seqs) > 0 {
+		n := min(len(seqs), chunk)
+		var b strings.Builder
+		b.WriteString(prefix)
+		b.WriteString(" seq IN ")
+		inList(&b, s.dialect, n, len(lead))
+		args := make([]any, 0, len(lead)+n)
+		args = append(args, lead...)
+		for _, v := range seqs[:n] {
+			args = append(args, v)
+		}
+		if _, err := s.db.exec(ctx, b.String(), args...); err != nil {
+			return err
+		}
+		seqs = seqs[n:]
+	}
+	return nil
+}
+
+// DeleteDispatched implements [outbox.Retainer]. Each call deletes at most limit
+// rows in one short statement, so cleanup never holds locks on the table for long.
+func (s *Store) DeleteDispatched(ctx context.Context, before time.Time, limit int) (int, error) {
+	if err := s.begin(ctx); err != nil {
+		return 0, err
+	}
+	if limit <= 0 {
+		return 0, nil
+	}
+	n, err := s.db.exec(ctx, s.stmts.deleteDispatched, micros(before), limit)
+	return int(n), s.wrap(ctx, "delete dispatched", err)
+}
+
+// Reschedule implements [outbox.Relay]. A message that is no longer pending
+// (completed, parked or purged meanwhile) is left alone.
+func (s *Store) Reschedule(ctx context.Context, env *outbox.Envelope, next time.Time, cause string) error {
+	if err := s.begin(ctx); err != nil {
+		return err
+	}
+	_, err := s.db.exec(ctx, s.stmts.reschedule, micros(next), truncateError(cause), env.Seq)
+	return s.wrap(ctx, "reschedule", err)
+}
+
+// Park implements [outbox.Relay].
+func (s *Store) Park(ctx context.Context, env *outbox.Envelope, cause string) error {
+	if err := s.begin(ctx); err != nil {
+		return err
+	}
+	_, err := s.db.exec(ctx, s.stmts.park, truncateError(cause), env.Seq)
+	return s.wrap(ctx, "park", err)
+}
+
+// Find implements [outbox.Finder].
+func (s *Store) Find(ctx context.Context, id uuid.UUID) (*outbox.Envelope, error) {
+	if err := s.begin(ctx); err != nil {
+		return nil, err
+	}
+	rs, err := s.db.query(ctx, s.stmts.find, idArg(s.dialect, id))
+	if err != nil {
+		return nil, s.wrap(ctx, "find", err)
+	}
+	envs, err := scanEnvelopes(rs)
+	if err != nil {
+		return nil, s.wrap(ctx, "find", err)
+	}
+	if len(envs) == 0 {
+		return nil, fmt.Errorf("%w: sqlstore: message %s", outbox.ErrNotFound, id)
+	}
+	return envs[0], nil
+}
+
+// List implements [outbox.Admin].
+func (s *Store) List(ctx context.Context, status outbox.Status, after outbox.Cursor, limit int) ([]*outbox.Envelope, error) {
+	if err := s.begin(ctx); err != nil {
+		return nil, err
+	}
+	if limit <= 0 {
+		return nil, nil
+	}
+	rs, err := s.db.query(ctx, s.stmts.list, int(status), after.Bucket, after.Bucket, after.Seq, limit)
+	if err != nil {
+		return nil, s.wrap(ctx, "list", err)
+	}
+	envs, err := scanEnvelopes(rs)
+	return envs, s.wrap(ctx, "list", err)
+}
+
+// Requeue implements [outbox.Admin].
+func (s *Store) Requeue(ctx context.Context, ids ...uuid.UUID) (int, error) {
+	n, err := s.byID(ctx, "requeue", "UPDATE "+s.cfg.Table+" SET status = 0, attempts = 0, next_attempt_at = 0 WHERE status = 1 AND id IN ", ids)
+	if err == nil && n > 0 {
+		all := make([]int, s.cfg.BucketCount)
+		for i := range all {
+			all[i] = i
+		}
+		s.hub.Notify(all...)
+	}
+	return n, err
+}
+
+// Purge implements [outbox.Admin].
+func (s *Store) Purge(ctx context.Context, ids ...uuid.UUID) (int, error) {
+	return s.byID(ctx, "purge", "DELETE FROM "+s.cfg.Table+" WHERE id IN ", ids)
+}
+
+func (s *Store) byID(ctx context.Context, op, prefix string, ids []uuid.UUID) (int, error) {
+	if err := s.begin(ctx); err != nil {
+		return 0, err
+	}
+	total := 0
+	const chunk = 5000
+	for len(ids) > 0 {
+		n := min(len(ids), chunk)
+		var b strings.Builder
+		b.WriteString(prefix)
+		inList(&b, s.dialect, n, 0)
+		args := make([]any, n)
+		for i, id := range ids[:n] {
+			args[i] = idArg(s.dialect, id)
+		}
+		affected, err := s.db.exec(ctx, b.String(), args...)
+		if err != nil {
+			return total, s.wrap(ctx, op, err)
+		}
+		total += int(affected)
+		ids = ids[n:]
+	}
+	return total, nil
+}
+
+// Stats implements [outbox.Admin]: per bucket a capped count and the head's age,
+// each an index range scan.
+func (s *Store) Stats(ctx context.Context) (outbox.Stats, error) {
+	if err := s.begin(ctx); err != nil {
+		return outbox.Stats{}, err
+	}
+	st := outbox.Stats{Pending: make([]int, s.cfg.BucketCount), PendingLimit: s.cfg.StatsLimit}
+	scanOne := func(query string, args ...any) (int64, bool, error) {
+		rs, err := s.db.query(ctx, query, args...)
+		if err != nil {
+			return 0, false, err
+		}
+		defer rs.Close()
+		var v int64
+		found := rs.Next()
+		if found {
+			if err := rs.Scan(&v); err != nil {
+				return 0, false, err
+			}
+		}
+		return v, found, rs.Err()
+	}
+	for b := range s.cfg.BucketCount {
+		n, _, err := scanOne(s.stmts.statsPending, b, s.cfg.StatsLimit)
+		if err != nil {
+			return st, s.wrap(ctx, "stats", err)
+		}
+		st.Pending[b] = int(n)
+		if n == 0 {
+			continue
+		}
+		created, ok, err := scanOne(s.stmts.statsHead, b)
+		if err != nil {
+			return st, s.wrap(ctx, "stats", err)
+		}
+		if t := fromMicros(created); ok && !t.IsZero() && (st.OldestPending.IsZero() || t.Before(st.OldestPending)) {
+			st.OldestPending = t
+		}
+	}
+	parked, _, err := scanOne(s.stmts.statsParked, s.cfg.StatsLimit)
+	if err != nil {
+		return st, s.wrap(ctx, "stats", err)
+	}
+	st.Parked = int(parked)
+	return st, nil
+}
