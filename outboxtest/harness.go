@@ -1,6 +1,32 @@
 // Package outboxtest holds exported test kits for outbox stores and transports: the
 // conformance suites every store and transport must pass, a recording transport, and
 // fault-injecting wrappers. Third-party stores and transports run the same suites.
+//
+// A store passes [RunStoreTests] with a [StoreHarness]; a transport passes
+// [RunTransportTests] with a [TransportHarness]. [Recorder] is a transport that keeps
+// what it was asked to publish, for assertions and for benchmarks; [FaultTransport]
+// wraps any transport and injects errors, latency and outages.
+//
+// # Semantics
+//
+//   - The suites test the contracts in package outbox, not an implementation: every
+//     subtest gets a fresh store or fresh topics from the harness, and optional
+//     capabilities ([outbox.Admin], [outbox.Finder], [outbox.Retainer],
+//     [outbox.Notifier]) are tested when the store implements them and skipped with a
+//     message when it does not.
+//   - Lease and heartbeat times in the store suite are truncated to microseconds and
+//     must round-trip exactly; envelope times must round-trip within a microsecond.
+//   - A Recorder records clones in publish order and fails chosen messages on request;
+//     a FaultTransport's random faults repeat for a given seed and publish order.
+//
+// # Limitations
+//
+//   - The store suite cannot see a store's transaction from outside: it checks a unit
+//     of work through the harness's Transact only.
+//   - The transport suite reads back through the harness's Read; what a transport
+//     cannot express (an empty key next to a nil one, on some brokers) is declared in
+//     the harness, not discovered.
+//   - A Recorder keeps everything in memory; reset it between benchmark rounds.
 package outboxtest
 
 import (
@@ -41,6 +67,13 @@ type TransportHarness struct {
 	MaxMessageSize int
 	// Ordered reports that messages of one key on one topic arrive in publish order.
 	Ordered bool
+	// EmptyIsNil reports that the transport cannot tell an empty key or payload from
+	// a nil one (a missing key, a tombstone); the suite then compares their lengths
+	// only. Leave it false when the broker keeps the difference, as Kafka does.
+	EmptyIsNil bool
+	// Sequential runs the suite's subtests one at a time. By default they run in
+	// parallel.
+	Sequential bool
 }
 
 // Received is a message read back from a broker, decoded by the transport's consumer
