@@ -248,14 +248,17 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (Result, error) {
 // envelope. If this relay's worker holds the bucket, it drains under that lease. If the
 // bucket is free, it claims it, drains, and releases it at once. If another relay holds
 // the bucket, DispatchOne does nothing and returns a zero Result: that relay publishes
-// the envelope. An envelope that is no longer pending (published, parked) or not yet
-// due is left alone as well.
+// the envelope. An envelope that is gone (published and deleted), no longer pending
+// (dispatched, parked) or not yet due is left alone as well: the trigger succeeds.
 func (d *Dispatcher) DispatchOne(ctx context.Context, id uuid.UUID) (Result, error) {
 	var res Result
 	if d.finder == nil {
 		return res, fmt.Errorf("%w: dispatcher: DispatchOne needs a store that implements outbox.Finder", outbox.ErrMisconfigured)
 	}
 	env, err := d.finder.Find(ctx, id)
+	if errors.Is(err, outbox.ErrNotFound) {
+		return res, nil // published and deleted already
+	}
 	if err != nil {
 		return res, err
 	}
