@@ -22,6 +22,18 @@ const DefaultMaxMessageSize = 1 << 20
 // (a name and a 36-byte UUID each).
 const framingAllowance = 512
 
+// Wire sizes of Kafka's record batch format (v2), for the bound in wireSize.
+const (
+	defaultBatchMaxBytes = 1_000_012 // kgo's default ProducerBatchMaxBytes
+	batchHeaderSize      = 61
+	maxVarint            = 5
+	// recordFraming bounds a record's own fields: length, attributes, timestamp and
+	// offset deltas, key and value lengths, header count.
+	recordFraming = 6*maxVarint + 1 + 10
+	// uuidText is the length of a message id as stamped.
+	uuidText = 36
+)
+
 // Config tunes a [Transport]. The zero value is ready to use.
 type Config struct {
 	// MaxMessageSize is the largest [outbox.Message.Size] the transport accepts; a
@@ -71,6 +83,9 @@ type Transport struct {
 	// explicitPartitions records whether the client's partitioner honours
 	// Message.Partition (it was built with [Partitioner]).
 	explicitPartitions bool
+	// recordLimit is the most bytes one record may take on the wire: the client's
+	// batch limit less the record batch header.
+	recordLimit int
 }
 
 var (
@@ -103,10 +118,11 @@ func New(client *kgo.Client, cfg Config) (*Transport, error) {
 	if txn := client.OptValues(kgo.TransactionalID); len(txn) == 2 && txn[1] == true {
 		return nil, fmt.Errorf("%w: kafka: client is transactional (kgo.TransactionalID %q): give the transport a client without a transactional id", outbox.ErrMisconfigured, txn[0])
 	}
-	capacity := DefaultMaxMessageSize
-	if batchMax, ok := client.OptValue(kgo.ProducerBatchMaxBytes).(int32); ok && batchMax > 0 {
-		capacity = int(batchMax) - framingAllowance
+	batchMax := int(defaultBatchMaxBytes)
+	if v, ok := client.OptValue(kgo.ProducerBatchMaxBytes).(int32); ok && v > 0 {
+		batchMax = int(v)
 	}
+	capacity := batchMax - framingAllowance
 	switch {
 	case cfg.MaxMessageSize < 0:
 		return nil, fmt.Errorf("%w: kafka: Config.MaxMessageSize %d is negative", outbox.ErrMisconfigured, cfg.MaxMessageSize)
@@ -119,7 +135,7 @@ func New(client *kgo.Client, cfg Config) (*Transport, error) {
 		cfg.AckTimeout = DefaultAckTimeout
 	}
 	_, explicit := client.OptValue(kgo.RecordPartitioner).(*explicitPartitioner)
-	return &Transport{client: client, cfg: cfg, explicitPartitions: explicit}, nil
+	return &Transport{client: client, cfg: cfg, explicitPartitions: explicit, recordLimit: batchMax - batchHeaderSize}, nil
 }
 
 // MaxMessageSize implements [outbox.SizeLimiter].
@@ -146,12 +162,27 @@ func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	var failed []outbox.MessageError
+	var (
+		failed []outbox.MessageError
+		// heldKeys are the keys of messages refused before sending: later messages of
+		// the key in this batch are held back, so a key's order never skips a message.
+		heldKeys map[string]bool
+	)
 	metas := make([]recordMeta, len(batch))
 	recs := make([]kgo.Record, 0, len(batch))
 	for i, env := range batch {
+		if env.Key != nil && heldKeys[keyOf(env)] {
+			failed = append(failed, outbox.MessageError{ID: env.ID, Err: errHeldBack})
+			continue
+		}
 		if err := t.check(env); err != nil {
 			failed = append(failed, outbox.MessageError{ID: env.ID, Err: err})
+			if env.Key != nil {
+				if heldKeys == nil {
+					heldKeys = map[string]bool{}
+				}
+				heldKeys[keyOf(env)] = true
+			}
 			continue
 		}
 		m := &metas[i]
@@ -238,10 +269,33 @@ func (t *Transport) produce(ctx context.Context, recs []*kgo.Record) (kgo.Produc
 	}
 }
 
-// check refuses, before anything is sent, what the broker could never accept.
+// errHeldBack is reported for a message not sent because an earlier message of its
+// key in the same batch was refused.
+var errHeldBack = errors.New("kafka: not sent: an earlier message of its key in the batch failed")
+
+func keyOf(env *outbox.Envelope) string { return env.Topic + "\x00" + string(env.Key) }
+
+// wireSize bounds the bytes the envelope's record takes in a record batch, with the
+// headers the transport may stamp.
+func wireSize(env *outbox.Envelope) int {
+	n := recordFraming + len(env.Key) + len(env.Payload)
+	for _, h := range env.Headers {
+		n += 2*maxVarint + len(h.Key) + len(h.Value)
+	}
+	n += 2*maxVarint + len(outbox.HeaderMessageID) + uuidText
+	n += 2*maxVarint + len(outbox.HeaderIdempotencyKey) + uuidText
+	return n
+}
+
+// check refuses, before anything is sent, what the client or broker could never
+// accept. Refusing here rather than in the client keeps the refusal to this one
+// message: the client would go on producing the key's later messages.
 func (t *Transport) check(env *outbox.Envelope) error {
 	if size := env.Size(); size > t.cfg.MaxMessageSize {
 		return outbox.Permanent(fmt.Errorf("%w: kafka: message of %d bytes exceeds the transport's limit of %d", outbox.ErrTooLarge, size, t.cfg.MaxMessageSize))
+	}
+	if size := wireSize(env); size > t.recordLimit {
+		return outbox.Permanent(fmt.Errorf("%w: kafka: message takes up to %d bytes as a record, more than the %d the client's batches carry (kgo.ProducerBatchMaxBytes)", outbox.ErrTooLarge, size, t.recordLimit))
 	}
 	if env.Partition != nil && !t.explicitPartitions {
 		return outbox.Permanent(fmt.Errorf("%w: kafka: message names partition %d but the client's partitioner ignores explicit partitions: build the client with kgo.RecordPartitioner(kafka.Partitioner(nil))", outbox.ErrMisconfigured, *env.Partition))

@@ -268,6 +268,55 @@ func TestMessageOverTheLimitFailsPermanentlyAlone(t *testing.T) {
 	assert.Equal(t, after.ID, got[1].ID)
 }
 
+func TestRefusedMessageHoldsBackItsKey(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t, 1, "held")
+	tr := newTransport(t, c, kafka.Config{MaxMessageSize: 4096})
+	first := envelope(t, outbox.Message{Topic: "held", Key: []byte("k"), Payload: []byte("1")})
+	big := envelope(t, outbox.Message{Topic: "held", Key: []byte("k"), Payload: make([]byte, 5000)})
+	later := envelope(t, outbox.Message{Topic: "held", Key: []byte("k"), Payload: []byte("3")})
+	keyless := envelope(t, outbox.Message{Topic: "held", Payload: []byte("5")})
+
+	err := tr.Publish(context.Background(), []*outbox.Envelope{first, big, later, keyless})
+	var pe *outbox.PublishError
+	require.ErrorAs(t, err, &pe)
+	require.Len(t, pe.Failed, 2)
+	assert.Equal(t, big.ID, pe.Failed[0].ID)
+	assert.True(t, outbox.IsPermanent(pe.Failed[0].Err))
+	assert.Equal(t, later.ID, pe.Failed[1].ID)
+	assert.False(t, outbox.IsPermanent(pe.Failed[1].Err), "a held-back message succeeds once its predecessor is parked")
+
+	got := decodeAll(t, newConsumer(t, c, "held").readAll(t, 2))
+	require.Len(t, got, 2)
+	assert.Equal(t, first.ID, got[0].ID)
+	assert.Equal(t, keyless.ID, got[1].ID)
+}
+
+func TestManyHeadersAreMeasuredOnTheWire(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t, 1, "headers")
+	// Batches of 2 KiB leave a default MaxMessageSize of 1536 bytes.
+	tr := newTransport(t, c, kafka.Config{}, kgo.ProducerBatchMaxBytes(2048))
+	require.Equal(t, 1536, tr.MaxMessageSize())
+	msg := outbox.Message{Topic: "headers", Key: []byte("k"), Payload: make([]byte, 1300)}
+	for range 50 {
+		msg.Headers = append(msg.Headers, outbox.Header{Key: "h", Value: []byte{}})
+	}
+	require.Less(t, msg.Size(), tr.MaxMessageSize())
+	env := envelope(t, msg)
+	err := tr.Publish(context.Background(), []*outbox.Envelope{env})
+	var pe *outbox.PublishError
+	require.ErrorAs(t, err, &pe)
+	require.Len(t, pe.Failed, 1)
+	assert.True(t, outbox.IsPermanent(pe.Failed[0].Err))
+	assert.ErrorIs(t, pe.Failed[0].Err, outbox.ErrTooLarge)
+	assert.Contains(t, err.Error(), "as a record")
+
+	// With a few headers less it fits and is delivered.
+	msg.Headers = msg.Headers[:20]
+	require.NoError(t, tr.Publish(context.Background(), []*outbox.Envelope{envelope(t, msg)}))
+}
+
 func TestBrokerSizeRefusalIsPermanent(t *testing.T) {
 	t.Parallel()
 	// The broker accepts batches of at most 2 KiB, far below the client's limit, so
