@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/outboxkit/outbox"
@@ -317,23 +318,23 @@ func deduplicate(received []outboxtest.Received) (int, string) {
 // happens, and nothing the dead process tries afterwards reaches the store.
 type crashAfterPublish struct {
 	store
-	dead bool
+	dead atomic.Bool // buckets drain in parallel
 }
 
 func (c *crashAfterPublish) Complete(context.Context, []*outbox.Envelope) error {
-	c.dead = true
+	c.dead.Store(true)
 	return errCrash
 }
 
 func (c *crashAfterPublish) Release(ctx context.Context, held outbox.Lease) (bool, error) {
-	if c.dead {
+	if c.dead.Load() {
 		return false, errCrash
 	}
 	return c.store.Release(ctx, held)
 }
 
 func (c *crashAfterPublish) StopRelay(ctx context.Context, relay string, at time.Time) error {
-	if c.dead {
+	if c.dead.Load() {
 		return errCrash
 	}
 	return c.store.StopRelay(ctx, relay, at)
