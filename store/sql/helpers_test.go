@@ -100,11 +100,13 @@ func postgresDB(t testing.TB) *sql.DB {
 	return pgDB
 }
 
-var quietGorm = &gorm.Config{Logger: logger.Default.LogMode(logger.Silent)}
+// quietGorm returns a fresh config per Open: gorm keeps the pointer and stores the
+// connection pool in it.
+func quietGorm() *gorm.Config { return &gorm.Config{Logger: logger.Default.LogMode(logger.Silent)} }
 
 func postgresGorm(t testing.TB) *gorm.DB {
 	pgGormOnce.Do(func() {
-		pgGorm, pgGormErr = gorm.Open(gormpostgres.Open(postgresURL()), quietGorm)
+		pgGorm, pgGormErr = gorm.Open(gormpostgres.Open(postgresURL()), quietGorm())
 		if pgGormErr == nil {
 			var db *sql.DB
 			db, pgGormErr = pgGorm.DB()
@@ -136,7 +138,7 @@ func mysqlDB(t testing.TB) *sql.DB {
 
 func mysqlGorm(t testing.TB) *gorm.DB {
 	myGormOnce.Do(func() {
-		myGorm, myGormErr = gorm.Open(gormmysql.Open(mysqlDSN()), quietGorm)
+		myGorm, myGormErr = gorm.Open(gormmysql.Open(mysqlDSN()), quietGorm())
 		if myGormErr == nil {
 			var db *sql.DB
 			db, myGormErr = myGorm.DB()
@@ -166,7 +168,7 @@ func sqliteDB(t testing.TB) *sql.DB {
 }
 
 func sqliteGorm(t testing.TB) *gorm.DB {
-	db, err := gorm.Open(sqlite.Open(sqliteDSN(filepath.Join(t.TempDir(), "outbox.db"))), quietGorm)
+	db, err := gorm.Open(sqlite.Open(sqliteDSN(filepath.Join(t.TempDir(), "outbox.db"))), quietGorm())
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		if sqlDB, err := db.DB(); err == nil {
