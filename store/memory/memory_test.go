@@ -2,7 +2,9 @@ package memory_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 
@@ -227,23 +229,76 @@ func TestConcurrentEnqueueKeepsSeqStrictlyIncreasing(t *testing.T) {
 	require.Equal(t, 400, total)
 }
 
+// benchEnvelopes returns n envelopes spread over the store's buckets; renumber gives
+// them fresh IDs cheaply, so benchmarks measure the store and not ID generation.
+func benchEnvelopes(b *testing.B, s *memory.Store, n int, bucket int) (envs []*outbox.Envelope, renumber func()) {
+	b.Helper()
+	payload := make([]byte, 256)
+	envs = make([]*outbox.Envelope, n)
+	for i := range envs {
+		env, err := outbox.NewEnvelope(outbox.Message{Topic: "bench", Key: []byte{byte(i)}, Payload: payload}, s.BucketCount())
+		if err != nil {
+			b.Fatal(err)
+		}
+		if bucket >= 0 {
+			env.Bucket = bucket
+		}
+		envs[i] = env
+	}
+	var counter uint64
+	return envs, func() {
+		for _, env := range envs {
+			counter++
+			binary.BigEndian.PutUint64(env.ID[8:], counter)
+		}
+	}
+}
+
 func BenchmarkEnqueue(b *testing.B) {
 	for _, batch := range []int{1, 10, 100} {
-		b.Run(map[int]string{1: "batch=1", 10: "batch=10", 100: "batch=100"}[batch], func(b *testing.B) {
+		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
 			s := newStore(b, outbox.DefaultBucketCount)
 			ctx := context.Background()
-			payload := make([]byte, 256)
-			envs := make([]*outbox.Envelope, batch)
+			envs, renumber := benchEnvelopes(b, s, batch, -1)
 			b.ReportAllocs()
 			for b.Loop() {
-				for i := range envs {
-					env, err := outbox.NewEnvelope(outbox.Message{Topic: "bench", Key: []byte{byte(i)}, Payload: payload}, s.BucketCount())
-					if err != nil {
-						b.Fatal(err)
-					}
-					envs[i] = env
-				}
+				renumber()
 				if err := s.Enqueue(ctx, envs...); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "msgs/s")
+		})
+	}
+}
+
+// BenchmarkFetchComplete keeps one bucket's backlog at a steady size and measures a
+// relay's store work per batch: fetch the head, complete it (while writers append as
+// many). The figure should not fall as the backlog grows.
+func BenchmarkFetchComplete(b *testing.B) {
+	const batch = 100
+	for _, backlog := range []int{1_000, 100_000} {
+		b.Run(fmt.Sprintf("backlog=%d", backlog), func(b *testing.B) {
+			s := newStore(b, 1)
+			ctx := context.Background()
+			envs, renumber := benchEnvelopes(b, s, batch, 0)
+			for range backlog / batch {
+				renumber()
+				if err := s.Enqueue(ctx, envs...); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				renumber()
+				if err := s.Enqueue(ctx, envs...); err != nil {
+					b.Fatal(err)
+				}
+				head, err := s.Fetch(ctx, 0, batch)
+				if err != nil || len(head) != batch {
+					b.Fatal(err, len(head))
+				}
+				if err := s.Complete(ctx, head); err != nil {
 					b.Fatal(err)
 				}
 			}
