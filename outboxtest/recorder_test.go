@@ -3,6 +3,7 @@ package outboxtest_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -227,4 +228,42 @@ func TestFaultTransportBatchErrorsAndLatency(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
 	defer cancel()
 	require.ErrorIs(t, ft.Publish(ctx, []*outbox.Envelope{envelope(t, "k", "p")}), context.DeadlineExceeded)
+}
+
+func TestRecorderCountOnly(t *testing.T) {
+	t.Parallel()
+	r := &outboxtest.Recorder{CountOnly: true}
+	ctx := context.Background()
+	a, b := envelope(t, "k", "a"), envelope(t, "k", "b")
+	require.NoError(t, r.Publish(ctx, []*outbox.Envelope{a, b, a}))
+	require.Equal(t, 3, r.Len())
+	require.Equal(t, 2, r.Unique())
+	require.Equal(t, 1, r.Duplicates())
+	require.Equal(t, 2, r.Count(a.ID))
+	require.Empty(t, r.Messages())
+	require.NoError(t, r.WaitFor(ctx, 3))
+}
+
+func BenchmarkRecorderPublish(b *testing.B) {
+	const batch = 100
+	for _, countOnly := range []bool{false, true} {
+		b.Run(fmt.Sprintf("countOnly=%v", countOnly), func(b *testing.B) {
+			envs := make([]*outbox.Envelope, batch)
+			for i := range envs {
+				envs[i] = envelope(b, "key", "payload of a typical size, a few dozen bytes long")
+			}
+			r := &outboxtest.Recorder{CountOnly: countOnly}
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := r.Publish(ctx, envs); err != nil {
+					b.Fatal(err)
+				}
+				if r.Len() >= 1_000_000 {
+					r.Reset()
+				}
+			}
+			b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "msgs/s")
+		})
+	}
 }

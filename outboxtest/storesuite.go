@@ -40,6 +40,7 @@ func RunStoreTests(t *testing.T, h StoreHarness) {
 			{"FetchReturnsSeqOrderPerBucket", s.fetchSeqOrder},
 			{"RoundTripsEveryField", s.roundTrip},
 			{"FetchLimit", s.fetchLimit},
+			{"ConcurrentWritersLoseNothing", s.concurrentWriters},
 			{"FetchIncludesNotYetDue", s.fetchNotYetDue},
 			{"AllOrNothing", s.enqueueAllOrNothing},
 			{"BucketCountMismatch", s.bucketCountMismatch},
@@ -275,6 +276,49 @@ func (s storeSuite) fetchLimit(t *testing.T) {
 	got, err = st.Fetch(ctx, 0, 10)
 	require.NoError(t, err)
 	require.Empty(t, got, "other buckets are not returned")
+}
+
+func (s storeSuite) concurrentWriters(t *testing.T) {
+	const (
+		writers = 4
+		each    = 10
+	)
+	ctx := testContext(t)
+	st := s.store(t, 2)
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			for i := range each {
+				env := msg(t, st, 0, fmt.Sprintf("w%d-%d", w, i))
+				if i%2 == 0 {
+					// Two-envelope writes interleave with single ones.
+					if !assert.NoError(t, st.Enqueue(ctx, env, msg(t, st, 1, "other bucket"))) {
+						return
+					}
+					continue
+				}
+				if !assert.NoError(t, st.Enqueue(ctx, env)) {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	got := fetch(t, st, 0)
+	require.Len(t, got, writers*each, "every concurrent write is fetched")
+	next := map[string]int{}
+	for i, env := range got {
+		if i > 0 {
+			require.Greater(t, env.Seq, got[i-1].Seq, "Seq strictly increases within a bucket")
+		}
+		// Each writer's envelopes appear in the order that writer committed them.
+		var w, n int
+		_, err := fmt.Sscanf(string(env.Payload), "w%d-%d", &w, &n)
+		require.NoError(t, err)
+		require.Equal(t, next[fmt.Sprint(w)], n, "writer %d's commits keep their order", w)
+		next[fmt.Sprint(w)]++
+	}
+	require.Len(t, fetch(t, st, 1), writers*each/2)
 }
 
 func (s storeSuite) fetchNotYetDue(t *testing.T) {
@@ -1046,5 +1090,13 @@ func (s storeSuite) closed(t *testing.T) {
 		defer scope.Release()
 		err := s.h.Transact(ctx, st, func(ctx context.Context) error { return stage(t, ctx, msg(t, st, 0, "c")) })
 		require.ErrorIs(t, err, outbox.ErrClosed, "Transact after Close")
+	}
+	if n, ok := st.(outbox.Notifier); ok {
+		select {
+		case _, open := <-n.Subscribe(ctx):
+			require.False(t, open, "a subscription made after Close is closed")
+		case <-time.After(10 * time.Second):
+			t.Fatal("a subscription made after Close stayed open")
+		}
 	}
 }
