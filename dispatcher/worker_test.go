@@ -1,0 +1,274 @@
+package dispatcher
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/store/memory"
+)
+
+// workerConfig runs on the real clock with short timings.
+func workerConfig(id string) Config {
+	return Config{
+		RelayID:            id,
+		PollInterval:       20 * time.Millisecond,
+		LeaseDuration:      3 * time.Second,
+		LeaseRenewInterval: time.Second,
+		BackoffBase:        10 * time.Millisecond,
+		BackoffMax:         50 * time.Millisecond,
+		Logger:             quietLogger(),
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestWorkerStartStop(t *testing.T) {
+	ctx := context.Background()
+	baseline := runtime.NumGoroutine()
+	store := newStore(t, 8)
+	rec := outboxtest.NewRecorder()
+	d := newDispatcher(t, store, rec, workerConfig("w"))
+
+	require.NoError(t, d.Start(ctx))
+	waitFor(t, "all buckets", func() bool { return len(d.Owned()) == 8 })
+	enqueue(t, store, []byte("k"), 50)
+	enqueue(t, store, nil, 50)
+	waitCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, rec.WaitFor(waitCtx, 100))
+
+	require.NoError(t, d.Stop(ctx))
+	select {
+	case <-d.Stopped():
+	default:
+		t.Fatal("Stopped is not closed after Stop")
+	}
+	require.NoError(t, d.Stop(ctx), "stopping twice is a no-op")
+	require.NoError(t, d.Err())
+	require.ErrorIs(t, d.Start(ctx), outbox.ErrClosed, "a dispatcher starts once")
+
+	view, err := store.ReadCoordination(ctx)
+	require.NoError(t, err)
+	for _, l := range view.Leases {
+		require.Empty(t, l.Owner, "Stop releases every lease")
+	}
+	require.True(t, view.Relays[0].Stopped())
+	require.Zero(t, pending(t, store))
+	requireKeyOrder(t, rec)
+	require.Zero(t, rec.Duplicates())
+
+	waitFor(t, "goroutines to end", func() bool { return runtime.NumGoroutine() <= baseline })
+}
+
+func TestWorkerWakesUpOnCommit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := newStore(t, 8)
+	rec := outboxtest.NewRecorder()
+	cfg := workerConfig("w")
+	cfg.PollInterval = time.Hour // only a wake-up can deliver in time
+	d := newDispatcher(t, store, rec, cfg)
+	require.NoError(t, d.Start(ctx))
+	defer func() { require.NoError(t, d.Stop(ctx)) }()
+	waitFor(t, "all buckets", func() bool { return len(d.Owned()) == 8 })
+	// The first drain pass ran with the round; from now on only wake-ups drain.
+	time.Sleep(50 * time.Millisecond)
+
+	for i := range 5 {
+		ctx, scope := outbox.NewScope(ctx)
+		env, err := outbox.NewEnvelope(outbox.Message{Topic: "t", Key: []byte{byte(i)}, Payload: []byte("x")}, 8)
+		require.NoError(t, err)
+		require.NoError(t, scope.Stage(env))
+		require.NoError(t, store.Commit(ctx, nil))
+		scope.Release()
+		waitCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		require.NoError(t, rec.WaitFor(waitCtx, i+1), "commit %d not delivered without a poll", i)
+		cancel()
+	}
+}
+
+// mismatchedStore stamps another bucket count on what it fetches, as if a writer
+// used another count.
+type mismatchedStore struct{ *memory.Store }
+
+func (s mismatchedStore) Fetch(ctx context.Context, bucket, limit int) ([]*outbox.Envelope, error) {
+	envs, err := s.Store.Fetch(ctx, bucket, limit)
+	for _, e := range envs {
+		e.BucketCount = 16
+	}
+	return envs, err
+}
+
+func TestMisconfiguredEnvelopeStopsTheWorker(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := newStore(t, 8)
+	rec := outboxtest.NewRecorder()
+	d := newDispatcher(t, mismatchedStore{store}, rec, workerConfig("w"))
+	enqueue(t, store, []byte("k"), 1)
+	require.NoError(t, d.Start(ctx))
+	select {
+	case <-d.Stopped():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the worker did not stop on a bucket count mismatch")
+	}
+	require.ErrorIs(t, d.Err(), outbox.ErrMisconfigured)
+	require.ErrorContains(t, d.Err(), "bucket count 16")
+	require.Zero(t, rec.Len())
+	require.NoError(t, d.Stop(ctx))
+	view, err := store.ReadCoordination(ctx)
+	require.NoError(t, err)
+	for _, l := range view.Leases {
+		require.Empty(t, l.Owner, "a worker that stops on its own releases its leases")
+	}
+}
+
+// flakyStore fails every call while down is set, counting the calls.
+type flakyStore struct {
+	*memory.Store
+	down  atomic.Bool
+	calls atomic.Int64
+}
+
+var errStoreDown = errors.New("store down")
+
+func (s *flakyStore) fail() error {
+	if s.down.Load() {
+		s.calls.Add(1)
+		return errStoreDown
+	}
+	return nil
+}
+
+func (s *flakyStore) Fetch(ctx context.Context, bucket, limit int) ([]*outbox.Envelope, error) {
+	if err := s.fail(); err != nil {
+		return nil, err
+	}
+	return s.Store.Fetch(ctx, bucket, limit)
+}
+
+func (s *flakyStore) Heartbeat(ctx context.Context, relay string, at time.Time) (bool, error) {
+	if err := s.fail(); err != nil {
+		return false, err
+	}
+	return s.Store.Heartbeat(ctx, relay, at)
+}
+
+func TestWorkerBacksOffOnStoreErrorsAndRecovers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := newStore(t, 2)
+	flaky := &flakyStore{Store: store}
+	rec := outboxtest.NewRecorder()
+	cfg := workerConfig("w")
+	cfg.PollInterval = time.Millisecond
+	d := newDispatcher(t, flaky, rec, cfg)
+	require.NoError(t, d.Start(ctx))
+	defer func() { require.NoError(t, d.Stop(ctx)) }()
+	waitFor(t, "buckets", func() bool { return len(d.Owned()) == 2 })
+
+	flaky.down.Store(true)
+	enqueue(t, store, nil, 10)
+	time.Sleep(500 * time.Millisecond)
+	// With a 1 ms poll, a tight loop would make hundreds of calls; backoff doubling
+	// from 50 ms makes a handful.
+	require.Less(t, flaky.calls.Load(), int64(30), "the worker backs off on store errors")
+	require.Zero(t, rec.Len())
+
+	flaky.down.Store(false)
+	waitCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, rec.WaitFor(waitCtx, 10), "the worker recovers by itself")
+}
+
+func TestStopWithExpiredContextLeavesLeasesThenRetries(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := newStore(t, 4)
+	d := newDispatcher(t, store, outboxtest.NewRecorder(), workerConfig("w"))
+	require.NoError(t, d.Start(ctx))
+	waitFor(t, "buckets", func() bool { return len(d.Owned()) == 4 })
+
+	expired, cancel := context.WithCancel(ctx)
+	cancel()
+	require.ErrorIs(t, d.Stop(expired), context.Canceled)
+	<-d.Stopped() // the worker ended even though the release did not happen
+
+	require.NoError(t, d.Stop(ctx), "a retried Stop releases")
+	view, err := store.ReadCoordination(ctx)
+	require.NoError(t, err)
+	for _, l := range view.Leases {
+		require.Empty(t, l.Owner)
+	}
+}
+
+func TestCancellingStartContextStopsTheWorker(t *testing.T) {
+	t.Parallel()
+	store := newStore(t, 4)
+	d := newDispatcher(t, store, outboxtest.NewRecorder(), workerConfig("w"))
+	ctx, cancel := context.WithCancel(context.Background())
+	require.NoError(t, d.Start(ctx))
+	waitFor(t, "buckets", func() bool { return len(d.Owned()) == 4 })
+	cancel()
+	select {
+	case <-d.Stopped():
+	case <-time.After(10 * time.Second):
+		t.Fatal("cancelling Start's context did not stop the worker")
+	}
+	require.NoError(t, d.Err())
+	view, err := store.ReadCoordination(context.Background())
+	require.NoError(t, err)
+	for _, l := range view.Leases {
+		require.Empty(t, l.Owner)
+	}
+}
+
+func TestRunOnceRefusedWhileTheWorkerRuns(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := newStore(t, 4)
+	d := newDispatcher(t, store, outboxtest.NewRecorder(), workerConfig("w"))
+	require.NoError(t, d.Start(ctx))
+	_, err := d.RunOnce(ctx)
+	require.Error(t, err)
+	require.NoError(t, d.Stop(ctx))
+}
+
+func TestTwoWorkersShareBucketsAndKeepOrder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := newStore(t, 8)
+	rec := outboxtest.NewRecorder()
+	a := newDispatcher(t, store, rec, workerConfig("a"))
+	b := newDispatcher(t, store, rec, workerConfig("b"))
+	require.NoError(t, a.Start(ctx))
+	require.NoError(t, b.Start(ctx))
+	for i := range 20 {
+		enqueue(t, store, []byte{byte(i % 5)}, 10)
+	}
+	waitCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	require.NoError(t, rec.WaitFor(waitCtx, 200))
+	waitFor(t, "a fair split", func() bool { return len(a.Owned()) == 4 && len(b.Owned()) == 4 })
+	requireKeyOrder(t, rec)
+	require.NoError(t, a.Stop(ctx))
+	waitFor(t, "b to take over", func() bool { return len(b.Owned()) == 8 })
+	require.NoError(t, b.Stop(ctx))
+}
