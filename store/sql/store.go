@@ -624,3 +624,6 @@ func (s *Store) Stats(ctx context.Context) (outbox.Stats, error) {
 	st.Parked = int(parked)
 	return st, nil
 }
+
+// Config returns the store's configuration with every default filled in.
+func (s *Store) Config() Config { return s.cfg }
