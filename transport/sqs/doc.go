@@ -46,9 +46,11 @@
 //     so a retry within SQS's five-minute window is not delivered twice.
 //     MessageGroupId is the key, encoded when it is not a valid group id, or
 //     "bucket:N" for a keyless message; see [GroupID]. Requests to one FIFO queue go
-//     one after another in batch order, and once a message failed transiently the
-//     later messages of its group in the batch are held back (reported failed,
-//     transient) so they cannot overtake it.
+//     one after another, and a request never carries two messages of one key: once a
+//     message failed transiently, the later messages of its key in the batch are held
+//     back (reported failed, transient) so they cannot overtake it. So the transport
+//     meets what the dispatcher's SameKeyBatches option asks of a transport, on FIFO
+//     queues. Keyless messages of one bucket share a group, several to a request.
 //   - Requests to standard queues, and to different queues, run concurrently, up to
 //     [Config.Concurrency]. Publish waits for all of them and starts no goroutine that
 //     outlives it.
@@ -58,8 +60,7 @@
 //   - At least once: a request that timed out may still have been taken by SQS, and
 //     its messages are reported failed and sent again. Standard queues may also
 //     deliver twice and out of order; deduplicate on "x-outbox-message-id".
-//   - Within one request SQS may reject one entry of a FIFO group and accept a later
-//     one of the same group; when the rejected one is retried it arrives after it.
+//   - On standard queues SQS keeps no order at all, whatever the dispatcher does.
 //   - Headers that share a name are kept (packed) but only the first can be a native
 //     attribute; SQS subscription filters and consumers that do not use [Decode] see
 //     packed headers only as the opaque "x-outbox-headers" attribute.

@@ -231,6 +231,48 @@ func TestSplit(t *testing.T) {
 	assert.Nil(t, split(nil, 100))
 }
 
+func TestSplitFIFO(t *testing.T) {
+	t.Parallel()
+	var entries []*pending
+	add := func(group string, keyed bool, size int) {
+		entries = append(entries, &pending{index: len(entries), group: group, keyed: keyed, size: size})
+	}
+	// a1 a2 b1 b2 x1 x2 (x keyless) c1
+	add("a", true, 1)
+	add("a", true, 1)
+	add("b", true, 1)
+	add("b", true, 1)
+	add("bucket:1", false, 1)
+	add("bucket:1", false, 1)
+	add("c", true, 1)
+	chunks := splitFIFO(entries, 100)
+	var got [][]int
+	for _, c := range chunks {
+		var idx []int
+		for _, p := range c {
+			idx = append(idx, p.index)
+		}
+		got = append(got, idx)
+	}
+	assert.Equal(t, [][]int{{0, 2, 4, 5, 6}, {1, 3}}, got, "one message per key per request, keyless ones together, order kept")
+
+	// Size and count limits still apply.
+	entries = nil
+	for range 12 {
+		add("bucket:0", false, 40)
+	}
+	chunks = splitFIFO(entries, 100)
+	require.Len(t, chunks, 6)
+	for _, c := range chunks {
+		assert.Len(t, c, 2)
+	}
+	entries = nil
+	for i := range 23 {
+		add(fmt.Sprint(i), true, 1)
+	}
+	assert.Len(t, splitFIFO(entries, 100), 3)
+}
+
 func TestValidText(t *testing.T) {
 	t.Parallel()
 	for _, ok := range []string{"", "abc", "\t\r\n", "\u00e9", "\uD7FF", "\uE000", "\uFFFD", "\U00010000", "\U0010FFFF"} {

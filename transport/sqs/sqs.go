@@ -136,6 +136,10 @@ type pending struct {
 	entry types.SendMessageBatchRequestEntry
 	size  int
 	group string
+	// keyed marks a FIFO message with a key: its group's order matters to the
+	// dispatcher, so its later messages never share its request and are held back
+	// when it fails.
+	keyed bool
 }
 
 // queueJob is every pending message of one queue, in batch order.
@@ -206,6 +210,7 @@ func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error
 		}
 		if job.fifo {
 			p.group = GroupID(env)
+			p.keyed = env.Key != nil
 			p.entry.MessageGroupId = aws.String(p.group)
 			p.entry.MessageDeduplicationId = aws.String(env.ID.String())
 		}
@@ -221,7 +226,7 @@ func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error
 	send := func(url string, chunk []*pending) (failed map[string]error) {
 		t.sendChunk(ctx, url, chunk, failures, acked)
 		for _, p := range chunk {
-			if !acked[p.index] && !outbox.IsPermanent(failures[p.index]) && p.group != "" {
+			if !acked[p.index] && !outbox.IsPermanent(failures[p.index]) && p.keyed {
 				if failed == nil {
 					failed = make(map[string]error)
 				}
@@ -233,8 +238,8 @@ func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error
 		return failed
 	}
 	for _, job := range order {
-		chunks := split(job.entries, t.cfg.MaxBytes)
 		if !job.fifo {
+			chunks := split(job.entries, t.cfg.MaxBytes)
 			for _, chunk := range chunks {
 				wg.Add(1)
 				sem <- struct{}{}
@@ -246,6 +251,7 @@ func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error
 			}
 			continue
 		}
+		chunks := splitFIFO(job.entries, t.cfg.MaxBytes)
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
@@ -317,6 +323,43 @@ func split(entries []*pending, maxBytes int) [][]*pending {
 	}
 	if start < len(entries) {
 		chunks = append(chunks, entries[start:])
+	}
+	return chunks
+}
+
+// splitFIFO packs a FIFO queue's messages into requests sent one after another. A
+// keyed message goes into the first request after the one holding the previous
+// message of its group, so a request never carries two messages of one key: when SQS
+// fails one, the later ones are still unsent and can be held back. Keyless messages
+// only keep their group's order, several to a request. Each request holds at most ten
+// entries and maxBytes bytes.
+func splitFIFO(entries []*pending, maxBytes int) [][]*pending {
+	var (
+		chunks [][]*pending
+		bytes  []int
+		last   = make(map[string]int)
+	)
+	for _, p := range entries {
+		from := 0
+		if c, ok := last[p.group]; ok {
+			from = c
+			if p.keyed {
+				from++
+			}
+		}
+		c := from
+		for ; c < len(chunks); c++ {
+			if len(chunks[c]) < maxEntries && bytes[c]+p.size <= maxBytes {
+				break
+			}
+		}
+		if c == len(chunks) {
+			chunks = append(chunks, nil)
+			bytes = append(bytes, 0)
+		}
+		chunks[c] = append(chunks[c], p)
+		bytes[c] += p.size
+		last[p.group] = c
 	}
 	return chunks
 }
