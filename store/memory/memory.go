@@ -170,8 +170,9 @@ func (s *Store) BucketCount() int { return s.bucketCount }
 // MaxMessageSize returns the configured per-message limit.
 func (s *Store) MaxMessageSize() int { return s.maxSize }
 
-// Close empties nothing but refuses every later call with [outbox.ErrClosed] and
-// closes every subscription. Closing twice is a no-op.
+// Close makes every later call return [outbox.ErrClosed] and closes every
+// subscription. What the store held stays unreachable until the Store is garbage
+// collected. Closing twice is a no-op.
 func (s *Store) Close() error {
 	s.mu.Lock()
 	s.closed = true
