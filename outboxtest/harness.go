@@ -26,7 +26,8 @@
 //   - The transport suite reads back through the harness's Read; what a transport
 //     cannot express (an empty key next to a nil one, on some brokers) is declared in
 //     the harness, not discovered.
-//   - A Recorder keeps everything in memory; reset it between benchmark rounds.
+//   - A Recorder keeps every message in memory; for long benchmarks set
+//     [Recorder.CountOnly] or call [Recorder.Reset] between rounds.
 package outboxtest
 
 import (

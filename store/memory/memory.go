@@ -12,6 +12,8 @@
 //   - Every call is safe for concurrent use. Writes are serialised by one lock, so each
 //     Enqueue, Commit and relay call is atomic and sees a single consistent state.
 //   - Seq is strictly increasing within a bucket, in commit order.
+//   - An envelope ID is stored once: writing an ID the store still holds is refused
+//     with [outbox.ErrInvalidMessage], and the whole write with it.
 //   - The store keeps its own copies: envelopes passed in are cloned on the way in,
 //     envelopes handed out are clones, so callers may change either freely.
 //   - Subscribers ([Store.Subscribe]) are woken after every commit that wrote to a
