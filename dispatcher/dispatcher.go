@@ -209,16 +209,29 @@ func (d *Dispatcher) lockBucket(ctx context.Context, b int) error {
 
 func (d *Dispatcher) unlockBucket(b int) { <-d.bucketLocks[b] }
 
+// running reports whether the worker was started and has not stopped.
+func (d *Dispatcher) running() bool {
+	d.life.Lock()
+	started := d.started
+	d.life.Unlock()
+	if !started {
+		return false
+	}
+	select {
+	case <-d.stopped:
+		return false
+	default:
+		return true
+	}
+}
+
 // RunOnce runs one sweep, for a scheduled function: it writes the heartbeat and takes
 // the buckets the fair-share plan gives it, drains every due envelope of those buckets,
 // runs retention cleanup if it holds bucket 0, then stamps the relay stopped and
 // releases its leases. It refuses to run while the worker runs. Every relay of a fleet
 // sharing a store must use its own RelayID.
 func (d *Dispatcher) RunOnce(ctx context.Context) (Result, error) {
-	d.life.Lock()
-	running := d.started && !d.resigned.Load()
-	d.life.Unlock()
-	if running {
+	if d.running() {
 		return Result{}, errors.New("dispatcher: RunOnce while the worker runs; use one or the other")
 	}
 	var res Result
@@ -247,8 +260,9 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (Result, error) {
 // envelope's bucket it drains that bucket, in Seq order, up to and including the
 // envelope. If this relay's worker holds the bucket, it drains under that lease. If the
 // bucket is free, it claims it, drains, and releases it at once. If another relay holds
-// the bucket, DispatchOne does nothing and returns a zero Result: that relay publishes
-// the envelope. An envelope that is gone (published and deleted), no longer pending
+// the bucket, or this relay's worker runs and its plan leaves the bucket to a peer,
+// DispatchOne does nothing and returns a zero Result: the holder publishes the
+// envelope. An envelope that is gone (published and deleted), no longer pending
 // (dispatched, parked) or not yet due is left alone as well: the trigger succeeds.
 func (d *Dispatcher) DispatchOne(ctx context.Context, id uuid.UUID) (Result, error) {
 	var res Result
@@ -270,6 +284,9 @@ func (d *Dispatcher) DispatchOne(ctx context.Context, id uuid.UUID) (Result, err
 	}
 	b := env.Bucket
 	if !d.publishable(b, d.now()) {
+		if d.running() {
+			return res, nil // the worker's plan gives the bucket to someone: they publish it
+		}
 		claimed, err := d.claimOne(ctx, b)
 		if err != nil || !claimed {
 			return res, err
@@ -294,15 +311,26 @@ func (d *Dispatcher) DispatchOne(ctx context.Context, id uuid.UUID) (Result, err
 	}
 }
 
-// claimOne claims a free bucket outside the plan for one dispatch.
+// claimOne claims a free bucket outside the plan for one dispatch. It reads first, so
+// a bucket another relay holds costs no refused write.
 func (d *Dispatcher) claimOne(ctx context.Context, b int) (bool, error) {
+	view, err := d.store.ReadCoordination(ctx)
+	if err != nil {
+		return false, err
+	}
 	now := d.now()
+	for _, l := range view.Leases {
+		if l.Bucket == b && !l.Free(now) {
+			return false, nil
+		}
+	}
 	exp := now.Add(d.cfg.LeaseDuration)
 	ok, err := d.store.Claim(ctx, b, d.cfg.RelayID, now, exp)
 	if err != nil {
 		return false, err
 	}
 	if !ok {
+		d.refused.Add(1)
 		return false, nil
 	}
 	d.mu.Lock()

@@ -49,7 +49,7 @@
 //     them. A relay publishes from a bucket only while more than half a
 //     LeaseRenewInterval remains on its lease. Stopped relay records are deleted one
 //     LeaseDuration after they stopped, dead ones after ten.
-//   - Refused conditional writes are counted ([Stats].RefusedWrites); a healthy fleet
+//   - Refused conditional writes are counted ([Stats.RefusedWrites]); a healthy fleet
 //     in steady state makes none.
 //   - An envelope stamped with another bucket count stops the worker with an error
 //     wrapping [outbox.ErrMisconfigured] ([Dispatcher.Err]).
