@@ -179,17 +179,24 @@ func TestCommitsInOppositeOrderToSeqAreBothDelivered(t *testing.T) {
 		// One bucket, so both messages share it and the relay reads them in Seq order.
 		s := b.open(t, sqlstore.Config{BucketCount: 1})
 		if s.Dialect() == sqlstore.SQLite {
-			// SQLite has one writer: a second write transaction waits for the first
-			// to commit, so commit order is Seq order. Show the wait.
+			// SQLite has one writer: a second write waits for the first transaction
+			// to commit, so commit order is Seq order and nothing can be skipped.
 			first := beginManual(t, ctx, s)
-			require.NoError(t, first.enqueue(ctx, newEnvelope(t, s, "a", "1")))
-			waitCtx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-			defer cancel()
-			start := time.Now()
-			err := s.Enqueue(waitCtx, newEnvelope(t, s, "b", "2"))
-			require.Error(t, err, "a second writer cannot commit while the first is open")
-			require.GreaterOrEqual(t, time.Since(start), 250*time.Millisecond, "it waited rather than failing")
+			a := newEnvelope(t, s, "a", "1")
+			require.NoError(t, first.enqueue(ctx, a))
+			second := newEnvelope(t, s, "b", "2")
+			done := make(chan error, 1)
+			go func() { done <- s.Enqueue(ctx, second) }()
+			select {
+			case err := <-done:
+				t.Fatalf("the second writer did not wait for the first: %v", err)
+			case <-time.After(200 * time.Millisecond):
+			}
 			require.NoError(t, first.commit())
+			require.NoError(t, <-done, "the waiting writer succeeds once the lock is free")
+			require.Less(t, a.Seq, second.Seq)
+			rec := outboxtest.NewRecorder()
+			require.Equal(t, 2, drain(t, ctx, s, rec).Published)
 			return
 		}
 		rec := outboxtest.NewRecorder()
