@@ -67,13 +67,15 @@ type Config struct {
 	// the dispatcher retries the batch later; the client keeps the records it already
 	// sent and may still deliver them (the retry is then a duplicate). An idempotent
 	// producer never gives up on a record it sent, so without this bound a broker
-	// outage would hold Publish until the broker returns. Defaults to 30 s; a negative
-	// value waits until ctx ends.
+	// outage would hold Publish until the broker returns. Keep it well under the
+	// dispatcher's LeaseDuration: the worker renews its leases between drain passes,
+	// and one pass may wait this long for each of a few batches. Defaults to 10 s
+	// (kgo's default produce request timeout); a negative value waits until ctx ends.
 	AckTimeout time.Duration
 }
 
 // DefaultAckTimeout is the default [Config.AckTimeout].
-const DefaultAckTimeout = 30 * time.Second
+const DefaultAckTimeout = 10 * time.Second
 
 // Transport publishes outbox envelopes to Kafka through a franz-go client. It is safe
 // for concurrent use.
