@@ -200,49 +200,73 @@ func TestKeysLandWhereTheOutboxBucketsThem(t *testing.T) {
 func TestExplicitPartitionNeedsThePartitioner(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t, 4, "pinned")
-	p := func(n int32) *int32 { return &n }
-
-	plain := newTransport(t, c, kafka.Config{})
-	env := envelope(t, outbox.Message{Topic: "pinned", Key: []byte("k"), Partition: p(3)})
-	err := plain.Publish(context.Background(), []*outbox.Envelope{env})
+	tr := newTransport(t, c, kafka.Config{})
+	env := envelope(t, outbox.Message{Topic: "pinned", Key: []byte("k"), Partition: ptr(3)})
+	err := tr.Publish(context.Background(), []*outbox.Envelope{env})
 	var pe *outbox.PublishError
 	require.ErrorAs(t, err, &pe)
 	require.Len(t, pe.Failed, 1)
 	assert.True(t, outbox.IsPermanent(pe.Failed[0].Err))
 	assert.ErrorIs(t, pe.Failed[0].Err, outbox.ErrMisconfigured)
 	assert.Contains(t, err.Error(), "kafka.Partitioner")
+}
 
-	tr := newTransport(t, c, kafka.Config{}, kgo.RecordPartitioner(kafka.Partitioner(nil)))
-	var batch []*outbox.Envelope
-	for i := range 40 {
-		batch = append(batch, envelope(t, outbox.Message{Topic: "pinned", Key: fmt.Appendf(nil, "k%d", i), Partition: p(int32(i % 4))}))
+func ptr(n int32) *int32 { return &n }
+
+// TestPartitionerHonoursExplicitPartitions checks the partitioner over fallbacks with
+// each combination of kgo's optional partitioner interfaces.
+func TestPartitionerHonoursExplicitPartitions(t *testing.T) {
+	t.Parallel()
+	fallbacks := map[string]struct {
+		p kgo.Partitioner
+		// hashesKeys: keyed records land as Kafka's default partitioner puts them.
+		hashesKeys bool
+	}{
+		"default":     {nil, true},                           // backup + keys
+		"sticky-key":  {kgo.StickyKeyPartitioner(nil), true}, // on-new-batch
+		"round-robin": {kgo.RoundRobinPartitioner(), false},  // neither
+		"least":       {kgo.LeastBackupPartitioner(), false}, // backup
 	}
-	keyed := envelope(t, outbox.Message{Topic: "pinned", Key: []byte("no partition")})
-	keyless := envelope(t, outbox.Message{Topic: "pinned", Payload: []byte("anywhere")})
-	missing := envelope(t, outbox.Message{Topic: "pinned", Key: []byte("k"), Partition: p(9)})
-	batch = append(batch, keyed, keyless, missing)
+	for name, fb := range fallbacks {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			c := newCluster(t, 4, "pinned")
+			tr := newTransport(t, c, kafka.Config{}, kgo.RecordPartitioner(kafka.Partitioner(fb.p)))
+			var batch []*outbox.Envelope
+			for i := range 40 {
+				batch = append(batch, envelope(t, outbox.Message{Topic: "pinned", Key: fmt.Appendf(nil, "k%d", i), Partition: ptr(int32(i % 4))}))
+			}
+			keyed := envelope(t, outbox.Message{Topic: "pinned", Key: []byte("no partition")})
+			keyless := envelope(t, outbox.Message{Topic: "pinned", Payload: []byte("anywhere")})
+			missing := envelope(t, outbox.Message{Topic: "pinned", Key: []byte("k"), Partition: ptr(9)})
+			batch = append(batch, keyed, keyless, missing)
 
-	err = tr.Publish(context.Background(), batch)
-	require.ErrorAs(t, err, &pe)
-	require.Len(t, pe.Failed, 1, "only the missing partition fails: %v", err)
-	assert.Equal(t, missing.ID, pe.Failed[0].ID)
-	assert.True(t, outbox.IsPermanent(pe.Failed[0].Err))
-	assert.Contains(t, pe.Failed[0].Err.Error(), "no partition 9")
+			err := tr.Publish(context.Background(), batch)
+			var pe *outbox.PublishError
+			require.ErrorAs(t, err, &pe)
+			require.Len(t, pe.Failed, 1, "only the missing partition fails: %v", err)
+			assert.Equal(t, missing.ID, pe.Failed[0].ID)
+			assert.True(t, outbox.IsPermanent(pe.Failed[0].Err))
+			assert.Contains(t, pe.Failed[0].Err.Error(), "no partition 9")
 
-	byID := map[uuid.UUID]*outbox.Envelope{}
-	for _, env := range batch {
-		byID[env.ID] = env
-	}
-	for _, d := range decodeAll(t, newConsumer(t, c, "pinned").read(t, len(batch)-1)) {
-		env := byID[d.ID]
-		require.NotNil(t, env)
-		switch {
-		case env.Partition != nil:
-			assert.Equal(t, *env.Partition, *d.Partition)
-		case env == keyed:
-			// Keys still land as Kafka's default partitioner puts them.
-			assert.Equal(t, int32(outbox.BucketOf(&env.Message, env.ID, 4)), *d.Partition)
-		}
+			byID := map[uuid.UUID]*outbox.Envelope{}
+			for _, env := range batch {
+				byID[env.ID] = env
+			}
+			explicit := 0
+			for _, d := range decodeAll(t, newConsumer(t, c, "pinned").read(t, len(batch)-1)) {
+				env := byID[d.ID]
+				require.NotNil(t, env)
+				switch {
+				case env.Partition != nil:
+					explicit++
+					assert.Equal(t, *env.Partition, *d.Partition)
+				case env == keyed && fb.hashesKeys:
+					assert.Equal(t, int32(outbox.BucketOf(&env.Message, env.ID, 4)), *d.Partition)
+				}
+			}
+			assert.Equal(t, 40, explicit)
+		})
 	}
 }
 
