@@ -347,3 +347,39 @@ func failedIDs(t *testing.T, err error) map[uuid.UUID]error {
 	}
 	return failed
 }
+
+// countingClient counts GetQueueUrl calls on the way to the real client.
+type countingClient struct {
+	sqstransport.API
+	lookups atomic.Int32
+}
+
+func (c *countingClient) GetQueueUrl(ctx context.Context, in *sqs.GetQueueUrlInput, opts ...func(*sqs.Options)) (*sqs.GetQueueUrlOutput, error) {
+	c.lookups.Add(1)
+	return c.API.GetQueueUrl(ctx, in, opts...)
+}
+
+func TestNameResolverCachesLookups(t *testing.T) {
+	t.Parallel()
+	srv, name, url := setup(t, false, nil)
+	client := &countingClient{API: srv.Client()}
+	resolver := sqstransport.NewNameResolver(client, "")
+	tr := newTransport(t, client, sqstransport.Config{Resolver: resolver})
+	for i := range 3 {
+		require.NoError(t, tr.Publish(context.Background(), []*outbox.Envelope{envelope(t, name, nil, []byte(fmt.Sprint(i)))}))
+	}
+	assert.EqualValues(t, 1, client.lookups.Load(), "one GetQueueUrl per topic")
+	got, err := resolver.QueueURL(context.Background(), name)
+	require.NoError(t, err)
+	assert.Equal(t, url, got)
+
+	// Failed look-ups are not cached, and a name SQS cannot have is refused locally.
+	_, err = resolver.QueueURL(context.Background(), "missing-queue")
+	require.True(t, outbox.IsPermanent(err), "%v", err)
+	_, err = resolver.QueueURL(context.Background(), "missing-queue")
+	require.Error(t, err)
+	assert.EqualValues(t, 3, client.lookups.Load())
+	_, err = resolver.QueueURL(context.Background(), "not a queue name")
+	require.ErrorIs(t, err, outbox.ErrNoRoute)
+	assert.EqualValues(t, 3, client.lookups.Load())
+}
