@@ -236,6 +236,10 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (Result, error) {
 	}
 	var res Result
 	if err := d.coordinate(ctx); err != nil {
+		// Hand back whatever the round took before it failed.
+		if rerr := d.resign(ctx); rerr != nil {
+			d.log.Warn("dispatcher: releasing leases after a failed round failed; they lapse", "error", rerr)
+		}
 		return res, err
 	}
 	owned := d.Owned()
@@ -292,7 +296,10 @@ func (d *Dispatcher) DispatchOne(ctx context.Context, id uuid.UUID) (Result, err
 			return res, err
 		}
 		defer func() {
-			if err := d.releaseOne(context.WithoutCancel(ctx), b); err != nil {
+			// Release even if ctx ended, but never wait on the store for long.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.LeaseRenewInterval)
+			defer cancel()
+			if err := d.releaseOne(rctx, b); err != nil {
 				d.log.Warn("dispatcher: releasing a bucket claimed for one dispatch failed; its lease will lapse", "bucket", b, "error", err)
 			}
 		}()
@@ -361,6 +368,10 @@ func (d *Dispatcher) releaseOne(ctx context.Context, b int) error {
 
 // checkEnvelope refuses an envelope written with another bucket count.
 func (d *Dispatcher) checkEnvelope(env *outbox.Envelope) error {
+	if env.Bucket < 0 || env.Bucket >= d.cfg.BucketCount {
+		return fmt.Errorf("%w: envelope %s is in bucket %d, outside this relay's %d buckets; every writer, store and relay must use one count",
+			outbox.ErrMisconfigured, env.ID, env.Bucket, d.cfg.BucketCount)
+	}
 	if env.BucketCount != 0 && env.BucketCount != d.cfg.BucketCount {
 		return fmt.Errorf("%w: envelope %s in bucket %d was written with bucket count %d, but this relay uses %d; every writer, store and relay must use one count (drain the store before changing it)",
 			outbox.ErrMisconfigured, env.ID, env.Bucket, env.BucketCount, d.cfg.BucketCount)

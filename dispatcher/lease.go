@@ -17,6 +17,15 @@ const deadRelayFactor = 10
 // none still names it.
 const resignRereads = 5
 
+// storeErr wraps a store error with what was being done, but returns a context error
+// unwrapped.
+func storeErr(ctx context.Context, err error, format string, args ...any) error {
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return ctxErr
+	}
+	return fmt.Errorf("dispatcher: "+format+": %w", append(args, err)...)
+}
+
 func (d *Dispatcher) params() PlanParams {
 	return PlanParams{BucketCount: d.cfg.BucketCount, LeaseDuration: d.cfg.LeaseDuration}
 }
@@ -34,7 +43,7 @@ func (d *Dispatcher) coordinate(ctx context.Context) error {
 
 	beat, err := d.store.Heartbeat(ctx, self, now)
 	if err != nil {
-		return fmt.Errorf("dispatcher: heartbeat: %w", err)
+		return storeErr(ctx, err, "heartbeat")
 	}
 	if !beat {
 		d.refused.Add(1)
@@ -42,7 +51,7 @@ func (d *Dispatcher) coordinate(ctx context.Context) error {
 	}
 	view, err := d.store.ReadCoordination(ctx)
 	if err != nil {
-		return fmt.Errorf("dispatcher: read leases: %w", err)
+		return storeErr(ctx, err, "read leases")
 	}
 	plan := Plan(view, self, now, d.params())
 	d.lastPlan = plan
@@ -61,7 +70,7 @@ func (d *Dispatcher) coordinate(ctx context.Context) error {
 	for _, l := range plan.Renew {
 		ok, err := d.store.Renew(ctx, l, now, exp)
 		if err != nil {
-			return fmt.Errorf("dispatcher: renew bucket %d: %w", l.Bucket, err)
+			return storeErr(ctx, err, "renew bucket %d", l.Bucket)
 		}
 		d.mu.Lock()
 		if ok {
@@ -92,7 +101,7 @@ func (d *Dispatcher) coordinate(ctx context.Context) error {
 		ok, err := d.store.Release(ctx, l)
 		d.unlockBucket(l.Bucket)
 		if err != nil {
-			return fmt.Errorf("dispatcher: release bucket %d: %w", l.Bucket, err)
+			return storeErr(ctx, err, "release bucket %d", l.Bucket)
 		}
 		if !ok {
 			d.refused.Add(1)
@@ -106,7 +115,7 @@ func (d *Dispatcher) coordinate(ctx context.Context) error {
 		for _, b := range plan.Claim {
 			ok, err := d.store.Claim(ctx, b, self, now, exp)
 			if err != nil {
-				return fmt.Errorf("dispatcher: claim bucket %d: %w", b, err)
+				return storeErr(ctx, err, "claim bucket %d", b)
 			}
 			if !ok {
 				d.refused.Add(1)
@@ -152,7 +161,7 @@ func (d *Dispatcher) removeStaleRelays(ctx context.Context, view outbox.Coordina
 		}
 		ok, err := d.store.DeleteRelay(ctx, r.ID, r.LastSeen)
 		if err != nil {
-			return fmt.Errorf("dispatcher: delete relay record %q: %w", r.ID, err)
+			return storeErr(ctx, err, "delete relay record %q", r.ID)
 		}
 		if !ok {
 			d.refused.Add(1)
@@ -170,7 +179,7 @@ func (d *Dispatcher) resign(ctx context.Context) error {
 	defer d.coordMu.Unlock()
 	self := d.cfg.RelayID
 	if err := d.store.StopRelay(ctx, self, d.now()); err != nil {
-		return fmt.Errorf("dispatcher: stamp relay stopped: %w", err)
+		return storeErr(ctx, err, "stamp relay stopped")
 	}
 	d.mu.Lock()
 	clear(d.leases)
@@ -178,7 +187,7 @@ func (d *Dispatcher) resign(ctx context.Context) error {
 	for range resignRereads {
 		view, err := d.store.ReadCoordination(ctx)
 		if err != nil {
-			return fmt.Errorf("dispatcher: read leases: %w", err)
+			return storeErr(ctx, err, "read leases")
 		}
 		mine := 0
 		for _, l := range view.Leases {
@@ -188,7 +197,7 @@ func (d *Dispatcher) resign(ctx context.Context) error {
 			mine++
 			ok, err := d.store.Release(ctx, l)
 			if err != nil {
-				return fmt.Errorf("dispatcher: release bucket %d: %w", l.Bucket, err)
+				return storeErr(ctx, err, "release bucket %d", l.Bucket)
 			}
 			if !ok {
 				d.refused.Add(1)

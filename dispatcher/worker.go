@@ -77,8 +77,8 @@ func (d *Dispatcher) Stop(ctx context.Context) error {
 // (see [Dispatcher.Err]).
 func (d *Dispatcher) Stopped() <-chan struct{} { return d.stopped }
 
-// Err reports why the worker stopped on its own, such as an envelope written with
-// another bucket count ([outbox.ErrMisconfigured]). It is nil while the worker runs
+// Err reports why the worker stopped on its own: an envelope written with another
+// bucket count ([outbox.ErrMisconfigured]) or a closed store ([outbox.ErrClosed]). It is nil while the worker runs
 // and after a plain Stop.
 func (d *Dispatcher) Err() error {
 	d.life.Lock()
@@ -95,11 +95,12 @@ func (d *Dispatcher) finish(ctx context.Context) error {
 	if d.resigned.Load() {
 		return nil
 	}
-	if err := d.resign(ctx); err != nil {
-		return err
+	err := d.resign(ctx)
+	if err == nil || errors.Is(err, outbox.ErrClosed) {
+		// A closed store cannot take a retry: the leases lapse.
+		d.resigned.Store(true)
 	}
-	d.resigned.Store(true)
-	return nil
+	return err
 }
 
 // run is the worker loop. It returns nil when asked to stop, or the error that
@@ -148,6 +149,10 @@ func (d *Dispatcher) run(ctx context.Context) error {
 			}
 		}
 	}
+	// fatal errors stop the worker: settings that disagree, or a closed store.
+	fatal := func(err error) bool {
+		return errors.Is(err, outbox.ErrMisconfigured) || errors.Is(err, outbox.ErrClosed)
+	}
 	failed := func(err error) bool {
 		errDelay = min(max(2*errDelay, 50*time.Millisecond), d.cfg.LeaseRenewInterval)
 		d.log.Warn("dispatcher: store or transport error; backing off", "error", err, "retry_in", errDelay)
@@ -162,6 +167,9 @@ func (d *Dispatcher) run(ctx context.Context) error {
 				if err := d.coordinate(ctx); err != nil {
 					if ctx.Err() != nil {
 						return nil
+					}
+					if fatal(err) {
+						return err
 					}
 					if !failed(err) {
 						return nil
@@ -201,7 +209,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		all = false
 		_, more, err := d.drainBuckets(ctx, buckets, false)
 		if err != nil {
-			if errors.Is(err, outbox.ErrMisconfigured) {
+			if fatal(err) {
 				return err
 			}
 			if ctx.Err() != nil {

@@ -314,3 +314,19 @@ func TestTwoWorkersShareBucketsAndKeepOrder(t *testing.T) {
 	// Starting together on free buckets, plans can overlap once: a few refusals at most.
 	require.LessOrEqual(t, a.Stats().RefusedWrites+b.Stats().RefusedWrites, int64(8))
 }
+
+func TestClosedStoreStopsTheWorker(t *testing.T) {
+	t.Parallel()
+	store := newStore(t, 2)
+	d := newDispatcher(t, store, outboxtest.NewRecorder(), workerConfig("w"))
+	require.NoError(t, d.Start(context.Background()))
+	waitFor(t, "buckets", func() bool { return len(d.Owned()) == 2 })
+	require.NoError(t, store.Close())
+	select {
+	case <-d.Stopped():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the worker did not stop on a closed store")
+	}
+	require.ErrorIs(t, d.Err(), outbox.ErrClosed)
+	require.NoError(t, d.Stop(context.Background()), "Stop after the worker stopped on its own is a no-op")
+}
