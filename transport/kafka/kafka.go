@@ -165,7 +165,9 @@ func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error
 		return err
 	}
 	var (
-		failed []outbox.MessageError
+		// errs holds each envelope's failure, by batch index.
+		errs   = make([]error, len(batch))
+		failed bool
 		// heldKeys are the keys of messages refused before sending: later messages of
 		// the key in this batch are held back, so a key's order never skips a message.
 		heldKeys map[string]bool
@@ -174,11 +176,11 @@ func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error
 	recs := make([]kgo.Record, 0, len(batch))
 	for i, env := range batch {
 		if env.Key != nil && heldKeys[keyOf(env)] {
-			failed = append(failed, outbox.MessageError{ID: env.ID, Err: errHeldBack})
+			errs[i], failed = errHeldBack, true
 			continue
 		}
 		if err := t.check(env); err != nil {
-			failed = append(failed, outbox.MessageError{ID: env.ID, Err: err})
+			errs[i], failed = err, true
 			if env.Key != nil {
 				if heldKeys == nil {
 					heldKeys = map[string]bool{}
@@ -211,28 +213,33 @@ func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error
 		}
 		if results == nil {
 			for i := range recs {
-				env := batch[metaOf(&recs[i]).index]
-				failed = append(failed, outbox.MessageError{ID: env.ID, Err: fmt.Errorf("%w (waited %s)", errNoAck, t.cfg.AckTimeout)})
+				errs[metaOf(&recs[i]).index] = fmt.Errorf("%w (waited %s)", errNoAck, t.cfg.AckTimeout)
 			}
+			failed = true
 		}
 		for _, res := range results {
 			if res.Err == nil {
 				continue
 			}
-			if ctx.Err() != nil {
-				// Records the client failed because ctx ended: report the context's
+			if err := ctx.Err(); err != nil {
+				// The client failed records because ctx ended: report the context's
 				// error alone, as for a cancelled wait.
-				return ctx.Err()
+				return err
 			}
 			m := metaOf(res.Record)
-			env := batch[m.index]
-			failed = append(failed, outbox.MessageError{ID: env.ID, Err: t.classify(env, m, res.Err)})
+			errs[m.index], failed = t.classify(batch[m.index], m, res.Err), true
 		}
 	}
-	if len(failed) > 0 {
-		return &outbox.PublishError{Failed: failed}
+	if !failed {
+		return nil
 	}
-	return nil
+	pe := &outbox.PublishError{}
+	for i, err := range errs {
+		if err != nil {
+			pe.Failed = append(pe.Failed, outbox.MessageError{ID: batch[i].ID, Err: err})
+		}
+	}
+	return pe
 }
 
 // errNoAck reports records the broker did not acknowledge within AckTimeout.

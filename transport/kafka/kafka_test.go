@@ -556,3 +556,23 @@ func TestDecodeRefusesForeignRecords(t *testing.T) {
 	assert.Equal(t, int32(2), *d.Partition)
 	assert.Equal(t, int64(7), d.Offset)
 }
+
+func TestMessageIDHeaderIsStampedOnce(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t, 1, "ids")
+	tr := newTransport(t, c, kafka.Config{})
+	forwarded := envelope(t, outbox.Message{Topic: "ids", Payload: []byte("forwarded"),
+		Headers: []outbox.Header{{Key: outbox.HeaderMessageID, Value: []byte(uuid.NewString())}}})
+	own := envelope(t, outbox.Message{Topic: "ids", Payload: []byte("own")})
+	own.Headers = []outbox.Header{{Key: outbox.HeaderMessageID, Value: []byte(own.ID.String())}}
+	require.NoError(t, tr.Publish(context.Background(), []*outbox.Envelope{forwarded, own}))
+
+	got := decodeAll(t, newConsumer(t, c, "ids").read(t, 2))
+	// A message id from an earlier hop stays; the outbox's own comes last and wins.
+	assert.Equal(t, forwarded.ID, got[0].ID)
+	assert.Len(t, got[0].Headers, 3)
+	assert.Equal(t, forwarded.Headers[0], got[0].Headers[0])
+	// A header that already names the envelope is not repeated.
+	assert.Equal(t, own.ID, got[1].ID)
+	assert.Len(t, got[1].Headers, 2)
+}
