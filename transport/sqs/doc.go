@@ -20,7 +20,9 @@
 //     transient otherwise (network errors, throttling, server errors, unknown codes).
 //   - Every message carries the envelope ID in the String attribute
 //     "x-outbox-message-id" ([AttrMessageID]), which is also the
-//     [outbox.HeaderMessageID] header. A non-empty key travels in "x-outbox-key"
+//     [outbox.HeaderMessageID] header. A message whose application set no
+//     [outbox.HeaderIdempotencyKey] header gets one equal to the envelope ID, unless
+//     [Config.OmitIdempotencyKey] is set. A non-empty key travels in "x-outbox-key"
 //     ([AttrKey]): a String attribute when it is valid SQS text, Binary otherwise.
 //   - Headers travel as message attributes of their own, named after the header: a
 //     String attribute when the value is valid SQS text, Binary otherwise. SQS allows

@@ -63,6 +63,9 @@ const (
 // the message ID attribute (name, type and a 36-character UUID).
 const fixedOverhead = len(AttrMessageID) + len(dataTypeString) + 36
 
+// idempotencyOverhead is the idempotency-key attribute the transport may add.
+const idempotencyOverhead = len(outbox.HeaderIdempotencyKey) + len(dataTypeString) + 36
+
 func isReserved(name string) bool {
 	switch name {
 	case AttrMessageID, AttrKey, AttrLayout, AttrHeaders:
@@ -80,9 +83,10 @@ type encoded struct {
 	size int
 }
 
-// encode turns env into a message body and attributes. It fails only for a message
-// SQS can never take (too large): callers mark that permanent.
-func encode(env *outbox.Envelope, maxBytes int) (encoded, error) {
+// encode turns env into a message body and attributes; stampKey adds an
+// idempotency-key header equal to the message ID when env has none. It fails only for
+// a message SQS can never take (too large): callers mark that permanent.
+func encode(env *outbox.Envelope, maxBytes int, stampKey bool) (encoded, error) {
 	var (
 		e      = encoded{attrs: make(map[string]types.MessageAttributeValue, 4)}
 		layout []string
@@ -112,7 +116,7 @@ func encode(env *outbox.Envelope, maxBytes int) (encoded, error) {
 		e.attrs[AttrKey] = valueAttr(env.Key)
 	}
 
-	headers := effectiveHeaders(env.Headers, id)
+	headers := effectiveHeaders(env.Headers, id, stampKey)
 	appHeaders := len(headers) - 1
 
 	// Slots left for application headers: 10 minus the ID, the key, and the layout
@@ -179,19 +183,28 @@ func encode(env *outbox.Envelope, maxBytes int) (encoded, error) {
 }
 
 // effectiveHeaders returns the headers as published: the application's, with the
-// message ID header set to id — where the application put one, else at the end.
-func effectiveHeaders(hs []outbox.Header, id string) []outbox.Header {
-	out := make([]outbox.Header, 0, len(hs)+1)
-	placed := false
+// message ID header set to id where the application put one, and, when stampKey is
+// set and the application chose no idempotency key, an idempotency-key header equal
+// to id. Added headers go at the end, the idempotency key before the message ID (the
+// order a decoder assumes, so it costs no layout attribute).
+func effectiveHeaders(hs []outbox.Header, id string, stampKey bool) []outbox.Header {
+	out := make([]outbox.Header, 0, len(hs)+2)
+	placed, hasKey := false, false
 	for _, h := range hs {
-		if h.Key == AttrMessageID {
+		switch h.Key {
+		case AttrMessageID:
 			if !placed {
 				out = append(out, outbox.Header{Key: AttrMessageID, Value: []byte(id)})
 				placed = true
 			}
 			continue
+		case outbox.HeaderIdempotencyKey:
+			hasKey = true
 		}
 		out = append(out, h)
+	}
+	if stampKey && !hasKey {
+		out = append(out, outbox.Header{Key: outbox.HeaderIdempotencyKey, Value: []byte(id)})
 	}
 	if !placed {
 		out = append(out, outbox.Header{Key: AttrMessageID, Value: []byte(id)})

@@ -17,7 +17,7 @@ import (
 // roundTrip encodes env and decodes the message SQS would deliver for it.
 func roundTrip(t *testing.T, env *outbox.Envelope) (encoded, *Delivery) {
 	t.Helper()
-	e, err := encode(env, MaxBytesLimit)
+	e, err := encode(env, MaxBytesLimit, false)
 	require.NoError(t, err)
 	require.LessOrEqual(t, len(e.attrs), maxAttributes, "SQS allows at most 10 attributes")
 	require.NotEmpty(t, e.body, "SQS refuses an empty body")
@@ -140,14 +140,36 @@ func TestEncodeMessageIDHeaderKeepsItsPlace(t *testing.T) {
 	}, d.Headers)
 }
 
+func TestEncodeStampsIdempotencyKey(t *testing.T) {
+	t.Parallel()
+	env := newEnvelope(t, nil, []byte("x"), outbox.Header{Key: "a", Value: []byte("1")})
+	e, err := encode(env, MaxBytesLimit, true)
+	require.NoError(t, err)
+	assert.NotContains(t, e.attrs, AttrLayout, "the stamped key sits where a decoder expects it")
+	body := e.body
+	d, err := Decode(types.Message{Body: &body, MessageAttributes: e.attrs})
+	require.NoError(t, err)
+	assert.Equal(t, []outbox.Header{
+		{Key: "a", Value: []byte("1")},
+		{Key: outbox.HeaderIdempotencyKey, Value: []byte(env.ID.String())},
+		{Key: outbox.HeaderMessageID, Value: []byte(env.ID.String())},
+	}, d.Headers)
+
+	// An application's own key is kept as it is.
+	env = newEnvelope(t, nil, []byte("x"), outbox.Header{Key: outbox.HeaderIdempotencyKey, Value: []byte("mine")})
+	e, err = encode(env, MaxBytesLimit, true)
+	require.NoError(t, err)
+	assert.Equal(t, "mine", *e.attrs[outbox.HeaderIdempotencyKey].StringValue)
+}
+
 func TestEncodeSizeCountsBinaryAndBase64(t *testing.T) {
 	t.Parallel()
 	env := newEnvelope(t, nil, bytes.Repeat([]byte{0xff}, 300))
-	e, err := encode(env, MaxBytesLimit)
+	e, err := encode(env, MaxBytesLimit, false)
 	require.NoError(t, err)
 	assert.Equal(t, 400+fixedOverhead+len(AttrLayout)+6+len(layoutBodyBase64), e.size)
 
-	_, err = encode(env, 400)
+	_, err = encode(env, 400, false)
 	require.ErrorIs(t, err, outbox.ErrTooLarge)
 }
 
@@ -294,6 +316,9 @@ func TestConfigValidation(t *testing.T) {
 	_, err = New(client, Config{Concurrency: -1})
 	require.ErrorContains(t, err, "Config.Concurrency")
 	tr, err := New(client, Config{})
+	require.NoError(t, err)
+	assert.Equal(t, DefaultMaxBytes-fixedOverhead-idempotencyOverhead, tr.MaxMessageSize())
+	tr, err = New(client, Config{OmitIdempotencyKey: true})
 	require.NoError(t, err)
 	assert.Equal(t, DefaultMaxBytes-fixedOverhead, tr.MaxMessageSize())
 	var api API

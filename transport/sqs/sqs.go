@@ -53,6 +53,10 @@ type Config struct {
 	// Requests to one FIFO queue are always sent one after another, to keep group
 	// order. Defaults to [DefaultConcurrency].
 	Concurrency int
+	// OmitIdempotencyKey stops the transport from adding an
+	// [outbox.HeaderIdempotencyKey] header (equal to the message ID) to messages whose
+	// application set none. Defaults to false: every message carries one.
+	OmitIdempotencyKey bool
 	// Logger receives debug records of failed requests. Defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -107,10 +111,16 @@ func New(client API, cfg Config) (*Transport, error) {
 }
 
 // MaxMessageSize implements [outbox.SizeLimiter]: the configured byte limit less what
-// the transport adds to every message. A message within it can still be refused at
-// publish if base64 (a binary payload grows by a third) or attribute overhead takes it
-// over [Config.MaxBytes]; that failure is permanent.
-func (t *Transport) MaxMessageSize() int { return t.cfg.MaxBytes - fixedOverhead }
+// the transport adds to every message (the message ID attribute and, unless omitted,
+// the idempotency key). A message within it can still be refused at publish if base64
+// (a binary payload grows by a third) or attribute overhead takes it over
+// [Config.MaxBytes]; that failure is permanent.
+func (t *Transport) MaxMessageSize() int {
+	if t.cfg.OmitIdempotencyKey {
+		return t.cfg.MaxBytes - fixedOverhead
+	}
+	return t.cfg.MaxBytes - fixedOverhead - idempotencyOverhead
+}
 
 // As gives access to the client: target may be a **sqs.Client (when the transport was
 // built on one) or a *API. It reports whether target was set.
@@ -192,7 +202,7 @@ func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error
 			failures[i] = outbox.Permanent(fmt.Errorf("sqs: message is %d bytes, over the transport's limit of %d (Config.MaxBytes less per-message attributes): %w", env.Size(), t.MaxMessageSize(), outbox.ErrTooLarge))
 			continue
 		}
-		enc, err := encode(env, t.cfg.MaxBytes)
+		enc, err := encode(env, t.cfg.MaxBytes, !t.cfg.OmitIdempotencyKey)
 		if err != nil {
 			failures[i] = outbox.Permanent(err)
 			continue

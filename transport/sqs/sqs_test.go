@@ -123,8 +123,15 @@ func drain(t *testing.T, client *sqs.Client, url string) []*sqstransport.Deliver
 	}
 }
 
-func headersWithID(env *outbox.Envelope) []outbox.Header {
-	return append(append([]outbox.Header{}, env.Headers...), outbox.Header{Key: outbox.HeaderMessageID, Value: []byte(env.ID.String())})
+// published is what a consumer sees: the application's headers, then an
+// idempotency key when the application set none, then the message ID.
+func published(env *outbox.Envelope) []outbox.Header {
+	id := []byte(env.ID.String())
+	hs := append([]outbox.Header{}, env.Headers...)
+	if _, ok := env.Header(outbox.HeaderIdempotencyKey); !ok {
+		hs = append(hs, outbox.Header{Key: outbox.HeaderIdempotencyKey, Value: id})
+	}
+	return append(hs, outbox.Header{Key: outbox.HeaderMessageID, Value: id})
 }
 
 func randomBytes(n int) []byte {
@@ -170,7 +177,7 @@ func TestPublishRoundTripStandard(t *testing.T) {
 		require.NotNil(t, d, "message %s missing", env.ID)
 		assert.Equal(t, env.Key, d.Key, "key of %s", env.ID)
 		assert.Equal(t, env.Payload, d.Payload, "payload of %s", env.ID)
-		assert.Equal(t, headersWithID(env), d.Headers, "headers of %s", env.ID)
+		assert.Equal(t, published(env), d.Headers, "headers of %s", env.ID)
 	}
 }
 
