@@ -55,9 +55,9 @@ type Config struct {
 	// SameKeyBatches lets one Transport.Publish call carry several envelopes of one
 	// key. By default a call carries at most one per key, so a failed envelope can
 	// still hold back its key's later ones; a hot key then costs one call per
-	// envelope. Set it only with a transport that, whenever it fails an envelope, also
-	// fails every later envelope of that key in the same call (Kafka's idempotent
-	// producer does within a partition for most errors). Defaults to false.
+	// envelope. Set it only with a transport that never acknowledges an envelope after
+	// failing an earlier envelope of the same key in the same call; violations are
+	// counted in [Stats.OutOfOrder]. Defaults to false.
 	SameKeyBatches bool
 	// MaxConcurrency is how many buckets are drained in parallel. Defaults to 4.
 	MaxConcurrency int

@@ -63,11 +63,15 @@
 //   - Ordering holds within the fetched window: if a blocked key's envelopes fill a
 //     whole batch, later keys of that bucket wait until the blocked envelope is
 //     retried or parked. Raise BatchSize if a few keys dominate a bucket.
+//   - By default a key sends at most one envelope per Publish call, so a backlog
+//     concentrated on a single key drains at one round trip per envelope. See
+//     [Config.SameKeyBatches].
 //   - Lease expiry compares host clocks: keep relay hosts synchronised to well within
 //     LeaseDuration − LeaseRenewInterval.
-//   - DispatchOne claims a free bucket outside the fair-share plan for the length of
-//     one drain; in a fleet of workers this can cost a refused write. It does nothing
-//     for a bucket another relay holds.
+//   - DispatchOne without a running worker claims a free bucket outside the
+//     fair-share plan for the length of one drain; racing a peer's round this can
+//     cost a refused write. It does nothing for a bucket another relay holds, so a
+//     stream trigger needs a sweep (RunOnce or a worker) behind it for retries.
 //   - RunOnce relays do not keep a membership between runs; mixing them with
 //     long-running workers on one store makes the workers hand back buckets that the
 //     scheduled relay is no longer there to take.
