@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -347,3 +348,5 @@ func testContext(t testing.TB) context.Context {
 }
 
 func sqlstoreConfig() sqlstore.Config { return sqlstore.Config{} }
+
+func runtimeProcs() int { return runtime.GOMAXPROCS(0) }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -64,7 +65,11 @@ func (s *Store) listen(ctx context.Context, done chan struct{}) {
 				if err != nil {
 					return err
 				}
-				s.hub.Notify(parseBuckets(n.Payload, s.cfg.BucketCount)...)
+				origin, list, _ := strings.Cut(n.Payload, ":")
+				if origin == s.origin {
+					continue // this store woke its own subscribers at commit
+				}
+				s.hub.Notify(parseBuckets(list, s.cfg.BucketCount)...)
 			}
 		})
 		if ctx.Err() != nil {
@@ -123,6 +128,105 @@ func (s *Store) wakeAll() {
 		all[i] = i
 	}
 	s.hub.Notify(all...)
+}
+
+// notifySender sends NOTIFY for commits after they happen, from one goroutine that
+// coalesces the buckets of every commit made while it was busy.
+//
+// The notification is deliberately not part of the writer's transaction: PostgreSQL
+// serialises the commits of transactions that NOTIFY (they queue on one lock held
+// across the WAL flush), which would make concurrent writers commit one by one.
+// Sent after the commit, it costs writers nothing; a process that dies between
+// commit and send loses only the wake-up, and polling still finds the messages.
+type notifySender struct {
+	mu      sync.Mutex
+	pending map[int]struct{}
+	signal  chan struct{}
+	cancel  context.CancelFunc
+	done    chan struct{}
+	stopped bool
+}
+
+func (n *notifySender) queue(s *Store, buckets []int) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.stopped {
+		return
+	}
+	if n.pending == nil {
+		n.pending = make(map[int]struct{})
+	}
+	for _, b := range buckets {
+		n.pending[b] = struct{}{}
+	}
+	if n.done == nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		n.cancel, n.done, n.signal = cancel, make(chan struct{}), make(chan struct{}, 1)
+		go n.run(ctx, s)
+	}
+	select {
+	case n.signal <- struct{}{}:
+	default:
+	}
+}
+
+// take empties the pending set into a payload ("origin:3,5"), or "" when empty.
+func (n *notifySender) take(origin string) string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if len(n.pending) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString(origin)
+	b.WriteByte(':')
+	first := true
+	for bucket := range n.pending {
+		if !first {
+			b.WriteByte(',')
+		}
+		first = false
+		b.WriteString(strconv.Itoa(bucket))
+	}
+	clear(n.pending)
+	return b.String()
+}
+
+func (n *notifySender) run(ctx context.Context, s *Store) {
+	defer close(n.done)
+	query := "SELECT pg_notify($1, $2)"
+	send := func(ctx context.Context) {
+		payload := n.take(s.origin)
+		if payload == "" {
+			return
+		}
+		sendCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if _, err := s.db.exec(sendCtx, query, s.cfg.NotifyChannel, payload); err != nil {
+			s.cfg.Logger.Debug("sqlstore: NOTIFY failed; other processes find the messages on their next poll", "error", err)
+		}
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			// Announce what is still pending before the store closes.
+			send(context.WithoutCancel(ctx))
+			return
+		case <-n.signal:
+			send(ctx)
+		}
+	}
+}
+
+func (n *notifySender) stop() {
+	n.mu.Lock()
+	n.stopped = true
+	cancel, done := n.cancel, n.done
+	n.mu.Unlock()
+	if cancel != nil {
+		cancel()
+		<-done
+	}
 }
 
 // parseBuckets reads a notification payload: bucket numbers separated by commas.

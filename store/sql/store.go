@@ -33,6 +33,8 @@ type Store struct {
 
 	hub    outbox.Hub
 	closed atomic.Bool
+	sender notifySender
+	origin string // tags this store's NOTIFY payloads, so its listener skips them
 
 	listenMu     sync.Mutex
 	listenCancel context.CancelFunc
@@ -125,7 +127,7 @@ func newStore(d Dialect, cfg Config) (*Store, error) {
 	if d == SQLite && (strings.Contains(cfg.Table, ".") || strings.Contains(cfg.LeaseTable, ".") || strings.Contains(cfg.RelayTable, ".")) {
 		return nil, fmt.Errorf("%w: sqlstore: Config.Table %q: SQLite table names cannot be schema-qualified here", outbox.ErrMisconfigured, cfg.Table)
 	}
-	return &Store{cfg: cfg, dialect: d, stmts: newStatements(d, cfg)}, nil
+	return &Store{cfg: cfg, dialect: d, stmts: newStatements(d, cfg), origin: strings.ReplaceAll(uuid.NewString(), "-", "")[:12]}, nil
 }
 
 // Dialect is the store's SQL dialect.
@@ -161,6 +163,7 @@ func (s *Store) Close() error {
 		return nil
 	}
 	s.stopListener()
+	s.sender.stop()
 	s.hub.Close()
 	return nil
 }
@@ -279,7 +282,7 @@ func (s *Store) insert(ctx context.Context, q querier, envs []*outbox.Envelope) 
 }
 
 func (s *Store) insertChunk(ctx context.Context, q querier, envs []*outbox.Envelope) error {
-	args := make([]any, 0, len(envs)*insertColumnCount+1)
+	args := make([]any, 0, len(envs)*insertColumnCount)
 	for _, env := range envs {
 		var part int64
 		if env.Partition != nil {
@@ -293,10 +296,6 @@ func (s *Store) insertChunk(ctx context.Context, q querier, envs []*outbox.Envel
 	}
 	var b strings.Builder
 	b.Grow(64 + len(envs)*insertColumnCount*6)
-	notify := s.dialect == PostgreSQL && !s.cfg.DisableNotify
-	if notify {
-		b.WriteString("WITH ins AS (")
-	}
 	b.WriteString("INSERT INTO ")
 	b.WriteString(s.cfg.Table)
 	b.WriteString(" (" + insertColumns + ") VALUES ")
@@ -322,17 +321,7 @@ func (s *Store) insertChunk(ctx context.Context, q querier, envs []*outbox.Envel
 		}
 		return nil
 	}
-
-	if notify {
-		// The notification is sent by the insert itself, so it costs no round trip
-		// and PostgreSQL delivers it only if the transaction commits.
-		b.WriteString(" RETURNING id, seq, bucket) SELECT ins.id, ins.seq FROM ins CROSS JOIN (SELECT pg_notify($")
-		b.WriteString(fmt.Sprint(len(args) + 1))
-		b.WriteString(", string_agg(DISTINCT bucket::text, ',')) FROM ins) notified")
-		args = append(args, s.cfg.NotifyChannel)
-	} else {
-		b.WriteString(" RETURNING id, seq")
-	}
+	b.WriteString(" RETURNING id, seq")
 	rs, err := q.query(ctx, b.String(), args...)
 	if err != nil {
 		return err
@@ -370,26 +359,32 @@ func duplicate(err error) error {
 	return err
 }
 
-// NotifyCommitted wakes this process's dispatchers for the envelopes' buckets. Units
-// of work call it after their commit; call it yourself after committing a
-// transaction you passed to an EnqueueTx method. Never call it before the commit.
+// NotifyCommitted wakes dispatchers for the envelopes' buckets: this process's at
+// once and, on PostgreSQL, other processes' through NOTIFY, sent shortly after by a
+// background sender that coalesces concurrent commits. Units of work and Enqueue
+// call it after their commit; call it yourself after committing a transaction you
+// passed to an EnqueueTx method. Never call it before the commit.
 func (s *Store) NotifyCommitted(envs ...*outbox.Envelope) {
+	var buckets []int
 	switch len(envs) {
 	case 0:
 		return
 	case 1:
-		s.hub.Notify(envs[0].Bucket)
-		return
-	}
-	seen := make(map[int]struct{}, len(envs))
-	buckets := make([]int, 0, len(envs))
-	for _, env := range envs {
-		if _, ok := seen[env.Bucket]; !ok {
-			seen[env.Bucket] = struct{}{}
-			buckets = append(buckets, env.Bucket)
+		buckets = []int{envs[0].Bucket}
+	default:
+		seen := make(map[int]struct{}, len(envs))
+		buckets = make([]int, 0, len(envs))
+		for _, env := range envs {
+			if _, ok := seen[env.Bucket]; !ok {
+				seen[env.Bucket] = struct{}{}
+				buckets = append(buckets, env.Bucket)
+			}
 		}
 	}
 	s.hub.Notify(buckets...)
+	if s.dialect == PostgreSQL && !s.cfg.DisableNotify {
+		s.sender.queue(s, buckets)
+	}
 }
 
 // Fetch implements [outbox.Relay]: one index range scan on (status, bucket, seq).

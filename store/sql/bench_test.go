@@ -1,0 +1,290 @@
+package sqlstore_test
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/dispatcher"
+	"github.com/outboxkit/outbox/outboxtest"
+	sqlstore "github.com/outboxkit/outbox/store/sql"
+)
+
+// The benchmarks run on PostgreSQL through pgx (OUTBOX_TEST_POSTGRES_URL).
+
+func pgxBackend() backend { return backends[0] }
+
+func randomPayload(n int) []byte {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return b
+}
+
+// BenchmarkEnqueueOverhead compares a one-row business transaction that also writes
+// 0, 1 or 10 staged messages through TransactPgx with the same transaction written
+// with plain pgx. Iterations alternate between the two so both see the same server
+// state; "x-baseline" is the outbox transaction's cost as a multiple of the plain one.
+func BenchmarkEnqueueOverhead(b *testing.B) {
+	for _, writers := range []int{1, 8} {
+		for _, staged := range []int{0, 1, 10} {
+			b.Run(fmt.Sprintf("writers=%d/staged=%d", writers, staged), func(b *testing.B) {
+				ctx := context.Background()
+				s := pgxBackend().open(b, sqlstore.Config{})
+				pool := postgresPool(b)
+				orders := uniqueTable() + "_orders"
+				_, err := pool.Exec(ctx, "CREATE TABLE "+orders+" (id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, customer TEXT NOT NULL, total BIGINT NOT NULL)")
+				require.NoError(b, err)
+				b.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+orders) })
+				insert := "INSERT INTO " + orders + " (customer, total) VALUES ($1, $2)"
+				payload := randomPayload(256)
+
+				var plainNs, outboxNs, n atomic.Int64
+				var seq atomic.Int64
+				work := func() error {
+					i := seq.Add(1)
+					start := time.Now()
+					if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+						_, err := tx.Exec(ctx, insert, "customer", i)
+						return err
+					}); err != nil {
+						return err
+					}
+					mid := time.Now()
+					sctx, scope := outbox.NewScope(ctx)
+					defer scope.Release()
+					err := s.TransactPgx(sctx, func(ctx context.Context, tx pgx.Tx) error {
+						if _, err := tx.Exec(ctx, insert, "customer", i); err != nil {
+							return err
+						}
+						for j := range staged {
+							env, err := outbox.NewEnvelope(outbox.Message{Topic: "orders", Key: fmt.Appendf(nil, "order-%d-%d", i, j), Payload: payload}, s.BucketCount())
+							if err != nil {
+								return err
+							}
+							if err := outbox.ScopeFrom(ctx).Stage(env); err != nil {
+								return err
+							}
+						}
+						return nil
+					})
+					end := time.Now()
+					plainNs.Add(int64(mid.Sub(start)))
+					outboxNs.Add(int64(end.Sub(mid)))
+					n.Add(1)
+					return err
+				}
+				b.ResetTimer()
+				if writers == 1 {
+					for b.Loop() {
+						if err := work(); err != nil {
+							b.Fatal(err)
+						}
+					}
+				} else {
+					b.SetParallelism(max(1, writers/max(1, runtimeProcs())))
+					b.RunParallel(func(pb *testing.PB) {
+						for pb.Next() {
+							if err := work(); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					})
+				}
+				b.StopTimer()
+				if n.Load() > 0 {
+					b.ReportMetric(float64(plainNs.Load())/float64(n.Load())/1e3, "plain-µs/tx")
+					b.ReportMetric(float64(outboxNs.Load())/float64(n.Load())/1e3, "outbox-µs/tx")
+					b.ReportMetric(float64(outboxNs.Load())/float64(plainNs.Load()), "x-baseline")
+				}
+			})
+		}
+	}
+}
+
+// fill writes n messages with distinct keys, in large multi-row inserts.
+func fill(b *testing.B, ctx context.Context, s *sqlstore.Store, n int, payload []byte) {
+	const chunk = 2000
+	for done := 0; done < n; done += chunk {
+		envs := make([]*outbox.Envelope, 0, chunk)
+		for i := done; i < min(n, done+chunk); i++ {
+			env, err := outbox.NewEnvelope(outbox.Message{Topic: "orders", Key: fmt.Appendf(nil, "order-%d", i), Payload: payload,
+				Headers: []outbox.Header{{Key: outbox.HeaderIdempotencyKey, Value: []byte(uuid.NewString())}}}, s.BucketCount())
+			require.NoError(b, err)
+			envs = append(envs, env)
+		}
+		require.NoError(b, s.Enqueue(ctx, envs...))
+	}
+	_, err := postgresPool(b).Exec(ctx, "VACUUM ANALYZE "+s.Config().Table)
+	require.NoError(b, err)
+}
+
+// rawDrain is the baseline: one loop that selects a batch in Seq order, hands it to
+// the same recording transport, and deletes it, with pgx on an identical table.
+func rawDrain(b *testing.B, ctx context.Context, table string, batch int, rec *outboxtest.Recorder) int {
+	pool := postgresPool(b)
+	sel := "SELECT seq, id, topic, msg_key, payload, headers FROM " + table + " ORDER BY seq LIMIT $1"
+	del := "DELETE FROM " + table + " WHERE seq = ANY($1)"
+	total := 0
+	for {
+		rows, err := pool.Query(ctx, sel, batch)
+		require.NoError(b, err)
+		var envs []*outbox.Envelope
+		var seqs []int64
+		for rows.Next() {
+			env := &outbox.Envelope{}
+			var id string
+			var headers []byte
+			require.NoError(b, rows.Scan(&env.Seq, &id, &env.Topic, &env.Key, &env.Payload, &headers))
+			env.ID = uuid.MustParse(id)
+			envs = append(envs, env)
+			seqs = append(seqs, env.Seq)
+		}
+		require.NoError(b, rows.Err())
+		if len(envs) == 0 {
+			return total
+		}
+		require.NoError(b, rec.Publish(ctx, envs))
+		_, err = pool.Exec(ctx, del, seqs)
+		require.NoError(b, err)
+		total += len(envs)
+	}
+}
+
+// BenchmarkDrain measures how fast a relay empties a backlog into the recording
+// transport, beside the raw loop in the same run: "msg/s" is the relay,
+// "raw-msg/s" the baseline and "x-raw" their ratio. Set OUTBOX_BENCH_LARGE=1 to add
+// the 200,000-message backlog.
+func BenchmarkDrain(b *testing.B) {
+	backlogs := []int{20_000}
+	if os.Getenv("OUTBOX_BENCH_LARGE") != "" {
+		backlogs = append(backlogs, 200_000)
+	}
+	for _, backlog := range backlogs {
+		for _, batch := range []int{1, 100, 500} {
+			b.Run(fmt.Sprintf("backlog=%d/batch=%d", backlog, batch), func(b *testing.B) {
+				ctx := context.Background()
+				s := pgxBackend().open(b, sqlstore.Config{})
+				raw := pgxBackend().open(b, sqlstore.Config{})
+				payload := randomPayload(256)
+				var relayTime, rawTime time.Duration
+				var relayMsgs, rawMsgs int
+				for b.Loop() {
+					b.StopTimer()
+					fill(b, ctx, s, backlog, payload)
+					fill(b, ctx, raw, backlog, payload)
+					rawRec := outboxtest.NewRecorder()
+					start := time.Now()
+					rawMsgs += rawDrain(b, ctx, raw.Config().Table, batch, rawRec)
+					rawTime += time.Since(start)
+
+					rec := outboxtest.NewRecorder()
+					d, err := dispatcher.New(s, rec, dispatcher.Config{BucketCount: s.BucketCount(), BatchSize: batch, RelayID: "bench"})
+					require.NoError(b, err)
+					b.StartTimer()
+					start = time.Now()
+					res, err := d.RunOnce(ctx)
+					relayTime += time.Since(start)
+					require.NoError(b, err)
+					require.Equal(b, backlog, res.Published)
+					relayMsgs += res.Published
+				}
+				b.ReportMetric(float64(relayMsgs)/relayTime.Seconds(), "msg/s")
+				b.ReportMetric(float64(rawMsgs)/rawTime.Seconds(), "raw-msg/s")
+				b.ReportMetric((float64(relayMsgs)/relayTime.Seconds())/(float64(rawMsgs)/rawTime.Seconds()), "x-raw")
+			})
+		}
+	}
+}
+
+// stampTransport notes when each message reached Publish.
+type stampTransport struct {
+	mu   sync.Mutex
+	at   map[uuid.UUID]time.Time
+	next outbox.Transport
+	seen chan struct{}
+}
+
+func (s *stampTransport) Publish(ctx context.Context, batch []*outbox.Envelope) error {
+	now := time.Now()
+	s.mu.Lock()
+	for _, env := range batch {
+		if _, ok := s.at[env.ID]; !ok {
+			s.at[env.ID] = now
+		}
+	}
+	s.mu.Unlock()
+	select {
+	case s.seen <- struct{}{}:
+	default:
+	}
+	return s.next.Publish(ctx, batch)
+}
+
+// BenchmarkCommitToDispatchLatency commits one message per unit of work at a steady
+// 300 messages/s while a worker with wake-ups on relays them; it reports the
+// p50/p99 time from the commit returning to the message reaching the transport.
+// The worker polls only once a second, so the wake-ups carry the latency.
+func BenchmarkCommitToDispatchLatency(b *testing.B) {
+	ctx := context.Background()
+	s := pgxBackend().open(b, sqlstore.Config{})
+	st := &stampTransport{at: map[uuid.UUID]time.Time{}, next: outboxtest.NewRecorder(), seen: make(chan struct{}, 1)}
+	d, err := dispatcher.New(s, st, dispatcher.Config{BucketCount: s.BucketCount(), PollInterval: time.Second})
+	require.NoError(b, err)
+	require.NoError(b, d.Start(ctx))
+	defer func() { require.NoError(b, d.Stop(ctx)) }()
+	require.Eventually(b, func() bool { return len(d.Owned()) == s.BucketCount() }, 10*time.Second, time.Millisecond)
+	payload := randomPayload(256)
+
+	committed := map[uuid.UUID]time.Time{}
+	tick := time.NewTicker(time.Second / 300)
+	defer tick.Stop()
+	i := 0
+	b.ResetTimer()
+	for b.Loop() {
+		<-tick.C
+		i++
+		env, err := outbox.NewEnvelope(outbox.Message{Topic: "orders", Key: fmt.Appendf(nil, "order-%d", i), Payload: payload}, s.BucketCount())
+		require.NoError(b, err)
+		sctx, scope := outbox.NewScope(ctx)
+		require.NoError(b, s.TransactPgx(sctx, func(ctx context.Context, tx pgx.Tx) error {
+			return outbox.ScopeFrom(ctx).Stage(env)
+		}))
+		committed[env.ID] = time.Now()
+		scope.Release()
+	}
+	b.StopTimer()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st.mu.Lock()
+		n := len(st.at)
+		st.mu.Unlock()
+		if n >= len(committed) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	lat := make([]time.Duration, 0, len(committed))
+	for id, c := range committed {
+		p, ok := st.at[id]
+		require.True(b, ok, "message %s never dispatched", id)
+		lat = append(lat, max(0, p.Sub(c)))
+	}
+	slices.Sort(lat)
+	pct := func(q float64) float64 { return float64(lat[int(q*float64(len(lat)-1))].Microseconds()) / 1e3 }
+	b.ReportMetric(pct(0.50), "p50-ms")
+	b.ReportMetric(pct(0.99), "p99-ms")
+}
