@@ -35,6 +35,8 @@ type Dispatcher struct {
 	// bucketLocks serialise draining one bucket (worker, RunOnce, DispatchOne) and
 	// releasing its lease.
 	bucketLocks []chan struct{}
+	// sweepMu serialises RunOnce calls.
+	sweepMu sync.Mutex
 	// coordMu serialises coordination rounds.
 	coordMu sync.Mutex
 	// lastPlan is the last round's plan; round counts rounds for standby skipping.
@@ -228,12 +230,16 @@ func (d *Dispatcher) running() bool {
 // RunOnce runs one sweep, for a scheduled function: it writes the heartbeat and takes
 // the buckets the fair-share plan gives it, drains every due envelope of those buckets,
 // runs retention cleanup if it holds bucket 0, then stamps the relay stopped and
-// releases its leases. It refuses to run while the worker runs. Every relay of a fleet
+// releases its leases. It refuses to run while the worker runs; overlapping calls run
+// one after the other. Every relay of a fleet
 // sharing a store must use its own RelayID.
 func (d *Dispatcher) RunOnce(ctx context.Context) (Result, error) {
 	if d.running() {
 		return Result{}, errors.New("dispatcher: RunOnce while the worker runs; use one or the other")
 	}
+	// Overlapping sweeps would release each other's leases mid-drain.
+	d.sweepMu.Lock()
+	defer d.sweepMu.Unlock()
 	var res Result
 	if err := d.coordinate(ctx); err != nil {
 		// Hand back whatever the round took before it failed.

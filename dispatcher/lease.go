@@ -181,9 +181,17 @@ func (d *Dispatcher) resign(ctx context.Context) error {
 	if err := d.store.StopRelay(ctx, self, d.now()); err != nil {
 		return storeErr(ctx, err, "stamp relay stopped")
 	}
+	// Stop publishing, then wait out any batch still in flight (a DispatchOne), so no
+	// publish overlaps a peer's claim.
 	d.mu.Lock()
 	clear(d.leases)
 	d.mu.Unlock()
+	for b := range d.bucketLocks {
+		if err := d.lockBucket(ctx, b); err != nil {
+			return err
+		}
+		d.unlockBucket(b)
+	}
 	for range resignRereads {
 		view, err := d.store.ReadCoordination(ctx)
 		if err != nil {
