@@ -1,0 +1,124 @@
+package chaostest
+
+import (
+	"context"
+	"database/sql"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/outboxtest/chaos"
+	"github.com/outboxkit/outbox/store/memory"
+	sqlstore "github.com/outboxkit/outbox/store/sql"
+)
+
+// large reports whether the large runs were asked for.
+func large() bool { return os.Getenv("OUTBOX_CHAOS_LARGE") == "1" }
+
+// chaosConfig is the run every store gets: CI-sized by default, 100,000 messages with
+// OUTBOX_CHAOS_LARGE=1.
+func chaosConfig() chaos.Config {
+	if large() {
+		return chaos.Config{
+			Messages:     100_000,
+			Keys:         512,
+			Writers:      8,
+			UnitSize:     8,
+			Relays:       6,
+			BucketCount:  32,
+			BatchSize:    100,
+			DrainTimeout: 5 * time.Minute,
+			Faults: chaos.Schedule{
+				Duration:      20 * time.Second,
+				GracefulStops: 3,
+				Crashes:       2,
+			},
+		}
+	}
+	return chaos.Config{Messages: 3000, Faults: chaos.Schedule{Duration: 4 * time.Second}}
+}
+
+// verify adds the checks every store's run must pass beyond the harness's own.
+func verify(t *testing.T, rep chaos.Report) {
+	t.Helper()
+	cfg := chaosConfig()
+	require.Equal(t, cfg.Messages, rep.Committed+rep.RolledBack)
+	require.Positive(t, rep.RolledBack)
+	require.Positive(t, rep.InjectedErrors)
+	require.Positive(t, rep.Crashes)
+	require.Positive(t, rep.GracefulStops)
+	require.Zero(t, rep.Parked)
+}
+
+func TestChaosMemory(t *testing.T) {
+	rep := chaos.Run(t, outboxtest.StoreHarness{
+		New: func(t *testing.T, bucketCount int) outbox.RelayStore {
+			s, err := memory.New(memory.Config{BucketCount: bucketCount})
+			require.NoError(t, err)
+			return s
+		},
+		Transact: func(ctx context.Context, s outbox.RelayStore, fn func(ctx context.Context) error) error {
+			return s.(*memory.Store).Transact(ctx, fn)
+		},
+	}, chaosConfig())
+	verify(t, rep)
+}
+
+// migrated migrates a store on fresh tables and drops them at cleanup.
+func migrated(t *testing.T, s *sqlstore.Store, err error) *sqlstore.Store {
+	t.Helper()
+	require.NoError(t, err)
+	require.NoError(t, s.Migrate(context.Background()))
+	t.Cleanup(func() { _ = s.DropTables(context.Background()) })
+	return s
+}
+
+func TestChaosPostgresPgx(t *testing.T) {
+	pool := postgresPool(t, 32)
+	rep := chaos.Run(t, outboxtest.StoreHarness{
+		New: func(t *testing.T, bucketCount int) outbox.RelayStore {
+			s, err := sqlstore.NewPgx(pool, sqlstore.Config{Table: uniqueTable("chaos"), BucketCount: bucketCount})
+			return migrated(t, s, err)
+		},
+		Transact: func(ctx context.Context, s outbox.RelayStore, fn func(ctx context.Context) error) error {
+			return s.(*sqlstore.Store).TransactPgx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+				// The application's own write, in the same transaction.
+				if _, err := tx.Exec(ctx, "select 1"); err != nil {
+					return err
+				}
+				return fn(ctx)
+			})
+		},
+	}, chaosConfig())
+	verify(t, rep)
+}
+
+func sqlHarness(db func(t *testing.T) *sql.DB, dialect sqlstore.Dialect) outboxtest.StoreHarness {
+	return outboxtest.StoreHarness{
+		New: func(t *testing.T, bucketCount int) outbox.RelayStore {
+			s, err := sqlstore.NewDB(db(t), dialect, sqlstore.Config{Table: uniqueTable("chaos"), BucketCount: bucketCount})
+			return migrated(t, s, err)
+		},
+		Transact: func(ctx context.Context, s outbox.RelayStore, fn func(ctx context.Context) error) error {
+			return s.(*sqlstore.Store).Transact(ctx, nil, func(ctx context.Context, tx *sql.Tx) error {
+				if _, err := tx.ExecContext(ctx, "select 1"); err != nil {
+					return err
+				}
+				return fn(ctx)
+			})
+		},
+	}
+}
+
+func TestChaosMariaDB(t *testing.T) {
+	verify(t, chaos.Run(t, sqlHarness(func(t *testing.T) *sql.DB { return mysqlDB(t) }, sqlstore.MySQL), chaosConfig()))
+}
+
+func TestChaosSQLite(t *testing.T) {
+	verify(t, chaos.Run(t, sqlHarness(func(t *testing.T) *sql.DB { return sqliteDB(t) }, sqlstore.SQLite), chaosConfig()))
+}
