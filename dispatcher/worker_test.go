@@ -330,3 +330,57 @@ func TestClosedStoreStopsTheWorker(t *testing.T) {
 	require.ErrorIs(t, d.Err(), outbox.ErrClosed)
 	require.NoError(t, d.Stop(context.Background()), "Stop after the worker stopped on its own is a no-op")
 }
+
+// A fleet of workers with faults and a rolling restart loses nothing and keeps every
+// key's first deliveries in commit order.
+func TestFleetUnderFaultsKeepsOrderAndLosesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := newStore(t, 8)
+	rec := outboxtest.NewRecorder()
+	ft, err := outboxtest.NewFaultTransport(rec, outboxtest.Faults{
+		MessageErrorRate: 0.2,
+		BatchErrorRate:   0.05,
+		Latency:          100 * time.Microsecond,
+		Jitter:           time.Millisecond,
+		Seed:             42,
+	})
+	require.NoError(t, err)
+	cfg := func(id string) Config {
+		c := workerConfig(id)
+		c.MaxAttempts = 1000
+		c.BatchSize = 16
+		return c
+	}
+	workers := []*Dispatcher{
+		newDispatcher(t, store, ft, cfg("w1")),
+		newDispatcher(t, store, ft, cfg("w2")),
+		newDispatcher(t, store, ft, cfg("w3")),
+	}
+	for _, w := range workers {
+		require.NoError(t, w.Start(ctx))
+	}
+	total := 0
+	for round := range 10 {
+		for k := range 20 {
+			enqueue(t, store, []byte{byte(k)}, 3)
+			total += 3
+		}
+		enqueue(t, store, nil, 10)
+		total += 10
+		if round == 4 {
+			// Rolling restart of one relay.
+			require.NoError(t, workers[0].Stop(ctx))
+			workers[0] = newDispatcher(t, store, ft, cfg("w1-restarted"))
+			require.NoError(t, workers[0].Start(ctx))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	waitFor(t, "every message", func() bool { return rec.Unique() == total })
+	for _, w := range workers {
+		require.NoError(t, w.Stop(ctx))
+	}
+	require.Positive(t, ft.Injected(), "faults were injected")
+	requireKeyOrder(t, rec)
+	require.Zero(t, pending(t, store))
+}
