@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"time"
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/dispatcher"
@@ -62,7 +63,9 @@ func ExampleDispatcher_Start() {
 	}
 	env, _ := outbox.NewEnvelope(outbox.Message{Topic: "orders", Key: []byte("order-1"), Payload: []byte("placed")}, store.BucketCount())
 	_ = store.Enqueue(ctx, env)
-	_ = broker.WaitFor(ctx, 1) // the commit wakes the worker up
+	waitCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_ = broker.WaitFor(waitCtx, 1) // the commit wakes the worker up
 
 	fmt.Println("stop:", d.Stop(ctx))
 	fmt.Println("delivered:", broker.Len())

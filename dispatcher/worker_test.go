@@ -83,7 +83,11 @@ func TestWorkerWakesUpOnCommit(t *testing.T) {
 	store := newStore(t, 8)
 	rec := outboxtest.NewRecorder()
 	cfg := workerConfig("w")
-	cfg.PollInterval = time.Hour // only a wake-up can deliver in time
+	// Neither a poll nor a coordination round comes within the test: only a wake-up
+	// can deliver in time.
+	cfg.PollInterval = time.Hour
+	cfg.LeaseRenewInterval = time.Minute
+	cfg.LeaseDuration = 3 * time.Minute
 	d := newDispatcher(t, store, rec, cfg)
 	require.NoError(t, d.Start(ctx))
 	defer func() { require.NoError(t, d.Stop(ctx)) }()
