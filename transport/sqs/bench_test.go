@@ -19,7 +19,7 @@ import (
 )
 
 // rawPublish is what a hand-written relay would do with the SDK: the same
-// SendMessageBatch requests of ten, the same base64 bodies and attributes,
+// SendMessageBatch requests of ten, byte for byte the same bodies and attributes,
 // the same number of requests in flight, no outbox bookkeeping.
 func rawPublish(ctx context.Context, client *sqs.Client, url string, batch []*outbox.Envelope, concurrency int) error {
 	var (
@@ -39,6 +39,7 @@ func rawPublish(ctx context.Context, client *sqs.Client, url string, batch []*ou
 					outbox.HeaderMessageID:      {DataType: aws.String("String"), StringValue: aws.String(env.ID.String())},
 					sqstransport.AttrKey:        {DataType: aws.String("String"), StringValue: aws.String(string(env.Key))},
 					outbox.HeaderIdempotencyKey: {DataType: aws.String("String"), StringValue: aws.String("k")},
+					sqstransport.AttrLayout:     {DataType: aws.String("String"), StringValue: aws.String("body=base64")},
 				},
 			}
 		}
