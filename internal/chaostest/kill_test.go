@@ -1,0 +1,375 @@
+package chaostest
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/middleware"
+	sqlstore "github.com/outboxkit/outbox/store/sql"
+	"github.com/outboxkit/outbox/transport/kafka"
+)
+
+const (
+	killTopic   = "orders"
+	killBuckets = 8
+	killLease   = 2 * time.Second
+	killRenew   = 500 * time.Millisecond
+)
+
+// relayProc is one relay process and what it printed.
+type relayProc struct {
+	id     string
+	cmd    *exec.Cmd
+	stderr bytes.Buffer
+	exited chan struct{}
+	err    error // the process's exit status, once exited is closed
+
+	mu        sync.Mutex
+	ready     bool
+	owned     []int
+	published int64
+	// history holds every ownership report, with the time the test read it.
+	history []ownership
+}
+
+type ownership struct {
+	at    time.Time
+	owned []int
+}
+
+func (p *relayProc) snapshot() (ready bool, owned []int, published int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.ready, slices.Clone(p.owned), p.published
+}
+
+// firstOwned is when the relay first reported owning bucket at or after since.
+func (p *relayProc) firstOwned(bucket int, since time.Time) (time.Time, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, h := range p.history {
+		if !h.at.Before(since) && slices.Contains(h.owned, bucket) {
+			return h.at, true
+		}
+	}
+	return time.Time{}, false
+}
+
+func (p *relayProc) read(t *testing.T, out *bufio.Scanner) {
+	for out.Scan() {
+		f := strings.Fields(out.Text())
+		now := time.Now()
+		p.mu.Lock()
+		switch {
+		case len(f) == 2 && f[0] == "ready":
+			p.ready = true
+		case len(f) >= 3 && f[0] == "owned":
+			p.published, _ = strconv.ParseInt(f[2], 10, 64)
+			p.owned = nil
+			if len(f) == 4 {
+				for _, s := range strings.Split(f[3], ",") {
+					b, err := strconv.Atoi(s)
+					if err == nil {
+						p.owned = append(p.owned, b)
+					}
+				}
+			}
+			p.history = append(p.history, ownership{at: now, owned: slices.Clone(p.owned)})
+		}
+		p.mu.Unlock()
+	}
+}
+
+// buildRelay compiles ./relay into a temporary directory.
+func buildRelay(t *testing.T) string {
+	t.Helper()
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skipf("no go toolchain to build the relay binary: %v", err)
+	}
+	bin := filepath.Join(t.TempDir(), "relay")
+	out, err := exec.Command(goBin, "build", "-o", bin, "./relay").CombinedOutput()
+	require.NoError(t, err, "go build ./relay: %s", out)
+	return bin
+}
+
+func startRelay(t *testing.T, bin, id string, args ...string) *relayProc {
+	t.Helper()
+	p := &relayProc{id: id, exited: make(chan struct{})}
+	p.cmd = exec.Command(bin, append([]string{"-id", id}, args...)...)
+	p.cmd.Stderr = &p.stderr
+	stdout, err := p.cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, p.cmd.Start())
+	go func() {
+		p.read(t, bufio.NewScanner(stdout))
+		p.err = p.cmd.Wait()
+		close(p.exited)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.exited:
+		default:
+			_ = p.cmd.Process.Kill()
+			<-p.exited
+		}
+		if t.Failed() {
+			t.Logf("relay %s stderr:\n%s", id, p.stderr.String())
+		}
+	})
+	return p
+}
+
+// TestKilledRelayProcessLosesNothing runs three relay processes against PostgreSQL
+// and a Kafka cluster, SIGKILLs one while it publishes, and checks that its buckets
+// move to the survivors only after its lease lapsed, and that every committed message
+// reaches Kafka, first deliveries of each key in commit order.
+func TestKilledRelayProcessLosesNothing(t *testing.T) {
+	ctx := context.Background()
+	pool := postgresPool(t, 8)
+	table := uniqueTable("kill")
+	store, err := sqlstore.NewPgx(pool, sqlstore.Config{Table: table, BucketCount: killBuckets})
+	require.NoError(t, err)
+	require.NoError(t, store.Migrate(ctx))
+	t.Cleanup(func() {
+		_ = store.Close()
+		_ = store.DropTables(context.Background())
+	})
+
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(killBuckets, killTopic))
+	require.NoError(t, err)
+	t.Cleanup(cluster.Close)
+	for _, addr := range cluster.ListenAddrs() {
+		require.True(t, strings.HasPrefix(addr, "127.0.0.1:"), "the cluster must listen on loopback, got %s", addr)
+	}
+
+	bin := buildRelay(t)
+	args := []string{
+		"-postgres", postgresURL(), "-table", table, "-brokers", strings.Join(cluster.ListenAddrs(), ","),
+		"-buckets", strconv.Itoa(killBuckets), "-lease", killLease.String(), "-renew", killRenew.String(),
+		"-publish-delay", "15ms", "-batch", "20",
+	}
+	relays := []*relayProc{
+		startRelay(t, bin, "relay-a", args...),
+		startRelay(t, bin, "relay-b", args...),
+		startRelay(t, bin, "relay-c", args...),
+	}
+
+	// Wait for the fleet to settle: every bucket owned, by exactly one relay.
+	require.Eventually(t, func() bool {
+		seen := map[int]int{}
+		for _, p := range relays {
+			ready, owned, _ := p.snapshot()
+			if !ready || len(owned) == 0 {
+				return false
+			}
+			for _, b := range owned {
+				seen[b]++
+			}
+		}
+		if len(seen) != killBuckets {
+			return false
+		}
+		for _, n := range seen {
+			if n != 1 {
+				return false
+			}
+		}
+		return true
+	}, 20*time.Second, 20*time.Millisecond, "the three relays never split the buckets")
+
+	// One writer commits units of work (a tenth rolled back) for a few seconds.
+	type unit struct{ key, seq int }
+	var (
+		wmu        sync.Mutex
+		committed  = map[unit]bool{}
+		rolledBack = map[unit]bool{}
+		writeErr   error
+	)
+	ob, err := middleware.NewOutbox(store, middleware.Config{Mode: outbox.Transactional})
+	require.NoError(t, err)
+	writeCtx, stopWriting := context.WithCancel(ctx)
+	defer stopWriting()
+	writerDone := make(chan struct{})
+	go func() {
+		defer close(writerDone)
+		rng := rand.New(rand.NewPCG(7, 7))
+		seq := map[int]int{}
+		for writeCtx.Err() == nil {
+			var msgs []unit
+			for range 20 {
+				k := rng.IntN(32)
+				seq[k]++
+				msgs = append(msgs, unit{k, seq[k]})
+			}
+			rollback := rng.IntN(10) == 0
+			uctx, scope := outbox.NewScope(ctx)
+			err := store.TransactPgx(uctx, func(ctx context.Context, tx pgx.Tx) error {
+				for _, m := range msgs {
+					err := ob.Send(ctx, outbox.Message{Topic: killTopic, Key: fmt.Appendf(nil, "key-%d", m.key), Payload: fmt.Appendf(nil, "%d:%d", m.key, m.seq)})
+					if err != nil {
+						return err
+					}
+				}
+				if rollback {
+					return errRolledBack
+				}
+				return nil
+			})
+			scope.Release()
+			wmu.Lock()
+			for _, m := range msgs {
+				switch {
+				case err == nil:
+					committed[m] = true
+				case errors.Is(err, errRolledBack):
+					rolledBack[m] = true
+				default:
+					writeErr = err
+				}
+			}
+			wmu.Unlock()
+			if err != nil && !errors.Is(err, errRolledBack) {
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+
+	// Kill the relay that owns bucket 0 once it is publishing.
+	time.Sleep(1500 * time.Millisecond)
+	var victim *relayProc
+	for _, p := range relays {
+		if _, owned, _ := p.snapshot(); slices.Contains(owned, 0) {
+			victim = p
+		}
+	}
+	require.NotNil(t, victim)
+	_, victimBuckets, published := victim.snapshot()
+	require.Positive(t, published, "the victim must have been publishing before the kill")
+	require.NoError(t, victim.cmd.Process.Signal(syscall.SIGKILL))
+	killedAt := time.Now()
+	<-victim.exited
+	t.Logf("killed %s owning buckets %v after it published %d messages", victim.id, victimBuckets, published)
+
+	// Every bucket of the victim moves to a survivor, and not before its lease lapsed:
+	// the victim renewed at most one renew interval before the kill.
+	var survivors []*relayProc
+	for _, p := range relays {
+		if p != victim {
+			survivors = append(survivors, p)
+		}
+	}
+	moved := map[int]time.Time{}
+	require.Eventually(t, func() bool {
+		for _, b := range victimBuckets {
+			for _, s := range survivors {
+				if at, ok := s.firstOwned(b, killedAt); ok {
+					if prev, seen := moved[b]; !seen || at.Before(prev) {
+						moved[b] = at
+					}
+				}
+			}
+		}
+		return len(moved) == len(victimBuckets)
+	}, killLease+5*time.Second, 20*time.Millisecond, "the victim's buckets never moved to a survivor")
+	for b, at := range moved {
+		after := at.Sub(killedAt)
+		t.Logf("bucket %d moved %s after the kill", b, after.Round(time.Millisecond))
+		require.GreaterOrEqual(t, after, killLease-killRenew, "bucket %d moved before the victim's lease could have lapsed", b)
+	}
+
+	time.Sleep(time.Second) // the survivors carry the load for a while
+	stopWriting()
+	<-writerDone
+	require.NoError(t, writeErr)
+	require.NotEmpty(t, rolledBack)
+
+	// Read everything back from Kafka.
+	consumer, err := kgo.NewClient(
+		kgo.SeedBrokers(cluster.ListenAddrs()...),
+		kgo.ConsumeTopics(killTopic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchMaxWait(100*time.Millisecond),
+	)
+	require.NoError(t, err)
+	defer consumer.Close()
+	delivered := map[unit]int{}
+	lastFirst := map[int]int{}
+	deliveries, duplicates, outOfOrder := 0, 0, 0
+	readCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for len(delivered) < len(committed) && readCtx.Err() == nil {
+		fetches := consumer.PollFetches(readCtx)
+		fetches.EachRecord(func(rec *kgo.Record) {
+			d, err := kafka.Decode(rec)
+			require.NoError(t, err)
+			var m unit
+			_, err = fmt.Sscanf(string(d.Payload), "%d:%d", &m.key, &m.seq)
+			require.NoError(t, err)
+			deliveries++
+			if delivered[m]++; delivered[m] > 1 {
+				duplicates++
+				return
+			}
+			require.False(t, rolledBack[m], "rolled back message %v was delivered", m)
+			require.True(t, committed[m], "message %v was never committed", m)
+			if m.seq <= lastFirst[m.key] {
+				outOfOrder++
+			}
+			lastFirst[m.key] = m.seq
+		})
+	}
+	missing := 0
+	for m := range committed {
+		if delivered[m] == 0 {
+			missing++
+		}
+	}
+	t.Logf("committed %d, rolled back %d, deliveries %d, duplicates %d, missing %d, out of order %d",
+		len(committed), len(rolledBack), deliveries, duplicates, missing, outOfOrder)
+	require.Zero(t, missing, "committed messages missing from Kafka")
+	require.Zero(t, outOfOrder, "first deliveries out of commit order")
+
+	// The store empties (the survivors complete what Kafka acknowledged), and the
+	// survivors stop gracefully.
+	require.Eventually(t, func() bool {
+		for b := range killBuckets {
+			envs, err := store.Fetch(ctx, b, 10)
+			if err != nil || len(envs) > 0 {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 20*time.Millisecond, "the store still holds messages after they reached Kafka")
+	for _, s := range survivors {
+		require.NoError(t, s.cmd.Process.Signal(syscall.SIGTERM))
+		select {
+		case <-s.exited:
+			require.NoError(t, s.err, "relay %s: %s", s.id, s.stderr.String())
+		case <-time.After(15 * time.Second):
+			t.Fatalf("relay %s did not stop after SIGTERM", s.id)
+		}
+	}
+}
+
+var errRolledBack = errors.New("rolled back on purpose")

@@ -1,0 +1,127 @@
+// Command relay is one outbox relay process for the process-kill test: a dispatcher
+// on a PostgreSQL store publishing to Kafka. It prints the buckets it owns whenever
+// they change (and every few hundred milliseconds), and how many messages it has
+// published, so the test can follow its leases from outside. SIGTERM or SIGINT stop
+// it gracefully; SIGKILL is the point of the test.
+//
+// Output lines:
+//
+//	ready <relay-id>
+//	owned <relay-id> <published> <bucket,bucket,...>
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/dispatcher"
+	sqlstore "github.com/outboxkit/outbox/store/sql"
+	"github.com/outboxkit/outbox/transport/kafka"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "relay:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var (
+		pgURL        = flag.String("postgres", "", "PostgreSQL URL")
+		table        = flag.String("table", sqlstore.DefaultTable, "outbox table")
+		brokers      = flag.String("brokers", "", "comma-separated Kafka seed brokers")
+		id           = flag.String("id", "", "relay id")
+		buckets      = flag.Int("buckets", outbox.DefaultBucketCount, "bucket count")
+		batch        = flag.Int("batch", 20, "batch size")
+		lease        = flag.Duration("lease", 2*time.Second, "lease duration")
+		renew        = flag.Duration("renew", 500*time.Millisecond, "lease renew interval")
+		poll         = flag.Duration("poll", 20*time.Millisecond, "poll interval")
+		publishDelay = flag.Duration("publish-delay", 0, "extra time every publish takes, so a kill lands mid-publish")
+	)
+	flag.Parse()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	pool, err := pgxpool.New(ctx, *pgURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	store, err := sqlstore.NewPgx(pool, sqlstore.Config{Table: *table, BucketCount: *buckets, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = store.Close() }()
+
+	client, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(*brokers, ",")...), kgo.ProducerLinger(0))
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	tr, err := kafka.New(client, kafka.Config{AckTimeout: time.Second})
+	if err != nil {
+		return err
+	}
+	counted := &countingTransport{next: tr, delay: *publishDelay}
+
+	d, err := dispatcher.New(store, counted, dispatcher.Config{
+		RelayID:            *id,
+		BucketCount:        *buckets,
+		BatchSize:          *batch,
+		PollInterval:       *poll,
+		LeaseDuration:      *lease,
+		LeaseRenewInterval: *renew,
+		BackoffBase:        10 * time.Millisecond,
+		BackoffMax:         200 * time.Millisecond,
+		MaxAttempts:        1_000_000,
+		Logger:             log,
+	})
+	if err != nil {
+		return err
+	}
+	if err := d.Start(context.WithoutCancel(ctx)); err != nil {
+		return err
+	}
+	fmt.Println("ready", d.RelayID())
+
+	var last []int
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	reported := time.Time{}
+	for {
+		select {
+		case <-ctx.Done():
+			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			return d.Stop(sctx)
+		case <-d.Stopped():
+			return fmt.Errorf("dispatcher stopped on its own: %w", d.Err())
+		case <-tick.C:
+			owned := d.Owned()
+			if !slices.Equal(owned, last) || time.Since(reported) > 300*time.Millisecond {
+				parts := make([]string, len(owned))
+				for i, b := range owned {
+					parts[i] = strconv.Itoa(b)
+				}
+				fmt.Printf("owned %s %d %s\n", d.RelayID(), counted.published.Load(), strings.Join(parts, ","))
+				last, reported = owned, time.Now()
+			}
+		}
+	}
+}
