@@ -1,0 +1,279 @@
+package chaostest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"runtime/metrics"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/dispatcher"
+	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/store/memory"
+)
+
+// errStoreDown is what faultyStore returns while it is down.
+var errStoreDown = errors.New("store unreachable")
+
+// faultyStore wraps a real store, counts the calls a relay makes, and fails every
+// one of them while it is down. It exposes only outbox.RelayStore, so the
+// dispatcher polls instead of waiting for wake-ups.
+type faultyStore struct {
+	outbox.RelayStore
+	down  atomic.Bool
+	calls atomic.Int64
+}
+
+func (f *faultyStore) enter() error {
+	f.calls.Add(1)
+	if f.down.Load() {
+		return errStoreDown
+	}
+	return nil
+}
+
+func (f *faultyStore) Fetch(ctx context.Context, bucket, limit int) ([]*outbox.Envelope, error) {
+	if err := f.enter(); err != nil {
+		return nil, err
+	}
+	return f.RelayStore.Fetch(ctx, bucket, limit)
+}
+
+func (f *faultyStore) Complete(ctx context.Context, envs []*outbox.Envelope) error {
+	if err := f.enter(); err != nil {
+		return err
+	}
+	return f.RelayStore.Complete(ctx, envs)
+}
+
+func (f *faultyStore) Reschedule(ctx context.Context, env *outbox.Envelope, next time.Time, cause string) error {
+	if err := f.enter(); err != nil {
+		return err
+	}
+	return f.RelayStore.Reschedule(ctx, env, next, cause)
+}
+
+func (f *faultyStore) Park(ctx context.Context, env *outbox.Envelope, cause string) error {
+	if err := f.enter(); err != nil {
+		return err
+	}
+	return f.RelayStore.Park(ctx, env, cause)
+}
+
+func (f *faultyStore) ReadCoordination(ctx context.Context) (outbox.Coordination, error) {
+	if err := f.enter(); err != nil {
+		return outbox.Coordination{}, err
+	}
+	return f.RelayStore.ReadCoordination(ctx)
+}
+
+func (f *faultyStore) Heartbeat(ctx context.Context, relay string, at time.Time) (bool, error) {
+	if err := f.enter(); err != nil {
+		return false, err
+	}
+	return f.RelayStore.Heartbeat(ctx, relay, at)
+}
+
+func (f *faultyStore) Claim(ctx context.Context, bucket int, owner string, now, expiresAt time.Time) (bool, error) {
+	if err := f.enter(); err != nil {
+		return false, err
+	}
+	return f.RelayStore.Claim(ctx, bucket, owner, now, expiresAt)
+}
+
+func (f *faultyStore) Renew(ctx context.Context, held outbox.Lease, now, expiresAt time.Time) (bool, error) {
+	if err := f.enter(); err != nil {
+		return false, err
+	}
+	return f.RelayStore.Renew(ctx, held, now, expiresAt)
+}
+
+func (f *faultyStore) Release(ctx context.Context, held outbox.Lease) (bool, error) {
+	if err := f.enter(); err != nil {
+		return false, err
+	}
+	return f.RelayStore.Release(ctx, held)
+}
+
+func (f *faultyStore) StopRelay(ctx context.Context, relay string, at time.Time) error {
+	if err := f.enter(); err != nil {
+		return err
+	}
+	return f.RelayStore.StopRelay(ctx, relay, at)
+}
+
+func (f *faultyStore) DeleteRelay(ctx context.Context, relay string, lastSeen time.Time) (bool, error) {
+	if err := f.enter(); err != nil {
+		return false, err
+	}
+	return f.RelayStore.DeleteRelay(ctx, relay, lastSeen)
+}
+
+func enqueueN(t testing.TB, s outbox.Store, n, from int) {
+	t.Helper()
+	envs := make([]*outbox.Envelope, 0, 1000)
+	flush := func() {
+		require.NoError(t, s.Enqueue(context.Background(), envs...))
+		envs = envs[:0]
+	}
+	for i := range n {
+		env, err := outbox.NewEnvelope(outbox.Message{
+			Topic:   "t",
+			Key:     fmt.Appendf(nil, "k%d", (from+i)%97),
+			Payload: fmt.Appendf(nil, "payload-%08d", from+i),
+		}, s.BucketCount())
+		require.NoError(t, err)
+		if envs = append(envs, env); len(envs) == cap(envs) {
+			flush()
+		}
+	}
+	if len(envs) > 0 {
+		flush()
+	}
+}
+
+// TestStoreOutageBacksOffAndRecovers takes the store away from a running worker: the
+// worker must back off (a bounded number of store calls, not a tight loop) and pick
+// up the backlog by itself once the store is back.
+func TestStoreOutageBacksOffAndRecovers(t *testing.T) {
+	inner, err := memory.New(memory.Config{BucketCount: 4})
+	require.NoError(t, err)
+	store := &faultyStore{RelayStore: inner}
+	rec := outboxtest.NewRecorder()
+	const renew = 200 * time.Millisecond
+	d, err := dispatcher.New(store, rec, dispatcher.Config{
+		BucketCount: 4, PollInterval: 5 * time.Millisecond,
+		LeaseDuration: 3 * renew, LeaseRenewInterval: renew,
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	require.NoError(t, err)
+	ctx := context.Background()
+	require.NoError(t, d.Start(ctx))
+	t.Cleanup(func() { _ = d.Stop(context.Background()) })
+
+	enqueueN(t, inner, 100, 0)
+	wait, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	require.NoError(t, rec.WaitFor(wait, 100))
+
+	// The store goes away for two seconds, while new messages wait in it.
+	store.down.Store(true)
+	before := store.calls.Load()
+	enqueueN(t, inner, 100, 100)
+	const outage = 2 * time.Second
+	time.Sleep(outage)
+	during := store.calls.Load() - before
+	t.Logf("%d store calls during a %s outage", during, outage)
+	require.Positive(t, during, "the worker must keep trying")
+	// Backing off from 50 ms to the renew interval makes about outage/renew attempts
+	// of a few calls each; a tight loop with a 5 ms poll would make hundreds.
+	require.Less(t, during, int64(4*outage/renew), "the worker must back off during a store outage")
+	require.Equal(t, 100, rec.Len(), "nothing can be published while the store is down")
+
+	store.down.Store(false)
+	wait2, cancel2 := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel2()
+	require.NoError(t, rec.WaitFor(wait2, 200), "the worker must recover on its own")
+	require.NoError(t, d.Err())
+	require.Equal(t, 200, rec.Unique())
+}
+
+// BenchmarkDrainBacklog100k drains a backlog of 100,000 messages from the memory store
+// into a count-only Recorder, and reports the heap it takes on top of the backlog
+// (peak-heap-over-backlog-MB, sampled every millisecond), the bytes allocated per
+// message, and the throughput.
+func BenchmarkDrainBacklog100k(b *testing.B) {
+	const n = 100_000
+	for _, batch := range []int{100, 500} {
+		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
+			var peakOver, allocPerMsg, msgsPerSec float64
+			for range b.N {
+				b.StopTimer()
+				store, err := memory.New(memory.Config{BucketCount: 8})
+				require.NoError(b, err)
+				enqueueN(b, store, n, 0)
+				rec := &outboxtest.Recorder{CountOnly: true}
+				d, err := dispatcher.New(store, rec, dispatcher.Config{BucketCount: 8, BatchSize: batch, RelayID: "bench", Logger: slog.New(slog.DiscardHandler)})
+				require.NoError(b, err)
+				runtime.GC()
+				base := heapBytes()
+				var ms0 runtime.MemStats
+				runtime.ReadMemStats(&ms0)
+				peak := sampleHeap()
+				start := time.Now()
+				b.StartTimer()
+
+				res, err := d.RunOnce(context.Background())
+
+				b.StopTimer()
+				elapsed := time.Since(start)
+				top := peak()
+				var ms1 runtime.MemStats
+				runtime.ReadMemStats(&ms1)
+				require.NoError(b, err)
+				require.Equal(b, n, res.Published)
+				require.Equal(b, n, rec.Unique())
+				peakOver += float64(top-base) / (1 << 20)
+				allocPerMsg += float64(ms1.TotalAlloc-ms0.TotalAlloc) / n
+				msgsPerSec += n / elapsed.Seconds()
+				_ = store.Close()
+				b.StartTimer()
+			}
+			b.ReportMetric(peakOver/float64(b.N), "peak-heap-over-backlog-MB")
+			b.ReportMetric(allocPerMsg/float64(b.N), "alloc-B/msg")
+			b.ReportMetric(msgsPerSec/float64(b.N), "msg/s")
+		})
+	}
+}
+
+var heapSample = []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+
+func heapBytes() uint64 {
+	s := make([]metrics.Sample, 1)
+	s[0].Name = heapSample[0].Name
+	metrics.Read(s)
+	return s[0].Value.Uint64()
+}
+
+// sampleHeap samples the live heap every millisecond until the returned function is
+// called, which returns the highest sample.
+func sampleHeap() func() uint64 {
+	var (
+		mu   sync.Mutex
+		peak = heapBytes()
+		done = make(chan struct{})
+		wg   sync.WaitGroup
+	)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+				h := heapBytes()
+				mu.Lock()
+				peak = max(peak, h)
+				mu.Unlock()
+			}
+		}
+	}()
+	return func() uint64 {
+		close(done)
+		wg.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		return max(peak, heapBytes())
+	}
+}
