@@ -3,7 +3,6 @@ package dispatcher
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"testing"
 
 	"github.com/outboxkit/outbox"
@@ -19,54 +18,70 @@ import (
 func BenchmarkDrain(b *testing.B) {
 	for _, conc := range []int{1, DefaultMaxConcurrency} {
 		for _, batch := range []int{1, 100, 500} {
-			benchDrain(b, batch, conc)
+			b.Run(fmt.Sprintf("batch=%d/concurrency=%d", batch, conc), func(b *testing.B) {
+				benchDrain(b, Config{BatchSize: batch, MaxConcurrency: conc}, 0)
+			})
 		}
 	}
 }
 
-func benchDrain(b *testing.B, batch, conc int) {
-	{
-		b.Run("batch="+strconv.Itoa(batch)+"/concurrency="+strconv.Itoa(conc), func(b *testing.B) {
-			ctx := context.Background()
-			store, err := memory.New(memory.Config{})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer store.Close()
-			envs := make([]*outbox.Envelope, 0, 1000)
-			for i := range b.N {
-				env, err := outbox.NewEnvelope(outbox.Message{
-					Topic:   "bench",
-					Key:     fmt.Appendf(nil, "key-%d", i),
-					Payload: make([]byte, 256),
-				}, store.BucketCount())
-				if err != nil {
-					b.Fatal(err)
-				}
-				envs = append(envs, env)
-				if len(envs) == cap(envs) || i == b.N-1 {
-					if err := store.Enqueue(ctx, envs...); err != nil {
-						b.Fatal(err)
-					}
-					envs = envs[:0]
-				}
-			}
-			rec := outboxtest.NewRecorder()
-			d, err := New(store, rec, Config{RelayID: "bench", BatchSize: batch, MaxConcurrency: conc, Logger: quietLogger()})
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.ReportAllocs()
-			b.ResetTimer()
-			res, err := d.RunOnce(ctx)
-			b.StopTimer()
-			if err != nil {
-				b.Fatal(err)
-			}
-			if res.Published != b.N {
-				b.Fatalf("published %d of %d", res.Published, b.N)
-			}
-			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+// BenchmarkDrainHotKey drains a backlog spread over only 8 keys (one per bucket), the
+// case where the default of one envelope per key per Publish call costs a round trip
+// per envelope, and SameKeyBatches wins it back.
+func BenchmarkDrainHotKey(b *testing.B) {
+	for _, same := range []bool{false, true} {
+		b.Run(fmt.Sprintf("batch=100/SameKeyBatches=%t", same), func(b *testing.B) {
+			benchDrain(b, Config{BatchSize: 100, SameKeyBatches: same}, 8)
 		})
 	}
+}
+
+// benchDrain enqueues b.N messages (keys distinct when keys is 0, else keys of them)
+// and times one RunOnce that drains them all.
+func benchDrain(b *testing.B, cfg Config, keys int) {
+	ctx := context.Background()
+	store, err := memory.New(memory.Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer store.Close()
+	envs := make([]*outbox.Envelope, 0, 1000)
+	for i := range b.N {
+		k := i
+		if keys > 0 {
+			k = i % keys
+		}
+		env, err := outbox.NewEnvelope(outbox.Message{
+			Topic:   "bench",
+			Key:     fmt.Appendf(nil, "key-%d", k),
+			Payload: make([]byte, 256),
+		}, store.BucketCount())
+		if err != nil {
+			b.Fatal(err)
+		}
+		envs = append(envs, env)
+		if len(envs) == cap(envs) || i == b.N-1 {
+			if err := store.Enqueue(ctx, envs...); err != nil {
+				b.Fatal(err)
+			}
+			envs = envs[:0]
+		}
+	}
+	cfg.RelayID = "bench"
+	cfg.Logger = quietLogger()
+	d, err := New(store, outboxtest.NewRecorder(), cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	res, err := d.RunOnce(ctx)
+	b.StopTimer()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if res.Published != b.N {
+		b.Fatalf("published %d of %d", res.Published, b.N)
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
 }

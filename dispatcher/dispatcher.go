@@ -498,31 +498,30 @@ func (d *Dispatcher) drainOnce(ctx context.Context, b int, upTo int64) (pass, er
 		due = append(due, e)
 	}
 
-	// Publish in waves: each wave carries at most one envelope per key, so a failure
-	// can still hold back that key's later envelopes. Keys that are all distinct (the
-	// usual case) make one wave.
-	for len(due) > 0 {
-		var wave, rest []*outbox.Envelope
-		if d.cfg.Unordered || d.cfg.SameKeyBatches {
-			wave = due
-		} else {
-			inWave := make(map[string]bool)
-			for _, e := range due {
-				if e.Key == nil {
-					wave = append(wave, e)
-					continue
-				}
-				k := string(e.Key)
-				if blocked[k] {
-					continue
-				}
-				if inWave[k] {
-					rest = append(rest, e)
-					continue
-				}
-				inWave[k] = true
-				wave = append(wave, e)
+	// Publish in waves: the n-th due envelope of a key goes in wave n, so a call
+	// carries at most one envelope per key and a failure can still hold back that
+	// key's later envelopes. Keys that are all distinct (the usual case) make one wave.
+	var waves [][]*outbox.Envelope
+	if d.cfg.Unordered || d.cfg.SameKeyBatches {
+		waves = [][]*outbox.Envelope{due}
+	} else {
+		seen := make(map[string]int)
+		for _, e := range due {
+			w := 0
+			if e.Key != nil {
+				w = seen[string(e.Key)]
+				seen[string(e.Key)] = w + 1
 			}
+			if w == len(waves) {
+				waves = append(waves, nil)
+			}
+			waves[w] = append(waves[w], e)
+		}
+	}
+	for i, wave := range waves {
+		if i > 0 {
+			// Drop envelopes whose key failed in an earlier wave.
+			wave = slices.DeleteFunc(wave, func(e *outbox.Envelope) bool { return blocked[string(e.Key)] })
 		}
 		if len(wave) == 0 {
 			break
@@ -540,7 +539,6 @@ func (d *Dispatcher) drainOnce(ctx context.Context, b int, upTo int64) (pass, er
 				blocked[k] = true
 			}
 		}
-		due = rest
 	}
 	progressed := p.Published+p.Retried+p.Parked > 0
 	p.more = fetched == d.cfg.BatchSize && progressed
