@@ -45,13 +45,13 @@ func newStatements(d Dialect, c Config) statements {
 	s.fetch = "SELECT " + selectColumns + " FROM " + m + " WHERE status = 0 AND bucket = ? ORDER BY seq LIMIT ?"
 	s.find = "SELECT " + selectColumns + " FROM " + m + " WHERE id = ? ORDER BY seq LIMIT 1"
 	s.list = "SELECT " + selectColumns + " FROM " + m + " WHERE status = ? AND (bucket > ? OR (bucket = ? AND seq > ?)) ORDER BY bucket, seq LIMIT ?"
-	s.reschedule = "UPDATE " + m + " SET attempts = attempts + 1, next_attempt_at = ?, last_error = ? WHERE seq = ?"
-	s.park = "UPDATE " + m + " SET attempts = attempts + 1, status = 1, dispatched_at = 0, last_error = ? WHERE seq = ?"
+	s.reschedule = "UPDATE " + m + " SET attempts = attempts + 1, next_attempt_at = ?, last_error = ? WHERE id = ?"
+	s.park = "UPDATE " + m + " SET attempts = attempts + 1, status = 1, dispatched_at = 0, last_error = ? WHERE id = ?"
 	if d == MySQL {
 		// MySQL refuses LIMIT inside IN (subquery) but takes it on a single-table DELETE.
 		s.deleteDispatched = "DELETE FROM " + m + " WHERE status = 2 AND dispatched_at < ? ORDER BY seq LIMIT ?"
 	} else {
-		s.deleteDispatched = "DELETE FROM " + m + " WHERE seq IN (SELECT seq FROM " + m + " WHERE status = 2 AND dispatched_at < ? ORDER BY seq LIMIT ?)"
+		s.deleteDispatched = "DELETE FROM " + m + " WHERE id IN (SELECT id FROM " + m + " WHERE status = 2 AND dispatched_at < ? LIMIT ?)"
 	}
 	s.statsPending = "SELECT COUNT(*) FROM (SELECT 1 AS one FROM " + m + " WHERE status = 0 AND bucket = ? LIMIT ?) capped"
 	s.statsHead = "SELECT created_at FROM " + m + " WHERE status = 0 AND bucket = ? ORDER BY seq LIMIT 1"

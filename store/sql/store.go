@@ -414,7 +414,7 @@ func (s *Store) Complete(ctx context.Context, envs []*outbox.Envelope) error {
 	if len(envs) == 0 {
 		return nil
 	}
-	return s.wrap(ctx, "complete", s.bySeq(ctx, "DELETE FROM "+s.cfg.Table+" WHERE", nil, envs))
+	return s.wrap(ctx, "complete", s.byEnvelopeID(ctx, "DELETE FROM "+s.cfg.Table+" WHERE", nil, envs))
 }
 
 // MarkDispatched implements [outbox.Retainer]: one UPDATE per batch.
@@ -429,36 +429,37 @@ func (s *Store) MarkDispatched(ctx context.Context, envs []*outbox.Envelope, at 
 	if s.dialect == PostgreSQL {
 		prefix = rebind(prefix)
 	}
-	return s.wrap(ctx, "mark dispatched", s.bySeq(ctx, prefix, []any{micros(at)}, envs))
+	return s.wrap(ctx, "mark dispatched", s.byEnvelopeID(ctx, prefix, []any{micros(at)}, envs))
 }
 
-// bySeq runs "prefix seq IN (...)" (or "= ANY($n)" on pgx) for every envelope's seq.
-func (s *Store) bySeq(ctx context.Context, prefix string, lead []any, envs []*outbox.Envelope) error {
-	seqs := make([]int64, len(envs))
-	for i, env := range envs {
-		seqs[i] = env.Seq
-	}
+// byEnvelopeID runs "prefix id IN (...)" (or "= ANY($n)" on pgx) for every
+// envelope's id.
+func (s *Store) byEnvelopeID(ctx context.Context, prefix string, lead []any, envs []*outbox.Envelope) error {
 	if s.pool != nil {
+		ids := make([]string, len(envs))
+		for i, env := range envs {
+			ids[i] = env.ID.String()
+		}
 		// One statement text for every batch size: pgx prepares it once.
-		_, err := s.db.exec(ctx, prefix+fmt.Sprintf(" seq = ANY($%d)", len(lead)+1), append(lead, seqs)...)
+		_, err := s.db.exec(ctx, prefix+fmt.Sprintf(" id = ANY($%d::uuid[])", len(lead)+1), append(lead, ids)...)
 		return err
 	}
 	const chunk = 5000
-	for len(seqs) > 0 {
-		n := min(len(seqs), chunk)
+	for len(envs) > 0 {
+		n := min(len(envs), chunk)
 		var b strings.Builder
 		b.WriteString(prefix)
-		b.WriteString(" seq IN ")
+		b.WriteString(" id IN ")
 		inList(&b, s.dialect, n, len(lead))
 		args := make([]any, 0, len(lead)+n)
 		args = append(args, lead...)
-		for _, v := range seqs[:n] {
-			args = append(args, v)
+		for _, env := range envs[:n] {
+			args = append(args, idArg(s.dialect, env.ID))
 		}
 		if _, err := s.db.exec(ctx, b.String(), args...); err != nil {
 			return err
 		}
-		seqs = seqs[n:]
+		envs = envs[n:]
 	}
 	return nil
 }
@@ -482,7 +483,7 @@ func (s *Store) Reschedule(ctx context.Context, env *outbox.Envelope, next time.
 	if err := s.begin(ctx); err != nil {
 		return err
 	}
-	_, err := s.db.exec(ctx, s.stmts.reschedule, micros(next), truncateError(cause), env.Seq)
+	_, err := s.db.exec(ctx, s.stmts.reschedule, micros(next), truncateError(cause), idArg(s.dialect, env.ID))
 	return s.wrap(ctx, "reschedule", err)
 }
 
@@ -491,7 +492,7 @@ func (s *Store) Park(ctx context.Context, env *outbox.Envelope, cause string) er
 	if err := s.begin(ctx); err != nil {
 		return err
 	}
-	_, err := s.db.exec(ctx, s.stmts.park, truncateError(cause), env.Seq)
+	_, err := s.db.exec(ctx, s.stmts.park, truncateError(cause), idArg(s.dialect, env.ID))
 	return s.wrap(ctx, "park", err)
 }
 

@@ -1,6 +1,6 @@
 CREATE TABLE IF NOT EXISTS {{.Table}} (
-    seq             BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    id              UUID     NOT NULL,
+    id              UUID     NOT NULL PRIMARY KEY,
+    seq             BIGINT   NOT NULL GENERATED ALWAYS AS IDENTITY,
     bucket          INTEGER  NOT NULL,
     bucket_count    INTEGER  NOT NULL,
     topic           TEXT     NOT NULL,
@@ -17,7 +17,6 @@ CREATE TABLE IF NOT EXISTS {{.Table}} (
     dispatched_at   BIGINT   NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS {{.Index "head"}} ON {{.Table}} (status, bucket, seq);
-CREATE UNIQUE INDEX IF NOT EXISTS {{.Index "id"}} ON {{.Table}} (id);
 CREATE TABLE IF NOT EXISTS {{.LeaseTable}} (
     bucket     INTEGER      NOT NULL PRIMARY KEY,
     owner      VARCHAR(255) NOT NULL DEFAULT '',
