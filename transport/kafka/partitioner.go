@@ -7,11 +7,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// recordMeta travels on each record's Context so that the promise can find the
-// envelope a result belongs to and the partitioner can see an explicit partition.
+// recordMeta travels on the Context of a record with an explicit partition, so the
+// partitioner can see the partition and report back when it does not exist.
 type recordMeta struct {
-	index int
-	// explicit is the envelope's explicit partition, or -1.
 	explicit int32
 	// missing is set by the partitioner when the explicit partition does not exist.
 	missing atomic.Bool
@@ -88,7 +86,7 @@ type explicitTopic struct {
 // which kgo fails at once; the mark lets Publish report it as permanent.
 func explicitPick(r *kgo.Record, n int) (int, bool) {
 	m := metaOf(r)
-	if m == nil || m.explicit < 0 {
+	if m == nil {
 		return 0, false
 	}
 	if int(m.explicit) >= n {
@@ -99,7 +97,7 @@ func explicitPick(r *kgo.Record, n int) (int, bool) {
 }
 
 func (t *explicitTopic) RequiresConsistency(r *kgo.Record) bool {
-	if m := metaOf(r); m != nil && m.explicit >= 0 {
+	if metaOf(r) != nil {
 		return true
 	}
 	return t.inner.RequiresConsistency(r)
