@@ -1,0 +1,196 @@
+package dynamodb_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	ddb "github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/stretchr/testify/require"
+	"github.com/truora/minidyn/server"
+
+	"github.com/outboxkit/outbox"
+	dynamodb "github.com/outboxkit/outbox/store/dynamodb"
+)
+
+// testDB is one in-process DynamoDB API server with a counting reverse proxy in front,
+// and an SDK client that talks to the proxy.
+type testDB struct {
+	server *server.Server
+	client *ddb.Client
+	proxy  *proxy
+}
+
+// proxy counts requests per operation and ConditionalCheckFailedException responses,
+// and can lose the response of chosen requests after the server applied them.
+type proxy struct {
+	mu       sync.Mutex
+	requests map[string]int
+	refused  int
+	// loseResponses, per operation, is how many upcoming responses are replaced by an
+	// internal server error (the request itself was applied).
+	loseResponses map[string]int
+	// serial serialises requests, for tests that run table operations concurrently.
+	serial bool
+	serMu  sync.Mutex
+}
+
+var tableSeq atomic.Int64
+
+// newTestDB starts a server and proxy for one test.
+func newTestDB(t testing.TB) *testDB {
+	t.Helper()
+	srv := server.NewServer()
+	backend := httptest.NewServer(srv)
+	t.Cleanup(backend.Close)
+	target, err := url.Parse(backend.URL)
+	require.NoError(t, err)
+	p := &proxy{requests: map[string]int{}, loseResponses: map[string]int{}}
+	rp := httputil.NewSingleHostReverseProxy(target)
+	direct := rp.Director
+	rp.Director = func(r *http.Request) {
+		direct(r)
+		hideEmptyBinaries(r)
+	}
+	rp.ModifyResponse = p.inspect
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p.serialised() {
+			p.serMu.Lock()
+			defer p.serMu.Unlock()
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(front.Close)
+	client := ddb.New(ddb.Options{
+		Region:       "us-east-1",
+		BaseEndpoint: aws.String(front.URL),
+		Credentials:  credentials.NewStaticCredentialsProvider("test", "test", ""),
+	})
+	return &testDB{server: srv, client: client, proxy: p}
+}
+
+func (p *proxy) serialised() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.serial
+}
+
+// The DynamoDB API server's expression evaluator fails on any item of the table that
+// holds an empty binary attribute, which DynamoDB itself allows (the store writes one
+// for an empty key or payload). The proxy therefore swaps empty binaries for a marker
+// on the way in and back on the way out, so the server stores and returns the same
+// bytes DynamoDB would.
+var (
+	emptyBinary  = []byte(`{"B":""}`)
+	binaryMarker = []byte(`{"B":"AG1pbmlkeW4tZW1wdHktYmluYXJ5AA=="}`)
+)
+
+func hideEmptyBinaries(r *http.Request) {
+	if r.Body == nil {
+		return
+	}
+	body, err := io.ReadAll(r.Body)
+	_ = r.Body.Close()
+	if err != nil {
+		return
+	}
+	body = bytes.ReplaceAll(body, emptyBinary, binaryMarker)
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+	r.Header.Set("Content-Length", fmt.Sprint(len(body)))
+}
+
+func (p *proxy) inspect(resp *http.Response) error {
+	op := resp.Request.Header.Get("X-Amz-Target")
+	op = op[strings.LastIndex(op, ".")+1:]
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	_ = resp.Body.Close()
+	body = bytes.ReplaceAll(body, binaryMarker, emptyBinary)
+	p.mu.Lock()
+	p.requests[op]++
+	if bytes.Contains(body, []byte("ConditionalCheckFailedException")) {
+		p.refused++
+	}
+	if p.loseResponses[op] > 0 {
+		p.loseResponses[op]--
+		body = []byte(`{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError","message":"injected: response lost"}`)
+		resp.StatusCode = http.StatusInternalServerError
+		resp.Status = "500 Internal Server Error"
+	}
+	p.mu.Unlock()
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	resp.ContentLength = int64(len(body))
+	resp.Header.Set("Content-Length", fmt.Sprint(len(body)))
+	return nil
+}
+
+// counts returns the requests per operation and the refused conditional writes since
+// the last reset, and resets them.
+func (p *proxy) take() (map[string]int, int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	reqs, refused := p.requests, p.refused
+	p.requests, p.refused = map[string]int{}, 0
+	return reqs, refused
+}
+
+func (p *proxy) loseNext(op string, n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.loseResponses[op] += n
+}
+
+// uniqueTable returns a table name no other test uses.
+func uniqueTable(t testing.TB) string {
+	return fmt.Sprintf("outbox-%d", tableSeq.Add(1))
+}
+
+// newStore creates a table for opts (a unique one when opts.TableName is empty) and
+// returns a store on it.
+func (d *testDB) newStore(t testing.TB, opts dynamodb.Options) *dynamodb.Store {
+	t.Helper()
+	if opts.TableName == "" {
+		opts.TableName = uniqueTable(t)
+	}
+	require.NoError(t, dynamodb.CreateIfNotExists(context.Background(), d.client, opts))
+	s, err := dynamodb.New(d.client, opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	d.proxy.take()
+	return s
+}
+
+// envelope builds a pending envelope for topic and key with bucketCount buckets.
+func envelope(t testing.TB, bucketCount int, topic string, key, payload []byte, headers ...outbox.Header) *outbox.Envelope {
+	t.Helper()
+	env, err := outbox.NewEnvelope(outbox.Message{Topic: topic, Key: key, Payload: payload, Headers: headers}, bucketCount)
+	require.NoError(t, err)
+	return env
+}
+
+// keyForBucket returns a key that lands in bucket among n buckets.
+func keyForBucket(t testing.TB, bucket, n int) []byte {
+	t.Helper()
+	for i := 0; i < 10_000; i++ {
+		k := []byte(fmt.Sprintf("key-%d", i))
+		if outbox.BucketOf(&outbox.Message{Key: k}, [16]byte{}, n) == bucket {
+			return k
+		}
+	}
+	t.Fatalf("no key found for bucket %d", bucket)
+	return nil
+}

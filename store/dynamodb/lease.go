@@ -1,0 +1,265 @@
+package dynamodb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	ddb "github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/outboxkit/outbox"
+)
+
+var errNoRelayID = errors.New("dynamodb: relay id is empty")
+
+// ReadCoordination reads every lease and relay heartbeat with one strongly consistent
+// Query of the coordination partition (paged if it passes 1 MB). Lease items of
+// buckets beyond the bucket count are ignored.
+func (s *Store) ReadCoordination(ctx context.Context) (outbox.Coordination, error) {
+	if err := s.enter(ctx); err != nil {
+		return outbox.Coordination{}, err
+	}
+	var (
+		c     outbox.Coordination
+		start map[string]types.AttributeValue
+	)
+	for {
+		out, err := s.client.Query(ctx, &ddb.QueryInput{
+			TableName:                 aws.String(s.opts.TableName),
+			KeyConditionExpression:    aws.String("#pk = :pk"),
+			ExpressionAttributeNames:  map[string]string{"#pk": s.keys.pk},
+			ExpressionAttributeValues: map[string]types.AttributeValue{":pk": &types.AttributeValueMemberS{Value: s.keys.coordination()}},
+			ConsistentRead:            aws.Bool(true),
+			ExclusiveStartKey:         start,
+		})
+		if err != nil {
+			return outbox.Coordination{}, s.translate(ctx, "read coordination", err)
+		}
+		for _, item := range out.Items {
+			if err := s.decodeCoordination(item, &c); err != nil {
+				return outbox.Coordination{}, err
+			}
+		}
+		if len(out.LastEvaluatedKey) == 0 {
+			break
+		}
+		start = out.LastEvaluatedKey
+	}
+	slices.SortFunc(c.Leases, func(a, b outbox.Lease) int { return a.Bucket - b.Bucket })
+	slices.SortFunc(c.Relays, func(a, b outbox.RelayRecord) int { return strings.Compare(a.ID, b.ID) })
+	return c, nil
+}
+
+func (s *Store) decodeCoordination(item map[string]types.AttributeValue, c *outbox.Coordination) error {
+	sk := stringAttr(item, s.keys.sk)
+	switch {
+	case strings.HasPrefix(sk, leaseSKPrefix):
+		bucket, err := strconv.Atoi(strings.TrimPrefix(sk, leaseSKPrefix))
+		if err != nil {
+			return fmt.Errorf("dynamodb: lease item %q: %w", sk, err)
+		}
+		if bucket < 0 || bucket >= s.opts.BucketCount {
+			return nil // left by a fleet with more buckets
+		}
+		exp, err := ticksOf(item, attrExpiresAt)
+		if err != nil {
+			return fmt.Errorf("dynamodb: lease item %q: %w", sk, err)
+		}
+		c.Leases = append(c.Leases, outbox.Lease{Bucket: bucket, Owner: stringAttr(item, attrOwner), ExpiresAt: exp})
+	case strings.HasPrefix(sk, relaySKPrefix):
+		seen, err := ticksOf(item, attrLastSeen)
+		if err != nil {
+			return fmt.Errorf("dynamodb: relay item %q: %w", sk, err)
+		}
+		stopped, err := ticksOf(item, attrStoppedAt)
+		if err != nil {
+			return fmt.Errorf("dynamodb: relay item %q: %w", sk, err)
+		}
+		c.Relays = append(c.Relays, outbox.RelayRecord{ID: strings.TrimPrefix(sk, relaySKPrefix), LastSeen: seen, StoppedAt: stopped})
+	}
+	return nil
+}
+
+// conditional sends one conditional UpdateItem and reports whether its condition held.
+func (s *Store) conditional(ctx context.Context, op string, in *ddb.UpdateItemInput) (bool, error) {
+	in.TableName = aws.String(s.opts.TableName)
+	_, err := s.client.UpdateItem(ctx, in)
+	switch {
+	case err == nil:
+		return true, nil
+	case isConditionFailed(err):
+		return false, nil
+	}
+	return false, s.translate(ctx, op, err)
+}
+
+// Heartbeat sets the relay's LastSeenUtc to at and removes StoppedAtUtc, only if the
+// stored LastSeenUtc is earlier: a heartbeat the relay gave up on cannot land later
+// and put an older round back.
+func (s *Store) Heartbeat(ctx context.Context, relay string, at time.Time) (bool, error) {
+	if relay == "" {
+		return false, errNoRelayID
+	}
+	if err := s.enter(ctx); err != nil {
+		return false, err
+	}
+	return s.conditional(ctx, "heartbeat", &ddb.UpdateItemInput{
+		Key:                       s.keys.key(s.keys.coordination(), relaySortKey(relay)),
+		UpdateExpression:          aws.String("SET #seen = :at REMOVE #stopped"),
+		ConditionExpression:       aws.String("attribute_not_exists(#seen) OR #seen < :at"),
+		ExpressionAttributeNames:  map[string]string{"#seen": attrLastSeen, "#stopped": attrStoppedAt},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":at": ticksAttr(at)},
+	})
+}
+
+// StopRelay stamps the relay's record StoppedAtUtc=at, and LastSeenUtc=at when that is
+// later than the stored one, so a heartbeat the relay abandoned cannot revive it. The
+// record stays; peers delete it later ([Store.DeleteRelay]).
+func (s *Store) StopRelay(ctx context.Context, relay string, at time.Time) error {
+	if relay == "" {
+		return errNoRelayID
+	}
+	if err := s.enter(ctx); err != nil {
+		return err
+	}
+	// The usual case: the stop is later than the last heartbeat, one write does both.
+	ok, err := s.conditional(ctx, "stop relay", &ddb.UpdateItemInput{
+		Key:                       s.keys.key(s.keys.coordination(), relaySortKey(relay)),
+		UpdateExpression:          aws.String("SET #seen = :at, #stopped = :at"),
+		ConditionExpression:       aws.String("attribute_not_exists(#seen) OR #seen < :at"),
+		ExpressionAttributeNames:  map[string]string{"#seen": attrLastSeen, "#stopped": attrStoppedAt},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":at": ticksAttr(at)},
+	})
+	if err != nil || ok {
+		return err
+	}
+	// The record already carries a later heartbeat: stamp the stop alone.
+	_, err = s.client.UpdateItem(ctx, &ddb.UpdateItemInput{
+		TableName:                 aws.String(s.opts.TableName),
+		Key:                       s.keys.key(s.keys.coordination(), relaySortKey(relay)),
+		UpdateExpression:          aws.String("SET #stopped = :at"),
+		ExpressionAttributeNames:  map[string]string{"#stopped": attrStoppedAt},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":at": ticksAttr(at)},
+	})
+	return s.translate(ctx, "stop relay", err)
+}
+
+// DeleteRelay deletes a relay record only if its LastSeenUtc still equals lastSeen.
+func (s *Store) DeleteRelay(ctx context.Context, relay string, lastSeen time.Time) (bool, error) {
+	if err := s.enter(ctx); err != nil {
+		return false, err
+	}
+	_, err := s.client.DeleteItem(ctx, &ddb.DeleteItemInput{
+		TableName:                 aws.String(s.opts.TableName),
+		Key:                       s.keys.key(s.keys.coordination(), relaySortKey(relay)),
+		ConditionExpression:       aws.String("#seen = :seen"),
+		ExpressionAttributeNames:  map[string]string{"#seen": attrLastSeen},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":seen": ticksAttr(lastSeen)},
+	})
+	switch {
+	case err == nil:
+		return true, nil
+	case isConditionFailed(err):
+		return false, nil
+	}
+	return false, s.translate(ctx, "delete relay", err)
+}
+
+// Claim takes bucket for owner until expiresAt, only if the lease item is absent, has
+// no Owner, or expired at now. A successful claim starts gap probing of the bucket
+// from its start again.
+func (s *Store) Claim(ctx context.Context, bucket int, owner string, now, expiresAt time.Time) (bool, error) {
+	if err := s.checkBucket(bucket); err != nil {
+		return false, err
+	}
+	if owner == "" {
+		return false, errNoRelayID
+	}
+	if err := s.enter(ctx); err != nil {
+		return false, err
+	}
+	ok, err := s.conditional(ctx, "claim", &ddb.UpdateItemInput{
+		Key:                      s.keys.key(s.keys.coordination(), leaseSortKey(bucket)),
+		UpdateExpression:         aws.String("SET #owner = :owner, #exp = :exp"),
+		ConditionExpression:      aws.String("attribute_not_exists(#owner) OR #exp <= :now"),
+		ExpressionAttributeNames: map[string]string{"#owner": attrOwner, "#exp": attrExpiresAt},
+		ExpressionAttributeValues: map[string]types.AttributeValue{
+			":owner": &types.AttributeValueMemberS{Value: owner},
+			":exp":   ticksAttr(expiresAt),
+			":now":   ticksAttr(now),
+		},
+	})
+	if ok {
+		s.forgetRemoved(bucket)
+	}
+	return ok, err
+}
+
+// Renew extends held to expiresAt, only if the stored lease still names held.Owner
+// with expiry held.ExpiresAt and has not expired at now. A renewal that would not move
+// the expiry forward is refused without a request.
+func (s *Store) Renew(ctx context.Context, held outbox.Lease, now, expiresAt time.Time) (bool, error) {
+	if err := s.checkBucket(held.Bucket); err != nil {
+		return false, err
+	}
+	if err := s.enter(ctx); err != nil {
+		return false, err
+	}
+	if held.Owner == "" || !expiresAt.After(held.ExpiresAt) {
+		return false, nil
+	}
+	return s.conditional(ctx, "renew", &ddb.UpdateItemInput{
+		Key:                      s.keys.key(s.keys.coordination(), leaseSortKey(held.Bucket)),
+		UpdateExpression:         aws.String("SET #exp = :exp"),
+		ConditionExpression:      aws.String("#owner = :owner AND #exp = :held AND #exp > :now"),
+		ExpressionAttributeNames: map[string]string{"#owner": attrOwner, "#exp": attrExpiresAt},
+		ExpressionAttributeValues: map[string]types.AttributeValue{
+			":owner": &types.AttributeValueMemberS{Value: held.Owner},
+			":held":  ticksAttr(held.ExpiresAt),
+			":exp":   ticksAttr(expiresAt),
+			":now":   ticksAttr(now),
+		},
+	})
+}
+
+// Release frees held by removing its Owner, only if the stored lease still names
+// held.Owner with expiry held.ExpiresAt. The expiry stays as a record.
+func (s *Store) Release(ctx context.Context, held outbox.Lease) (bool, error) {
+	if err := s.checkBucket(held.Bucket); err != nil {
+		return false, err
+	}
+	if err := s.enter(ctx); err != nil {
+		return false, err
+	}
+	if held.Owner == "" {
+		return false, nil
+	}
+	ok, err := s.conditional(ctx, "release", &ddb.UpdateItemInput{
+		Key:                      s.keys.key(s.keys.coordination(), leaseSortKey(held.Bucket)),
+		UpdateExpression:         aws.String("REMOVE #owner"),
+		ConditionExpression:      aws.String("#owner = :owner AND #exp = :held"),
+		ExpressionAttributeNames: map[string]string{"#owner": attrOwner, "#exp": attrExpiresAt},
+		ExpressionAttributeValues: map[string]types.AttributeValue{
+			":owner": &types.AttributeValueMemberS{Value: held.Owner},
+			":held":  ticksAttr(held.ExpiresAt),
+		},
+	})
+	if ok {
+		s.forgetRemoved(held.Bucket)
+	}
+	return ok, err
+}
+
+// forgetRemoved makes the next fetch of bucket probe gaps from the bucket's start: the
+// bucket changed hands, so what this store removed says nothing about the head.
+func (s *Store) forgetRemoved(bucket int) {
+	s.mu.Lock()
+	s.lastRemoved[bucket] = 0
+	s.mu.Unlock()
+}

@@ -1,0 +1,367 @@
+package dynamodb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	ddb "github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/outboxkit/outbox"
+)
+
+const (
+	// maxGapProbes bounds the gap probes of one fetch.
+	maxGapProbes = 8
+	// maxFetchRounds bounds how often one Fetch reads the head again after a probe
+	// found a message the first read missed.
+	maxFetchRounds = 3
+	// maxBatchWrite is DynamoDB's BatchWriteItem limit.
+	maxBatchWrite = 25
+	// maxBatchAttempts bounds the requests spent on one batch's unprocessed items.
+	maxBatchAttempts = 8
+)
+
+// Fetch returns up to limit pending envelopes of bucket in Seq order, due or not, with
+// a strongly consistent Query of the bucket's partition.
+//
+// A Query is only read-committed against TransactWriteItems: it can return a later
+// message of a committing transaction without an earlier one. So Fetch looks for
+// sequence numbers missing from the batch — between the fetched messages, and below
+// the first one down to the last message this store removed from the bucket (or the
+// bucket's start, after the store took the bucket's lease) — and probes up to eight
+// such gaps with a one-range strongly consistent Query each. If a probe finds a
+// message, Fetch reads the head again. Every call probes anew, so a batch that is
+// fetched again after a failed publish is probed again too.
+//
+// A message stamped with another bucket count fails the fetch with
+// [outbox.ErrMisconfigured].
+func (s *Store) Fetch(ctx context.Context, bucket, limit int) ([]*outbox.Envelope, error) {
+	if err := s.enter(ctx); err != nil {
+		return nil, err
+	}
+	if err := s.checkBucket(bucket); err != nil {
+		return nil, err
+	}
+	if limit <= 0 {
+		return nil, nil
+	}
+	for round := 1; ; round++ {
+		items, err := s.queryHead(ctx, bucket, limit)
+		if err != nil {
+			return nil, err
+		}
+		envs, err := s.decodeBatch(items, bucket)
+		if err != nil {
+			return nil, err
+		}
+		if round == maxFetchRounds {
+			return envs, nil
+		}
+		found, err := s.probeGaps(ctx, bucket, envs)
+		if err != nil {
+			return nil, err
+		}
+		if !found {
+			return envs, nil
+		}
+	}
+}
+
+// queryHead reads the first limit items of a bucket's partition, strongly consistent.
+func (s *Store) queryHead(ctx context.Context, bucket, limit int) ([]map[string]types.AttributeValue, error) {
+	var (
+		items []map[string]types.AttributeValue
+		start map[string]types.AttributeValue
+	)
+	for len(items) < limit {
+		out, err := s.client.Query(ctx, &ddb.QueryInput{
+			TableName:                 aws.String(s.opts.TableName),
+			KeyConditionExpression:    aws.String("#pk = :pk"),
+			ExpressionAttributeNames:  map[string]string{"#pk": s.keys.pk},
+			ExpressionAttributeValues: map[string]types.AttributeValue{":pk": &types.AttributeValueMemberS{Value: s.keys.messages(bucket)}},
+			ConsistentRead:            aws.Bool(true),
+			Limit:                     aws.Int32(int32(min(limit-len(items), 1<<30))),
+			ExclusiveStartKey:         start,
+		})
+		if err != nil {
+			return nil, s.translate(ctx, "fetch", err)
+		}
+		items = append(items, out.Items...)
+		if len(out.LastEvaluatedKey) == 0 {
+			break
+		}
+		start = out.LastEvaluatedKey
+	}
+	return items, nil
+}
+
+func (s *Store) decodeBatch(items []map[string]types.AttributeValue, bucket int) ([]*outbox.Envelope, error) {
+	envs := make([]*outbox.Envelope, 0, len(items))
+	for _, item := range items {
+		env, err := s.keys.decodeMessage(item, bucket, outbox.Pending)
+		if err != nil {
+			return nil, err
+		}
+		if env.BucketCount == 0 {
+			env.BucketCount = s.opts.BucketCount // an unstamped message is not checked
+		} else if env.BucketCount != s.opts.BucketCount {
+			return nil, fmt.Errorf("%w: dynamodb: message %s in bucket %d was written for %d buckets but this store has %d; drain the table before changing the bucket count",
+				outbox.ErrMisconfigured, env.ID, bucket, env.BucketCount, s.opts.BucketCount)
+		}
+		envs = append(envs, env)
+	}
+	return envs, nil
+}
+
+// seqRange is an inclusive range of sequence numbers.
+type seqRange struct{ lo, hi int64 }
+
+// gaps lists the ranges of sequence numbers missing from a fetched batch above lower:
+// between fetched messages first, then below the first one, at most maxGapProbes.
+func gaps(envs []*outbox.Envelope, lower int64) []seqRange {
+	if len(envs) == 0 {
+		return nil
+	}
+	var out []seqRange
+	for i := 1; i < len(envs) && len(out) < maxGapProbes; i++ {
+		lo, hi := max(envs[i-1].Seq+1, lower+1), envs[i].Seq-1
+		if lo <= hi {
+			out = append(out, seqRange{lo, hi})
+		}
+	}
+	if lo, hi := lower+1, envs[0].Seq-1; lo <= hi && len(out) < maxGapProbes {
+		out = append(out, seqRange{lo, hi})
+	}
+	return out
+}
+
+// probeGaps reports whether any gap of the batch holds a message now.
+func (s *Store) probeGaps(ctx context.Context, bucket int, envs []*outbox.Envelope) (bool, error) {
+	s.mu.Lock()
+	lower := s.lastRemoved[bucket]
+	s.mu.Unlock()
+	ranges := gaps(envs, lower)
+	if len(ranges) == 0 {
+		return false, nil
+	}
+	var found atomic.Bool
+	err := s.forEach(ctx, len(ranges), func(ctx context.Context, i int) error {
+		out, err := s.client.Query(ctx, &ddb.QueryInput{
+			TableName:                aws.String(s.opts.TableName),
+			KeyConditionExpression:   aws.String("#pk = :pk AND #sk BETWEEN :lo AND :hi"),
+			ExpressionAttributeNames: map[string]string{"#pk": s.keys.pk, "#sk": s.keys.sk},
+			ExpressionAttributeValues: map[string]types.AttributeValue{
+				":pk": &types.AttributeValueMemberS{Value: s.keys.messages(bucket)},
+				":lo": &types.AttributeValueMemberS{Value: seqSortKey(ranges[i].lo)},
+				":hi": &types.AttributeValueMemberS{Value: seqSortKey(ranges[i].hi)},
+			},
+			ProjectionExpression: aws.String("#sk"),
+			ConsistentRead:       aws.Bool(true),
+			Limit:                aws.Int32(1),
+		})
+		if err != nil {
+			return s.translate(ctx, "probe a sequence gap", err)
+		}
+		if len(out.Items) > 0 {
+			found.Store(true)
+		}
+		return nil
+	})
+	return found.Load(), err
+}
+
+// HasPending reports whether bucket holds any message, due or not, with one
+// eventually consistent Query of one key: the cheap idle probe a relay can send for
+// each owned bucket on every poll before it pays for a strongly consistent
+// [Store.Fetch]. A stale answer only delays a fetch to the next poll.
+func (s *Store) HasPending(ctx context.Context, bucket int) (bool, error) {
+	if err := s.enter(ctx); err != nil {
+		return false, err
+	}
+	if err := s.checkBucket(bucket); err != nil {
+		return false, err
+	}
+	out, err := s.client.Query(ctx, &ddb.QueryInput{
+		TableName:                 aws.String(s.opts.TableName),
+		KeyConditionExpression:    aws.String("#pk = :pk"),
+		ExpressionAttributeNames:  map[string]string{"#pk": s.keys.pk, "#sk": s.keys.sk},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":pk": &types.AttributeValueMemberS{Value: s.keys.messages(bucket)}},
+		ProjectionExpression:      aws.String("#sk"),
+		Limit:                     aws.Int32(1),
+	})
+	if err != nil {
+		return false, s.translate(ctx, "probe for pending messages", err)
+	}
+	return len(out.Items) > 0, nil
+}
+
+// Complete deletes the envelopes with BatchWriteItem, 25 keys per request and up to
+// MaxConcurrency requests at once. Keys DynamoDB leaves unprocessed (throttling) are
+// retried with exponential backoff; if some are still left, Complete returns an error
+// and those messages stay, to be published again: a duplicate, never a loss. Deleting
+// a message that is gone is not an error.
+func (s *Store) Complete(ctx context.Context, envs []*outbox.Envelope) error {
+	if err := s.enter(ctx); err != nil {
+		return err
+	}
+	var (
+		requests []types.WriteRequest
+		seen     = make(map[[2]int64]struct{}, len(envs))
+		highest  = make(map[int]int64)
+	)
+	for _, env := range envs {
+		if env == nil {
+			continue
+		}
+		if err := s.checkBucket(env.Bucket); err != nil {
+			return err
+		}
+		k := [2]int64{int64(env.Bucket), env.Seq}
+		if _, dup := seen[k]; dup {
+			continue // BatchWriteItem refuses a key twice
+		}
+		seen[k] = struct{}{}
+		requests = append(requests, types.WriteRequest{DeleteRequest: &types.DeleteRequest{
+			Key: s.keys.key(s.keys.messages(env.Bucket), seqSortKey(env.Seq)),
+		}})
+		highest[env.Bucket] = max(highest[env.Bucket], env.Seq)
+	}
+	if len(requests) == 0 {
+		return nil
+	}
+	chunks := (len(requests) + maxBatchWrite - 1) / maxBatchWrite
+	err := s.forEach(ctx, chunks, func(ctx context.Context, i int) error {
+		return s.batchWrite(ctx, "complete", requests[i*maxBatchWrite:min((i+1)*maxBatchWrite, len(requests))])
+	})
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	for b, seq := range highest {
+		s.lastRemoved[b] = max(s.lastRemoved[b], seq)
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+// batchWrite sends one BatchWriteItem and retries what comes back unprocessed.
+func (s *Store) batchWrite(ctx context.Context, op string, requests []types.WriteRequest) error {
+	for attempt := 0; ; attempt++ {
+		if attempt > 0 {
+			if err := sleep(ctx, backoff(attempt)); err != nil {
+				return err
+			}
+		}
+		out, err := s.client.BatchWriteItem(ctx, &ddb.BatchWriteItemInput{
+			RequestItems: map[string][]types.WriteRequest{s.opts.TableName: requests},
+		})
+		if err != nil {
+			return s.translate(ctx, op, err)
+		}
+		requests = out.UnprocessedItems[s.opts.TableName]
+		if len(requests) == 0 {
+			return nil
+		}
+		if attempt+1 == maxBatchAttempts {
+			s.log.Warn("dynamodb outbox: writes left unprocessed after every retry; the messages stay and are published again",
+				"op", op, "unprocessed", len(requests))
+			return fmt.Errorf("dynamodb: %s: %d writes left unprocessed after %d attempts (throttled)", op, len(requests), maxBatchAttempts)
+		}
+	}
+}
+
+// backoff is the wait before retry number attempt (1, 2, ...): exponential from 25 ms,
+// capped at 1 s, with full jitter on its upper half.
+func backoff(attempt int) time.Duration {
+	d := min(25*time.Millisecond<<(attempt-1), time.Second)
+	return d/2 + rand.N(d/2+1)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Reschedule records a failed attempt on the stored message: Attempts+1, due at next,
+// LastError=cause (cut to 2 KB). A message that is gone is skipped.
+func (s *Store) Reschedule(ctx context.Context, env *outbox.Envelope, next time.Time, cause string) error {
+	if err := s.enter(ctx); err != nil {
+		return err
+	}
+	if err := s.checkBucket(env.Bucket); err != nil {
+		return err
+	}
+	_, err := s.client.UpdateItem(ctx, &ddb.UpdateItemInput{
+		TableName:        aws.String(s.opts.TableName),
+		Key:              s.keys.key(s.keys.messages(env.Bucket), seqSortKey(env.Seq)),
+		UpdateExpression: aws.String("SET #next = :next, #err = :err ADD #att :one"),
+		// The condition also keeps the update from creating a stray item when the
+		// message was completed meanwhile.
+		ConditionExpression: aws.String("#id = :id"),
+		ExpressionAttributeNames: map[string]string{
+			"#next": attrNextAttemptAt, "#err": attrLastError, "#att": attrAttempts, "#id": attrMessageID,
+		},
+		ExpressionAttributeValues: map[string]types.AttributeValue{
+			":next": ticksAttr(next),
+			":err":  &types.AttributeValueMemberS{Value: truncateError(cause)},
+			":one":  numberAttr(1),
+			":id":   &types.AttributeValueMemberS{Value: env.ID.String()},
+		},
+	})
+	if err == nil || isConditionFailed(err) {
+		return nil
+	}
+	return s.translate(ctx, "reschedule", err)
+}
+
+// Park moves the message out of its bucket's partition into the bucket's parked
+// partition, with Attempts+1, LastError=cause and ParkedAtUtc, in one
+// TransactWriteItems request. Fetch never reads parked messages again; an operator
+// requeues or purges them ([Store.Requeue], [Store.Purge]). A message that is gone is
+// skipped.
+func (s *Store) Park(ctx context.Context, env *outbox.Envelope, cause string) error {
+	if err := s.enter(ctx); err != nil {
+		return err
+	}
+	if err := s.checkBucket(env.Bucket); err != nil {
+		return err
+	}
+	parked := env.Clone()
+	parked.Attempts++
+	parked.LastError = truncateError(cause)
+	parked.BucketCount = s.opts.BucketCount
+	item := s.keys.messageItem(parked, s.keys.parked(env.Bucket))
+	item[attrParkedAt] = ticksAttr(time.Now())
+	_, err := s.client.TransactWriteItems(ctx, &ddb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{
+		{Delete: &types.Delete{
+			TableName:                 aws.String(s.opts.TableName),
+			Key:                       s.keys.key(s.keys.messages(env.Bucket), seqSortKey(env.Seq)),
+			ConditionExpression:       aws.String("#id = :id"),
+			ExpressionAttributeNames:  map[string]string{"#id": attrMessageID},
+			ExpressionAttributeValues: map[string]types.AttributeValue{":id": &types.AttributeValueMemberS{Value: env.ID.String()}},
+		}},
+		{Put: &types.Put{TableName: aws.String(s.opts.TableName), Item: item}},
+	}})
+	if err != nil {
+		if tce, ok := errors.AsType[*types.TransactionCanceledException](err); ok && conditionFailed(tce) {
+			return nil // gone: completed, or parked by an earlier attempt of this call
+		}
+		return s.translate(ctx, "park", err)
+	}
+	s.mu.Lock()
+	s.lastRemoved[env.Bucket] = max(s.lastRemoved[env.Bucket], env.Seq)
+	s.mu.Unlock()
+	return nil
+}

@@ -1,0 +1,205 @@
+package dynamodb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+
+	ddb "github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/outboxkit/outbox"
+)
+
+// Client is the part of the DynamoDB API the store calls. *dynamodb.Client from
+// github.com/aws/aws-sdk-go-v2/service/dynamodb implements it; wrap one to add
+// instrumentation or fault injection.
+type Client interface {
+	Query(ctx context.Context, in *ddb.QueryInput, optFns ...func(*ddb.Options)) (*ddb.QueryOutput, error)
+	UpdateItem(ctx context.Context, in *ddb.UpdateItemInput, optFns ...func(*ddb.Options)) (*ddb.UpdateItemOutput, error)
+	PutItem(ctx context.Context, in *ddb.PutItemInput, optFns ...func(*ddb.Options)) (*ddb.PutItemOutput, error)
+	DeleteItem(ctx context.Context, in *ddb.DeleteItemInput, optFns ...func(*ddb.Options)) (*ddb.DeleteItemOutput, error)
+	BatchWriteItem(ctx context.Context, in *ddb.BatchWriteItemInput, optFns ...func(*ddb.Options)) (*ddb.BatchWriteItemOutput, error)
+	BatchGetItem(ctx context.Context, in *ddb.BatchGetItemInput, optFns ...func(*ddb.Options)) (*ddb.BatchGetItemOutput, error)
+	TransactWriteItems(ctx context.Context, in *ddb.TransactWriteItemsInput, optFns ...func(*ddb.Options)) (*ddb.TransactWriteItemsOutput, error)
+}
+
+var _ Client = (*ddb.Client)(nil)
+
+// Store is the DynamoDB outbox store. It implements [outbox.RelayStore],
+// [outbox.Admin], [outbox.Notifier] and [outbox.SizeLimiter], and offers the
+// TransactWriteItems unit of work ([Store.Commit]) and the writer calls for an
+// application's own transactions ([Store.CreateTransactWriteItems]).
+//
+// A Store is safe for concurrent use.
+type Store struct {
+	client Client
+	opts   Options
+	keys   keys
+	log    *slog.Logger
+	hub    outbox.Hub
+	closed atomic.Bool
+
+	mu sync.Mutex
+	// lastRemoved holds, per bucket, the highest Seq this store removed since it took
+	// the bucket's lease (0: none yet). Gap probing starts above it.
+	lastRemoved []int64
+}
+
+var (
+	_ outbox.RelayStore  = (*Store)(nil)
+	_ outbox.Admin       = (*Store)(nil)
+	_ outbox.Notifier    = (*Store)(nil)
+	_ outbox.SizeLimiter = (*Store)(nil)
+)
+
+// New returns a store on the table opts names, through client, which the caller built
+// and keeps: Close does not close it. New makes no request; create the table with
+// [CreateIfNotExists] or provision it as the package documentation shows.
+func New(client Client, opts Options) (*Store, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: dynamodb: New needs a client", outbox.ErrMisconfigured)
+	}
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	opts = opts.withDefaults()
+	return &Store{
+		client:      client,
+		opts:        opts,
+		keys:        keys{prefix: opts.KeyPrefix, pk: opts.PartitionKeyAttributeName, sk: opts.SortKeyAttributeName},
+		log:         opts.Logger,
+		lastRemoved: make([]int64, opts.BucketCount),
+	}, nil
+}
+
+// BucketCount returns the configured bucket count.
+func (s *Store) BucketCount() int { return s.opts.BucketCount }
+
+// Options returns the options in effect, defaults filled in.
+func (s *Store) Options() Options { return s.opts }
+
+// MaxMessageSize is the largest [outbox.Message.Size] that fits in one item: DynamoDB's
+// 400 KB item limit less room for the item's keys and bookkeeping attributes. Writes
+// still measure the exact item and refuse one that does not fit.
+func (s *Store) MaxMessageSize() int { return maxItemSize - itemOverhead }
+
+// Subscribe returns a channel of buckets this process committed to; see
+// [outbox.Notifier]. Commits by other processes are not announced: their relays find
+// them by polling.
+func (s *Store) Subscribe(ctx context.Context) <-chan int { return s.hub.Subscribe(ctx) }
+
+// Close refuses every later call with [outbox.ErrClosed] and closes every
+// subscription. It does not close the client. Closing twice is a no-op.
+func (s *Store) Close() error {
+	s.closed.Store(true)
+	s.hub.Close()
+	return nil
+}
+
+// As reaches the client: target must be a *Client, or a **dynamodb.Client when the
+// store was built on one.
+func (s *Store) As(target any) bool {
+	switch t := target.(type) {
+	case *Client:
+		*t = s.client
+		return true
+	case **ddb.Client:
+		c, ok := s.client.(*ddb.Client)
+		if ok {
+			*t = c
+		}
+		return ok
+	}
+	return false
+}
+
+var errClosed = fmt.Errorf("dynamodb: %w", outbox.ErrClosed)
+
+// enter checks ctx and that the store is open.
+func (s *Store) enter(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if s.closed.Load() {
+		return errClosed
+	}
+	return nil
+}
+
+func (s *Store) checkBucket(bucket int) error {
+	if bucket < 0 || bucket >= s.opts.BucketCount {
+		return fmt.Errorf("%w: dynamodb: bucket %d outside 0..%d", outbox.ErrMisconfigured, bucket, s.opts.BucketCount-1)
+	}
+	return nil
+}
+
+// translate is the one place DynamoDB errors become the store's errors: a done
+// context's error unwrapped, a missing table as a misconfiguration, anything else
+// wrapped with the operation's name.
+func (s *Store) translate(ctx context.Context, op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return ctxErr
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		if errors.Is(err, context.Canceled) {
+			return context.Canceled
+		}
+		return context.DeadlineExceeded
+	}
+	if _, ok := errors.AsType[*types.ResourceNotFoundException](err); ok {
+		return fmt.Errorf("%w: dynamodb: %s: table %q not found: create it (CreateIfNotExists) or fix Options.TableName: %w",
+			outbox.ErrMisconfigured, op, s.opts.TableName, err)
+	}
+	return fmt.Errorf("dynamodb: %s: %w", op, err)
+}
+
+func isConditionFailed(err error) bool {
+	_, ok := errors.AsType[*types.ConditionalCheckFailedException](err)
+	return ok
+}
+
+// forEach runs fn for 0..n-1 with at most MaxConcurrency calls in flight and returns
+// the first error; the context fn gets is cancelled once one call failed.
+func (s *Store) forEach(ctx context.Context, n int, fn func(ctx context.Context, i int) error) error {
+	if n == 1 {
+		return fn(ctx, 0)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg       sync.WaitGroup
+		once     sync.Once
+		firstErr error
+	)
+	sem := make(chan struct{}, s.opts.MaxConcurrency)
+	for i := range n {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			if err := fn(ctx, i); err != nil {
+				once.Do(func() {
+					firstErr = err
+					cancel()
+				})
+			}
+		})
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return firstErr
+	}
+	return ctx.Err()
+}

@@ -1,0 +1,380 @@
+package dynamodb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"unicode/utf8"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	ddb "github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/google/uuid"
+
+	"github.com/outboxkit/outbox"
+)
+
+// ErrNothingToCommit is returned by [Store.Commit] when the scope holds no staged
+// envelope and no application item was passed: a unit of work that writes nothing is
+// almost always a missing Send or a missing item, so it is reported, not skipped.
+var ErrNothingToCommit = errors.New("dynamodb: nothing to commit: no envelope is staged on the context's scope and no application item was passed")
+
+// MaxEnqueue is the most envelopes one [Store.Enqueue] call writes: one
+// TransactWriteItems request holds at most 100 items.
+const MaxEnqueue = maxTransactItems
+
+// Enqueue writes up to [MaxEnqueue] envelopes all or nothing and sets their Seq. It
+// reserves one range of sequence numbers per distinct bucket (envelopes sharing a
+// bucket keep their list order), then writes a single envelope with one conditional
+// PutItem and several with one TransactWriteItems, and wakes local subscribers.
+//
+// It is safe under the SDK's retries: if a retried request finds its own items
+// already written (the first attempt was applied but its response was lost), the
+// store confirms the items carry these envelopes' IDs and reports success. Calling
+// Enqueue again after an ambiguous error is different: the envelopes get new sequence
+// numbers and may be stored twice under the same ID (at-least-once, as after a lease
+// takeover).
+func (s *Store) Enqueue(ctx context.Context, envs ...*outbox.Envelope) error {
+	if err := s.enter(ctx); err != nil {
+		return err
+	}
+	if len(envs) == 0 {
+		return nil
+	}
+	if len(envs) > MaxEnqueue {
+		return fmt.Errorf("%w: dynamodb: Enqueue takes at most %d envelopes per call (one transaction), got %d; split the batch",
+			outbox.ErrTooLarge, MaxEnqueue, len(envs))
+	}
+	size, err := s.check(envs)
+	if err != nil {
+		return err
+	}
+	if size > maxTransactSize {
+		return fmt.Errorf("%w: dynamodb: the envelopes take about %d bytes, over a transaction's 4 MB; split the batch", outbox.ErrTooLarge, size)
+	}
+	if err := s.reserve(ctx, envs); err != nil {
+		return err
+	}
+	if len(envs) == 1 {
+		err = s.putOne(ctx, envs[0])
+	} else {
+		err = s.transact(ctx, "enqueue", nil, envs)
+	}
+	if err != nil {
+		return err
+	}
+	s.NotifyCommitted(envs...)
+	return nil
+}
+
+// putOne writes one envelope with a conditional PutItem: one write unit less than a
+// transaction.
+func (s *Store) putOne(ctx context.Context, env *outbox.Envelope) error {
+	put := s.put(env)
+	_, err := s.client.PutItem(ctx, &ddb.PutItemInput{
+		TableName:                           put.TableName,
+		Item:                                put.Item,
+		ConditionExpression:                 put.ConditionExpression,
+		ExpressionAttributeNames:            put.ExpressionAttributeNames,
+		ReturnValuesOnConditionCheckFailure: put.ReturnValuesOnConditionCheckFailure,
+	})
+	if err == nil {
+		return nil
+	}
+	if isConditionFailed(err) {
+		if ok, cerr := s.confirm(ctx, []*outbox.Envelope{env}); cerr != nil {
+			return cerr
+		} else if ok {
+			return nil
+		}
+		return fmt.Errorf("dynamodb: enqueue: sequence number %d of bucket %d is already taken by another message: was the %s counter item reset? %w",
+			env.Seq, env.Bucket, s.keys.sequence(env.Bucket), err)
+	}
+	return s.translate(ctx, "enqueue", err)
+}
+
+// Commit is the store's unit of work. It takes every envelope staged on ctx's scope
+// and writes them with the application's own items in ONE TransactWriteItems request:
+// the items and every envelope persist together or not at all. After the commit it
+// wakes local subscribers.
+//
+// It refuses, before sending anything, a unit of work of more than 100 items in all,
+// an item over 400 KB or a request over 4 MB ([outbox.ErrTooLarge]), one with nothing
+// to write ([ErrNothingToCommit]), and a context with no scope ([outbox.ErrNoScope]).
+// The staged envelopes are taken from the scope in every case, as a rolled-back
+// transaction takes them: an application that retries its unit of work sends again.
+//
+// A cancelled transaction is returned wrapped, so errors.As finds the SDK's
+// *types.TransactionCanceledException and its CancellationReasons (application items
+// first, in the order passed, then the envelopes in staging order).
+func (s *Store) Commit(ctx context.Context, appItems ...types.TransactWriteItem) error {
+	if err := s.enter(ctx); err != nil {
+		return err
+	}
+	scope := outbox.ScopeFrom(ctx)
+	if scope == nil {
+		return outbox.ErrNoScope
+	}
+	envs := scope.Take()
+	total := len(appItems) + len(envs)
+	switch {
+	case total == 0:
+		return ErrNothingToCommit
+	case total > maxTransactItems:
+		return fmt.Errorf("%w: dynamodb: the unit of work has %d items (%d application items and %d envelopes), over a transaction's %d",
+			outbox.ErrTooLarge, total, len(appItems), len(envs), maxTransactItems)
+	}
+	size, err := s.check(envs)
+	if err != nil {
+		return err
+	}
+	for i, it := range appItems {
+		n, put := transactItemSize(it)
+		if put && n > maxItemSize {
+			return fmt.Errorf("%w: dynamodb: application item %d is %d bytes, over DynamoDB's 400 KB item limit", outbox.ErrTooLarge, i, n)
+		}
+		size += n
+	}
+	if size > maxTransactSize {
+		return fmt.Errorf("%w: dynamodb: the unit of work takes about %d bytes, over a transaction's 4 MB", outbox.ErrTooLarge, size)
+	}
+	if err := s.reserve(ctx, envs); err != nil {
+		return err
+	}
+	if err := s.transact(ctx, "commit", appItems, envs); err != nil {
+		return err
+	}
+	s.NotifyCommitted(envs...)
+	return nil
+}
+
+// Transact runs fn with a scope on its context (ctx's own, or a new one), then commits
+// what fn staged together with the items fn returns, as [Store.Commit] does. If fn
+// fails, nothing is written and Transact returns fn's error.
+func (s *Store) Transact(ctx context.Context, fn func(ctx context.Context) ([]types.TransactWriteItem, error)) error {
+	scope := outbox.ScopeFrom(ctx)
+	if scope == nil {
+		ctx, scope = outbox.NewScope(ctx)
+		defer scope.Release()
+	}
+	items, err := fn(ctx)
+	if err != nil {
+		scope.Take() // a rolled-back unit of work takes its staged sends with it
+		return err
+	}
+	return s.Commit(ctx, items...)
+}
+
+// CreateTransactWriteItems reserves sequence numbers for envs (one reservation per
+// distinct bucket; envelopes sharing a bucket keep their list order), sets their Seq
+// and returns one conditional Put per envelope, in the order given, for the caller's
+// own TransactWriteItems request. Each Put carries attribute_not_exists on the
+// partition key, so a reset counter fails the transaction instead of overwriting a
+// pending message.
+//
+// Build the items inside the caller's retry loop: a transaction rebuilt after losing
+// an optimistic-concurrency race must reserve again. After the transaction commits,
+// call [Store.NotifyCommitted].
+func (s *Store) CreateTransactWriteItems(ctx context.Context, envs ...*outbox.Envelope) ([]types.TransactWriteItem, error) {
+	if err := s.enter(ctx); err != nil {
+		return nil, err
+	}
+	if len(envs) > maxTransactItems {
+		return nil, fmt.Errorf("%w: dynamodb: %d envelopes cannot fit in one transaction of %d items", outbox.ErrTooLarge, len(envs), maxTransactItems)
+	}
+	if _, err := s.check(envs); err != nil {
+		return nil, err
+	}
+	if err := s.reserve(ctx, envs); err != nil {
+		return nil, err
+	}
+	items := make([]types.TransactWriteItem, len(envs))
+	for i, env := range envs {
+		items[i] = types.TransactWriteItem{Put: s.put(env)}
+	}
+	return items, nil
+}
+
+// NotifyCommitted wakes the local subscribers of the envelopes' buckets. Call it only
+// after the transaction holding the items of [Store.CreateTransactWriteItems]
+// committed; it is optional, because relays also poll.
+func (s *Store) NotifyCommitted(envs ...*outbox.Envelope) {
+	buckets := make([]int, 0, min(len(envs), s.opts.BucketCount))
+	for _, env := range envs {
+		if !slices.Contains(buckets, env.Bucket) {
+			buckets = append(buckets, env.Bucket)
+		}
+	}
+	s.hub.Notify(buckets...)
+}
+
+// check refuses envelopes that cannot be stored and returns their total item size.
+func (s *Store) check(envs []*outbox.Envelope) (int, error) {
+	size := 0
+	seen := make(map[uuid.UUID]struct{}, len(envs))
+	for i, env := range envs {
+		if env == nil {
+			return 0, fmt.Errorf("%w: dynamodb: envelope %d is nil", outbox.ErrInvalidMessage, i)
+		}
+		if env.BucketCount != s.opts.BucketCount {
+			return 0, fmt.Errorf("%w: dynamodb: envelope %s was stamped for %d buckets but the store has %d; give the writer and the store the same bucket count",
+				outbox.ErrMisconfigured, env.ID, env.BucketCount, s.opts.BucketCount)
+		}
+		if env.Bucket < 0 || env.Bucket >= s.opts.BucketCount {
+			return 0, fmt.Errorf("%w: dynamodb: envelope %s has bucket %d outside 0..%d", outbox.ErrInvalidMessage, env.ID, env.Bucket, s.opts.BucketCount-1)
+		}
+		if env.ID == uuid.Nil {
+			return 0, fmt.Errorf("%w: dynamodb: envelope %d has no ID; build envelopes with outbox.NewEnvelope", outbox.ErrInvalidMessage, i)
+		}
+		if err := env.Validate(); err != nil {
+			return 0, fmt.Errorf("dynamodb: envelope %s: %w", env.ID, err)
+		}
+		if !utf8.ValidString(env.Topic) {
+			return 0, fmt.Errorf("%w: dynamodb: envelope %s: topic is not valid UTF-8, which a string attribute must be", outbox.ErrInvalidMessage, env.ID)
+		}
+		if _, dup := seen[env.ID]; dup {
+			return 0, fmt.Errorf("%w: dynamodb: envelope %s appears twice in one write", outbox.ErrInvalidMessage, env.ID)
+		}
+		seen[env.ID] = struct{}{}
+		// Seq does not change the size: the sort key has a fixed width.
+		n := itemSize(s.keys.messageItem(env, s.keys.messages(env.Bucket)))
+		if n > maxItemSize {
+			return 0, fmt.Errorf("%w: dynamodb: envelope %s needs a %d-byte item, over DynamoDB's 400 KB item limit; keep large payloads elsewhere and send a reference",
+				outbox.ErrTooLarge, env.ID, n)
+		}
+		size += n
+	}
+	return size, nil
+}
+
+// reserve takes sequence numbers from each bucket's counter, one UpdateItem per
+// distinct bucket, and assigns them in list order.
+func (s *Store) reserve(ctx context.Context, envs []*outbox.Envelope) error {
+	var buckets []int
+	members := make(map[int][]*outbox.Envelope)
+	for _, env := range envs {
+		if _, ok := members[env.Bucket]; !ok {
+			buckets = append(buckets, env.Bucket)
+		}
+		members[env.Bucket] = append(members[env.Bucket], env)
+	}
+	return s.forEach(ctx, len(buckets), func(ctx context.Context, i int) error {
+		b := buckets[i]
+		group := members[b]
+		out, err := s.client.UpdateItem(ctx, &ddb.UpdateItemInput{
+			TableName:                 aws.String(s.opts.TableName),
+			Key:                       s.keys.key(s.keys.sequence(b), sequenceSortKey),
+			UpdateExpression:          aws.String("ADD #seq :n"),
+			ExpressionAttributeNames:  map[string]string{"#seq": attrSequence},
+			ExpressionAttributeValues: map[string]types.AttributeValue{":n": numberAttr(int64(len(group)))},
+			ReturnValues:              types.ReturnValueUpdatedNew,
+		})
+		if err != nil {
+			return s.translate(ctx, "reserve sequence numbers", err)
+		}
+		last, ok, err := intAttr(out.Attributes, attrSequence)
+		if err != nil || !ok {
+			return fmt.Errorf("dynamodb: reserve sequence numbers: counter of bucket %d returned no number (%v)", b, err)
+		}
+		first := last - int64(len(group)) + 1
+		for j, env := range group {
+			env.Seq = first + int64(j)
+		}
+		return nil
+	})
+}
+
+// put is the conditional Put of one envelope whose Seq is reserved.
+func (s *Store) put(env *outbox.Envelope) *types.Put {
+	return &types.Put{
+		TableName:                           aws.String(s.opts.TableName),
+		Item:                                s.keys.messageItem(env, s.keys.messages(env.Bucket)),
+		ConditionExpression:                 aws.String("attribute_not_exists(#pk)"),
+		ExpressionAttributeNames:            map[string]string{"#pk": s.keys.pk},
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+	}
+}
+
+// transact writes appItems and envs in one TransactWriteItems request.
+func (s *Store) transact(ctx context.Context, op string, appItems []types.TransactWriteItem, envs []*outbox.Envelope) error {
+	items := make([]types.TransactWriteItem, 0, len(appItems)+len(envs))
+	items = append(items, appItems...)
+	for _, env := range envs {
+		items = append(items, types.TransactWriteItem{Put: s.put(env)})
+	}
+	_, err := s.client.TransactWriteItems(ctx, &ddb.TransactWriteItemsInput{TransactItems: items})
+	if err == nil {
+		return nil
+	}
+	if tce, ok := errors.AsType[*types.TransactionCanceledException](err); ok && len(envs) > 0 && conditionFailed(tce) {
+		// A retry of a request whose first attempt was applied fails its conditions.
+		// The sequence numbers were reserved for this call alone, so finding every
+		// envelope under its own number proves the transaction committed.
+		if ok, cerr := s.confirm(ctx, envs); cerr != nil {
+			return cerr
+		} else if ok {
+			return nil
+		}
+	}
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return ctxErr
+	}
+	return s.translate(ctx, op, err)
+}
+
+func conditionFailed(tce *types.TransactionCanceledException) bool {
+	for _, r := range tce.CancellationReasons {
+		if aws.ToString(r.Code) == "ConditionalCheckFailed" {
+			return true
+		}
+	}
+	return false
+}
+
+// confirm reports whether every envelope is stored under its Seq with its own ID,
+// with strongly consistent reads.
+func (s *Store) confirm(ctx context.Context, envs []*outbox.Envelope) (bool, error) {
+	want := make(map[string]string, len(envs)) // "pk\x00sk" -> message id
+	keys := make([]map[string]types.AttributeValue, 0, len(envs))
+	for _, env := range envs {
+		pk, sk := s.keys.messages(env.Bucket), seqSortKey(env.Seq)
+		want[pk+"\x00"+sk] = env.ID.String()
+		keys = append(keys, s.keys.key(pk, sk))
+	}
+	found := 0
+	for attempt := 0; len(keys) > 0; attempt++ {
+		if attempt > 0 {
+			if err := sleep(ctx, backoff(attempt)); err != nil {
+				return false, err
+			}
+		}
+		if attempt == maxBatchAttempts {
+			return false, fmt.Errorf("dynamodb: confirm a retried write: %d keys left unprocessed", len(keys))
+		}
+		out, err := s.client.BatchGetItem(ctx, &ddb.BatchGetItemInput{RequestItems: map[string]types.KeysAndAttributes{
+			s.opts.TableName: {
+				Keys:                     keys,
+				ConsistentRead:           aws.Bool(true),
+				ProjectionExpression:     aws.String("#pk, #sk, #id"),
+				ExpressionAttributeNames: map[string]string{"#pk": s.keys.pk, "#sk": s.keys.sk, "#id": attrMessageID},
+			},
+		}})
+		if err != nil {
+			return false, s.translate(ctx, "confirm a retried write", err)
+		}
+		for _, item := range out.Responses[s.opts.TableName] {
+			id, ok := want[stringAttr(item, s.keys.pk)+"\x00"+stringAttr(item, s.keys.sk)]
+			if !ok || id != stringAttr(item, attrMessageID) {
+				return false, nil
+			}
+			found++
+		}
+		keys = out.UnprocessedKeys[s.opts.TableName].Keys
+	}
+	return found == len(envs), nil
+}
+
+// sequenceOf parses a message sort key.
+func sequenceOf(sk string) (int64, error) { return strconv.ParseInt(sk, 10, 64) }
