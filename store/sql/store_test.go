@@ -1,11 +1,16 @@
 package sqlstore_test
 
 import (
+	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
 
 	"github.com/outboxkit/outbox"
+	sqlstore "github.com/outboxkit/outbox/store/sql"
 )
 
 func TestRoundTrip(t *testing.T) {
@@ -39,4 +44,193 @@ func TestRoundTrip(t *testing.T) {
 		require.Nil(t, got2.Headers)
 		require.Nil(t, got2.Partition)
 	})
+}
+
+func TestConfigValidation(t *testing.T) {
+	db := sqliteDB(t)
+	cases := []struct {
+		cfg   sqlstore.Config
+		field string
+	}{
+		{sqlstore.Config{Table: "orders; DROP TABLE x"}, "Config.Table"},
+		{sqlstore.Config{Table: "1abc"}, "Config.Table"},
+		{sqlstore.Config{Table: "a.b.c"}, "Config.Table"},
+		{sqlstore.Config{LeaseTable: "bad-name"}, "Config.LeaseTable"},
+		{sqlstore.Config{RelayTable: "x y"}, "Config.RelayTable"},
+		{sqlstore.Config{Table: "same", LeaseTable: "same"}, "LeaseTable"},
+		{sqlstore.Config{BucketCount: -1}, "Config.BucketCount"},
+		{sqlstore.Config{MaxMessageSize: -5}, "Config.MaxMessageSize"},
+		{sqlstore.Config{StatsLimit: -1}, "Config.StatsLimit"},
+		{sqlstore.Config{NotifyChannel: "no good"}, "Config.NotifyChannel"},
+		{sqlstore.Config{Table: strings.Repeat("t", 60)}, "Config.LeaseTable"},
+	}
+	for _, c := range cases {
+		_, err := sqlstore.NewDB(db, sqlstore.SQLite, c.cfg)
+		require.ErrorIs(t, err, outbox.ErrMisconfigured, "%+v", c.cfg)
+		require.ErrorContains(t, err, c.field)
+	}
+	_, err := sqlstore.NewDB(db, sqlstore.Dialect(42), sqlstore.Config{})
+	require.ErrorIs(t, err, outbox.ErrMisconfigured)
+	_, err = sqlstore.NewDB(db, sqlstore.SQLite, sqlstore.Config{Table: "main.outbox"})
+	require.ErrorIs(t, err, outbox.ErrMisconfigured, "SQLite names are not schema-qualified")
+	_, err = sqlstore.NewDB(nil, sqlstore.SQLite, sqlstore.Config{})
+	require.ErrorIs(t, err, outbox.ErrMisconfigured)
+
+	s, err := sqlstore.NewDB(db, sqlstore.PostgreSQL, sqlstore.Config{Table: "billing.outbox"})
+	require.NoError(t, err)
+	cfg := s.Config()
+	require.Equal(t, "billing.outbox_leases", cfg.LeaseTable)
+	require.Equal(t, "billing.outbox_relays", cfg.RelayTable)
+	require.Equal(t, "billing_outbox", cfg.NotifyChannel)
+	require.Equal(t, outbox.DefaultBucketCount, cfg.BucketCount)
+	require.Equal(t, sqlstore.DefaultMaxMessageSize, s.MaxMessageSize())
+}
+
+func TestMigrateIsIdempotentAndDDLMatches(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b backend) {
+		ctx := testContext(t)
+		s := b.open(t, sqlstore.Config{})
+		require.NoError(t, s.Migrate(ctx), "a second Migrate is a no-op")
+		ddl := s.DDL()
+		require.NotEmpty(t, ddl)
+		for _, stmt := range ddl {
+			require.Contains(t, stmt, "IF NOT EXISTS", "every step can be rerun")
+		}
+		require.Contains(t, strings.Join(ddl, "\n"), s.Config().Table)
+		require.Equal(t, 1, countRows(t, s, s.Config().Table+"_migrations"))
+	})
+}
+
+func TestMisuseIsExplained(t *testing.T) {
+	ctx := testContext(t)
+	s := backends[5].open(t, sqlstore.Config{}) // sqlite/database-sql
+	err := s.TransactPgx(ctx, nil)
+	require.ErrorIs(t, err, outbox.ErrMisconfigured)
+	require.ErrorContains(t, err, "NewPgx")
+	err = s.TransactGorm(ctx, nil)
+	require.ErrorIs(t, err, outbox.ErrMisconfigured)
+	require.ErrorContains(t, err, "NewGorm")
+	_, err = s.EnqueuePgxTx(ctx, nil)
+	require.ErrorIs(t, err, outbox.ErrMisconfigured)
+
+	g := backends[6].open(t, sqlstore.Config{}) // sqlite/gorm
+	var gdb *gorm.DB
+	require.True(t, g.As(&gdb))
+	_, err = g.EnqueueGormTx(ctx, gdb)
+	require.ErrorIs(t, err, outbox.ErrMisconfigured, "a *gorm.DB outside a transaction is refused")
+	require.ErrorContains(t, err, "db.Begin")
+}
+
+func TestLimitsAndLargeBatches(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b backend) {
+		ctx := testContext(t)
+		s := b.open(t, sqlstore.Config{MaxMessageSize: 64 << 10})
+		big := newEnvelope(t, s, "k", strings.Repeat("x", 64<<10))
+		err := s.Enqueue(ctx, newEnvelope(t, s, "k", "small"), big)
+		require.ErrorIs(t, err, outbox.ErrTooLarge)
+		require.ErrorContains(t, err, "MaxMessageSize")
+		require.Zero(t, countRows(t, s, s.Config().Table), "nothing of a refused batch is written")
+
+		// More rows than one statement can bind: several INSERTs, one transaction.
+		const n = 5000
+		envs := make([]*outbox.Envelope, n)
+		for i := range envs {
+			envs[i] = newEnvelope(t, s, fmt.Sprint(i), "p")
+		}
+		require.NoError(t, s.Enqueue(ctx, envs...))
+		require.Equal(t, n, countRows(t, s, s.Config().Table))
+		seen := map[int64]bool{}
+		for _, env := range envs {
+			require.NotZero(t, env.Seq)
+			require.False(t, seen[env.Seq])
+			seen[env.Seq] = true
+		}
+		// Each Seq written back is the row's own.
+		got, err := s.Find(ctx, envs[n-1].ID)
+		require.NoError(t, err)
+		require.Equal(t, envs[n-1].Seq, got.Seq)
+
+		// A duplicate ID is refused as invalid input.
+		err = s.Enqueue(ctx, envs[0])
+		require.ErrorIs(t, err, outbox.ErrInvalidMessage)
+
+		// Completing the whole batch is one call.
+		require.NoError(t, s.Complete(ctx, envs))
+		require.Zero(t, countRows(t, s, s.Config().Table))
+	})
+}
+
+func TestDeleteDispatchedInBoundedBatches(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b backend) {
+		ctx := testContext(t)
+		s := b.open(t, sqlstore.Config{})
+		var envs []*outbox.Envelope
+		for i := range 25 {
+			envs = append(envs, newEnvelope(t, s, fmt.Sprint(i), "p"))
+		}
+		require.NoError(t, s.Enqueue(ctx, envs...))
+		at := time.Now().Add(-time.Hour)
+		require.NoError(t, s.MarkDispatched(ctx, envs[:20], at))
+		n, err := s.DeleteDispatched(ctx, time.Now(), 8)
+		require.NoError(t, err)
+		require.Equal(t, 8, n)
+		n, err = s.DeleteDispatched(ctx, at, 100)
+		require.NoError(t, err)
+		require.Zero(t, n, "only rows dispatched before the cut-off go")
+		n, err = s.DeleteDispatched(ctx, time.Now(), 100)
+		require.NoError(t, err)
+		require.Equal(t, 12, n)
+		require.Equal(t, 5, countRows(t, s, s.Config().Table), "pending rows stay")
+	})
+}
+
+func TestEnqueueTxRollsBackWithTheApplication(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b backend) {
+		ctx := testContext(t)
+		s := b.open(t, sqlstore.Config{})
+		sub := s.Subscribe(ctx)
+		tx := beginManual(t, ctx, s)
+		sctx, scope := outbox.NewScope(ctx)
+		defer scope.Release()
+		staged := newEnvelope(t, s, "a", "staged")
+		require.NoError(t, scope.Stage(staged))
+		extra := newEnvelope(t, s, "b", "extra")
+		require.NoError(t, tx.enqueue(sctx, extra))
+		require.Zero(t, scope.Len(), "the staged envelope was taken")
+		tx.rollback()
+		require.Zero(t, countRows(t, s, s.Config().Table))
+
+		tx = beginManual(t, ctx, s)
+		again := newEnvelope(t, s, "a", "again")
+		require.NoError(t, tx.enqueue(ctx, again))
+		require.NoError(t, tx.commit())
+		s.NotifyCommitted(again)
+		// On PostgreSQL the listener also wakes every bucket when it connects.
+		timeout := time.After(5 * time.Second)
+		for woke := false; !woke; {
+			select {
+			case bucket := <-sub:
+				woke = bucket == again.Bucket
+			case <-timeout:
+				t.Fatal("NotifyCommitted woke no subscriber")
+			}
+		}
+		require.Equal(t, 1, countRows(t, s, s.Config().Table))
+	})
+}
+
+func TestHeadersSurviveAnyBytes(t *testing.T) {
+	ctx := testContext(t)
+	s := backends[5].open(t, sqlstore.Config{})
+	hs := []outbox.Header{{Key: "bin", Value: []byte{0, 1, 2, 255}}, {Key: "nil"}, {Key: "empty", Value: []byte{}},
+		{Key: "long", Value: []byte(strings.Repeat("v", 300))}, {Key: "bin", Value: []byte("dup")}}
+	env, err := outbox.NewEnvelope(outbox.Message{Topic: "t", Key: []byte{0, 0xff}, Payload: []byte{0}, Headers: hs}, s.BucketCount())
+	require.NoError(t, err)
+	require.NoError(t, s.Enqueue(ctx, env))
+	got, err := s.Find(ctx, env.ID)
+	require.NoError(t, err)
+	require.Equal(t, hs, got.Headers)
+	require.Nil(t, got.Headers[1].Value)
+	require.NotNil(t, got.Headers[2].Value)
+	require.Equal(t, []byte{0, 0xff}, got.Key)
 }
