@@ -3,12 +3,14 @@ package dynamodb_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -86,15 +88,71 @@ func (p *proxy) serialised() bool {
 	return p.serial
 }
 
-// The DynamoDB API server's expression evaluator fails on any item of the table that
-// holds an empty binary attribute, which DynamoDB itself allows (the store writes one
-// for an empty key or payload). The proxy therefore swaps empty binaries for a marker
-// on the way in and back on the way out, so the server stores and returns the same
-// bytes DynamoDB would.
+// The DynamoDB API server differs from DynamoDB in two ways that matter here, and the
+// proxy evens them out on the wire so the server stores, compares and returns what
+// DynamoDB would:
+//
+//   - Its expression evaluator fails on any item of the table holding an empty binary
+//     attribute, which DynamoDB allows (the store writes one for an empty key or
+//     payload). Empty binaries travel as a marker.
+//   - It evaluates numbers as float64, while DynamoDB keeps 38 digits: 18-digit UTC
+//     ticks lose their last digits in updates and compare wrongly in conditions. Tick
+//     values travel rebased by tickBase, which keeps them within float64's exact
+//     integers for dates from about 1998 to 2054.
 var (
 	emptyBinary  = []byte(`{"B":""}`)
 	binaryMarker = []byte(`{"B":"AG1pbmlkeW4tZW1wdHktYmluYXJ5AA=="}`)
 )
+
+const tickBase = 639_000_000_000_000_000
+
+// tickAttributes are the attributes that hold ticks in items the server returns.
+var tickAttributes = map[string]bool{
+	"CreatedAtUtc": true, "NextAttemptAtUtc": true, "ParkedAtUtc": true,
+	"ExpiresAtUtc": true, "LastSeenUtc": true, "StoppedAtUtc": true,
+}
+
+// rebaseTicks walks a JSON document and shifts tick numbers: toServer subtracts
+// tickBase from every number of 18 digits (only ticks are that large), the way back
+// adds it to every number held by a tick attribute.
+func rebaseTicks(body []byte, toServer bool) []byte {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	var doc any
+	if err := dec.Decode(&doc); err != nil {
+		return body
+	}
+	var walk func(v any, name string)
+	walk = func(v any, name string) {
+		switch v := v.(type) {
+		case map[string]any:
+			if n, ok := v["N"].(string); ok && len(v) == 1 {
+				x, err := strconv.ParseInt(n, 10, 64)
+				switch {
+				case err != nil:
+				case toServer && x >= 100_000_000_000_000_000:
+					v["N"] = strconv.FormatInt(x-tickBase, 10)
+				case !toServer && tickAttributes[name]:
+					v["N"] = strconv.FormatInt(x+tickBase, 10)
+				}
+				return
+			}
+			for k, e := range v {
+				walk(e, k)
+			}
+		case []any:
+			for _, e := range v {
+				walk(e, name)
+			}
+		}
+	}
+	walk(doc, "")
+	out, err := json.Marshal(doc)
+	if err != nil {
+		return body
+	}
+	return out
+}
 
 func hideEmptyBinaries(r *http.Request) {
 	if r.Body == nil {
@@ -106,6 +164,7 @@ func hideEmptyBinaries(r *http.Request) {
 		return
 	}
 	body = bytes.ReplaceAll(body, emptyBinary, binaryMarker)
+	body = rebaseTicks(body, true)
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body))
 	r.Header.Set("Content-Length", fmt.Sprint(len(body)))
@@ -119,7 +178,7 @@ func (p *proxy) inspect(resp *http.Response) error {
 		return err
 	}
 	_ = resp.Body.Close()
-	body = bytes.ReplaceAll(body, binaryMarker, emptyBinary)
+	body = bytes.ReplaceAll(rebaseTicks(body, false), binaryMarker, emptyBinary)
 	p.mu.Lock()
 	p.requests[op]++
 	if bytes.Contains(body, []byte("ConditionalCheckFailedException")) {

@@ -99,9 +99,10 @@ func (s *Store) conditional(ctx context.Context, op string, in *ddb.UpdateItemIn
 	return false, s.translate(ctx, op, err)
 }
 
-// Heartbeat sets the relay's LastSeenUtc to at and removes StoppedAtUtc, only if the
-// stored LastSeenUtc is earlier: a heartbeat the relay gave up on cannot land later
-// and put an older round back.
+// Heartbeat writes the relay's record with LastSeenUtc=at and no StoppedAtUtc, only if
+// the stored LastSeenUtc is earlier: a heartbeat the relay gave up on cannot land later
+// and put an older round back. The record is written whole (a conditional PutItem),
+// which is how the stop stamp goes away on a restart under the same ID.
 func (s *Store) Heartbeat(ctx context.Context, relay string, at time.Time) (bool, error) {
 	if relay == "" {
 		return false, errNoRelayID
@@ -109,13 +110,27 @@ func (s *Store) Heartbeat(ctx context.Context, relay string, at time.Time) (bool
 	if err := s.enter(ctx); err != nil {
 		return false, err
 	}
-	return s.conditional(ctx, "heartbeat", &ddb.UpdateItemInput{
-		Key:                       s.keys.key(s.keys.coordination(), relaySortKey(relay)),
-		UpdateExpression:          aws.String("SET #seen = :at REMOVE #stopped"),
+	item := s.keys.key(s.keys.coordination(), relaySortKey(relay))
+	item[attrLastSeen] = ticksAttr(at)
+	return s.conditionalPut(ctx, "heartbeat", &ddb.PutItemInput{
+		Item:                      item,
 		ConditionExpression:       aws.String("attribute_not_exists(#seen) OR #seen < :at"),
-		ExpressionAttributeNames:  map[string]string{"#seen": attrLastSeen, "#stopped": attrStoppedAt},
+		ExpressionAttributeNames:  map[string]string{"#seen": attrLastSeen},
 		ExpressionAttributeValues: map[string]types.AttributeValue{":at": ticksAttr(at)},
 	})
+}
+
+// conditionalPut sends one conditional PutItem and reports whether its condition held.
+func (s *Store) conditionalPut(ctx context.Context, op string, in *ddb.PutItemInput) (bool, error) {
+	in.TableName = aws.String(s.opts.TableName)
+	_, err := s.client.PutItem(ctx, in)
+	switch {
+	case err == nil:
+		return true, nil
+	case isConditionFailed(err):
+		return false, nil
+	}
+	return false, s.translate(ctx, op, err)
 }
 
 // StopRelay stamps the relay's record StoppedAtUtc=at, and LastSeenUtc=at when that is
@@ -228,8 +243,9 @@ func (s *Store) Renew(ctx context.Context, held outbox.Lease, now, expiresAt tim
 	})
 }
 
-// Release frees held by removing its Owner, only if the stored lease still names
-// held.Owner with expiry held.ExpiresAt. The expiry stays as a record.
+// Release frees held, only if the stored lease still names held.Owner with expiry
+// held.ExpiresAt. It rewrites the lease item whole without Owner (a conditional
+// PutItem); the expiry stays as a record.
 func (s *Store) Release(ctx context.Context, held outbox.Lease) (bool, error) {
 	if err := s.checkBucket(held.Bucket); err != nil {
 		return false, err
@@ -240,9 +256,10 @@ func (s *Store) Release(ctx context.Context, held outbox.Lease) (bool, error) {
 	if held.Owner == "" {
 		return false, nil
 	}
-	ok, err := s.conditional(ctx, "release", &ddb.UpdateItemInput{
-		Key:                      s.keys.key(s.keys.coordination(), leaseSortKey(held.Bucket)),
-		UpdateExpression:         aws.String("REMOVE #owner"),
+	item := s.keys.key(s.keys.coordination(), leaseSortKey(held.Bucket))
+	item[attrExpiresAt] = ticksAttr(held.ExpiresAt)
+	ok, err := s.conditionalPut(ctx, "release", &ddb.PutItemInput{
+		Item:                     item,
 		ConditionExpression:      aws.String("#owner = :owner AND #exp = :held"),
 		ExpressionAttributeNames: map[string]string{"#owner": attrOwner, "#exp": attrExpiresAt},
 		ExpressionAttributeValues: map[string]types.AttributeValue{

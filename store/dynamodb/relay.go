@@ -327,10 +327,11 @@ func (s *Store) Reschedule(ctx context.Context, env *outbox.Envelope, next time.
 }
 
 // Park moves the message out of its bucket's partition into the bucket's parked
-// partition, with Attempts+1, LastError=cause and ParkedAtUtc, in one
-// TransactWriteItems request. Fetch never reads parked messages again; an operator
-// requeues or purges them ([Store.Requeue], [Store.Purge]). A message that is gone is
-// skipped.
+// partition, with Attempts+1, LastError=cause and ParkedAtUtc. It records the failure
+// on the stored message first (one UpdateItem that returns the whole item), then moves
+// that item with one TransactWriteItems request, so the parked copy is exactly what
+// was stored. Fetch never reads parked messages again; an operator requeues or purges
+// them ([Store.Requeue], [Store.Purge]). A message that is gone is skipped.
 func (s *Store) Park(ctx context.Context, env *outbox.Envelope, cause string) error {
 	if err := s.enter(ctx); err != nil {
 		return err
@@ -338,25 +339,43 @@ func (s *Store) Park(ctx context.Context, env *outbox.Envelope, cause string) er
 	if err := s.checkBucket(env.Bucket); err != nil {
 		return err
 	}
-	parked := env.Clone()
-	parked.Attempts++
-	parked.LastError = truncateError(cause)
-	parked.BucketCount = s.opts.BucketCount
-	item := s.keys.messageItem(parked, s.keys.parked(env.Bucket))
+	key := s.keys.key(s.keys.messages(env.Bucket), seqSortKey(env.Seq))
+	idCond := map[string]types.AttributeValue{":id": &types.AttributeValueMemberS{Value: env.ID.String()}}
+	out, err := s.client.UpdateItem(ctx, &ddb.UpdateItemInput{
+		TableName:                aws.String(s.opts.TableName),
+		Key:                      key,
+		UpdateExpression:         aws.String("SET #err = :err ADD #att :one"),
+		ConditionExpression:      aws.String("#id = :id"),
+		ExpressionAttributeNames: map[string]string{"#err": attrLastError, "#att": attrAttempts, "#id": attrMessageID},
+		ExpressionAttributeValues: map[string]types.AttributeValue{
+			":err": &types.AttributeValueMemberS{Value: truncateError(cause)},
+			":one": numberAttr(1),
+			":id":  idCond[":id"],
+		},
+		ReturnValues: types.ReturnValueAllNew,
+	})
+	if isConditionFailed(err) {
+		return nil // gone: completed, or parked by an earlier call
+	}
+	if err != nil {
+		return s.translate(ctx, "park", err)
+	}
+	item := out.Attributes
+	item[s.keys.pk] = &types.AttributeValueMemberS{Value: s.keys.parked(env.Bucket)}
 	item[attrParkedAt] = ticksAttr(time.Now())
-	_, err := s.client.TransactWriteItems(ctx, &ddb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{
+	_, err = s.client.TransactWriteItems(ctx, &ddb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{
 		{Delete: &types.Delete{
 			TableName:                 aws.String(s.opts.TableName),
-			Key:                       s.keys.key(s.keys.messages(env.Bucket), seqSortKey(env.Seq)),
+			Key:                       key,
 			ConditionExpression:       aws.String("#id = :id"),
 			ExpressionAttributeNames:  map[string]string{"#id": attrMessageID},
-			ExpressionAttributeValues: map[string]types.AttributeValue{":id": &types.AttributeValueMemberS{Value: env.ID.String()}},
+			ExpressionAttributeValues: idCond,
 		}},
 		{Put: &types.Put{TableName: aws.String(s.opts.TableName), Item: item}},
 	}})
 	if err != nil {
 		if tce, ok := errors.AsType[*types.TransactionCanceledException](err); ok && conditionFailed(tce) {
-			return nil // gone: completed, or parked by an earlier attempt of this call
+			return nil // moved by a retried attempt of this request, or completed meanwhile
 		}
 		return s.translate(ctx, "park", err)
 	}
