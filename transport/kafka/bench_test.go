@@ -22,7 +22,7 @@ import (
 // in the same run, through the same client and in-process cluster. A coin decides
 // which goes first in each round. It reports msgs/s for both from the median round
 // of each, their ratio (transport/raw; 1 means no overhead), and the ratio of the
-// mean rounds, which the in-process broker's occasional stalls make noisy.
+// mean rounds, which occasional stalls of tens of milliseconds make noisy.
 func BenchmarkPublish(b *testing.B) {
 	for _, size := range []int{100, 500} {
 		b.Run(fmt.Sprintf("batch=%d", size), func(b *testing.B) {
@@ -87,10 +87,9 @@ func BenchmarkPublish(b *testing.B) {
 				b.StartTimer()
 				first, second := sendRaw, sendTransport
 				firstTimes, secondTimes := &rawTimes, &trTimes
-				// A coin decides who goes first. Not a fixed alternation: the in-process
-				// broker's log grows by doubling, and the copies stall whoever produces
-				// at fixed record counts, which a fixed order would always pin on one
-				// side.
+				// A coin decides who goes first. Not a fixed alternation: the longest
+				// stalls recur at round numbers that double (255, 511, 1023, ...), and
+				// a fixed order would always pin them on one side.
 				if order.IntN(2) == 1 {
 					first, second = second, first
 					firstTimes, secondTimes = secondTimes, firstTimes
