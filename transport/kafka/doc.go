@@ -32,6 +32,11 @@
 //     topic does not have, a message naming a partition on a client without
 //     [Partitioner], and an unknown topic when [Config.UnknownTopicPermanent] is set.
 //     Everything else (leader changes, timeouts, an unreachable cluster) is transient.
+//   - A message the transport refuses before sending holds back the later messages of
+//     its key in the batch: they are reported failed, transient, so a key's
+//     deliveries never skip a message. This, and the client failing a partition's
+//     later buffered records when a produce request fails, suits the dispatcher's
+//     SameKeyBatches option.
 //   - The transport retries nothing itself; the client retries as configured
 //     (kgo.RecordRetries, kgo.RecordDeliveryTimeout) before a record fails.
 //
