@@ -1,0 +1,86 @@
+// Package dynamodb is the DynamoDB outbox store: messages, sequence counters, leases and
+// relay heartbeats in one table with a string partition key and a string sort key,
+// through an AWS SDK v2 client the caller built.
+//
+// Writers put messages in the transaction that carries their business write: either
+// with [Store.Commit], the unit of work that drains the envelopes staged on the
+// context's [outbox.Scope] into ONE TransactWriteItems request together with the
+// application's own items, or with [Store.CreateTransactWriteItems] for a request the
+// application assembles itself. [Store.Enqueue] writes messages that have no business
+// write. Relays ([github.com/outboxkit/outbox/dispatcher]) drain buckets through the
+// [outbox.RelayStore] methods and share the buckets with the lease protocol.
+//
+// # Item schema
+//
+// Every item lives under Options.KeyPrefix (default OUTBOX); PK and SK stand for the
+// configured key attribute names. {bucket} is the decimal bucket number, unpadded.
+// Times are UTC ticks: 100 ns units since 0001-01-01T00:00:00Z, as a number.
+//
+//	item              PK                          SK
+//	message           OUTBOX#MESSAGES#{bucket}    sequence, 19 digits, zero padded
+//	parked message    OUTBOX#PARKED#{bucket}      its sequence, unchanged
+//	sequence counter  OUTBOX#SEQUENCE#{bucket}    SEQUENCE
+//	lease             OUTBOX#COORDINATION         LEASE#{bucket, 10 digits, zero padded}
+//	relay heartbeat   OUTBOX#COORDINATION         RELAY#{relay id}
+//
+// A message item holds MessageId (S, the UUID), Topic (S), Key (B; absent: keyless,
+// empty: a real empty key), Value (B; absent: tombstone), Headers (B, see
+// [EncodeHeaders]), Partition (N, optional), CreatedAtUtc (N, ticks) and BucketCount (N,
+// the writer's count). This store adds three attributes written only after a failed
+// publish — Attempts (N), NextAttemptAtUtc (N, ticks) and LastError (S, at most 2 KB) —
+// and ParkedAtUtc (N, ticks) on parked items. An absent attribute means zero. The
+// counter holds Sequence (N), the last number handed out. A lease holds Owner (S,
+// absent when free) and ExpiresAtUtc (N). A heartbeat holds LastSeenUtc (N) and, once
+// the relay stopped gracefully, StoppedAtUtc (N).
+//
+// # Semantics
+//
+//   - Order: a writer reserves sequence numbers from the bucket's counter with one
+//     UpdateItem (ADD) per distinct bucket before its transaction commits; messages of
+//     one bucket are relayed in sequence order, and messages sharing a bucket within
+//     one call keep their list order. A reservation that never commits leaves a
+//     harmless gap.
+//   - Atomicity: every message Put is conditional on attribute_not_exists, so a
+//     transaction never overwrites a pending message (a reset counter fails the
+//     transaction instead). Enqueue and Commit are safe under the SDK's retries: a
+//     retry that finds the items of its own first attempt reports success.
+//   - Fetch is a strongly consistent Query in sequence order, followed by gap probing:
+//     a Query is only read-committed against TransactWriteItems, so up to eight ranges
+//     of missing sequence numbers (between fetched messages, and from the last message
+//     this store removed, or from the bucket's start after it took the lease) are
+//     probed with one-range consistent queries, and the head is read again when a
+//     probe finds a message.
+//   - Complete deletes with BatchWriteItem, 25 keys a request; throttled keys are
+//     retried with backoff, and those still left are published again later: a
+//     duplicate, never a loss.
+//   - Parking moves a message into its bucket's parked partition, so fetches never
+//     read it again; requeueing moves it back under its original sequence number.
+//   - Leases follow the reference protocol: every write is one conditional request;
+//     renewals and releases are conditional on the expiry read (the lease's version),
+//     heartbeats only move forward, a stopping relay stamps its record instead of
+//     deleting it, and lease items beyond the bucket count are ignored. A fleet that
+//     agrees on its membership makes no refused conditional write.
+//   - [Store.HasPending] is the idle probe: one eventually consistent one-key query.
+//   - [Store.Stats] counts pending and parked messages up to PendingCountLimit per
+//     bucket and reads each bucket's head for the oldest age.
+//   - Commits are announced to subscribers in this process ([Store.Subscribe]); other
+//     processes' relays find them by polling.
+//
+// # Limitations
+//
+//   - An item is at most 400 KB and a transaction at most 100 items and 4 MB: Enqueue
+//     takes at most 100 envelopes, and Commit refuses a larger unit of work before it
+//     sends anything ([outbox.ErrTooLarge]). Keep large payloads elsewhere.
+//   - No retention: completed messages are deleted, so this store does not implement
+//     [outbox.Retainer] and a dispatcher configured with a retention period refuses to
+//     start with [outbox.ErrMisconfigured].
+//   - No lookup by ID ([outbox.Finder]): DynamoDB would need an index or a read of
+//     every bucket. [Store.Purge] and [Store.Requeue] pay that read; they are operator
+//     tools.
+//   - One bucket is one partition key, which DynamoDB serves at up to 1,000 write
+//     units a second; raise the bucket count (after draining the table) for more.
+//   - One region: conditional writes in a multi-region global table do not arbitrate
+//     between regions.
+//   - Lease expiry compares host clocks; keep relay hosts synchronised to well within
+//     the lease duration.
+package dynamodb
