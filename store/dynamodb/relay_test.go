@@ -1,0 +1,258 @@
+package dynamodb_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	ddb "github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/truora/minidyn/server"
+
+	"github.com/outboxkit/outbox"
+	dynamodb "github.com/outboxkit/outbox/store/dynamodb"
+)
+
+func TestCompleteBatchesAndRetriesUnprocessed(t *testing.T) {
+	t.Parallel()
+	d := newTestDB(t)
+	s := d.newStore(t, dynamodb.Options{BucketCount: 1})
+	ctx := context.Background()
+	var envs []*outbox.Envelope
+	for range 60 {
+		envs = append(envs, envelope(t, 1, "t", []byte("k"), []byte("x")))
+	}
+	require.NoError(t, s.Enqueue(ctx, envs[:50]...))
+	require.NoError(t, s.Enqueue(ctx, envs[50:]...))
+	d.proxy.take()
+
+	// The first delete of every request comes back unprocessed twice.
+	var left atomic.Int64
+	left.Store(2 * 3)
+	d.server.EmulateUnprocessedItems(s.Options().TableName, func(n int, _ map[string]*server.AttributeValue) bool {
+		return n == 0 && left.Add(-1) >= 0
+	})
+	require.NoError(t, s.Complete(ctx, append(envs, envs[0]))) // a duplicate is dropped
+	reqs, _ := d.proxy.take()
+	assert.GreaterOrEqual(t, reqs["BatchWriteItem"], 3+2, "three requests of at most 25 keys, plus retries")
+	assert.LessOrEqual(t, reqs["BatchWriteItem"], 3+6)
+	got, err := s.Fetch(ctx, 0, 100)
+	require.NoError(t, err)
+	assert.Empty(t, got)
+	require.NoError(t, s.Complete(ctx, envs[:3]), "completing what is gone is not an error")
+
+	// A delete that stays unprocessed fails the call; the message stays.
+	d.server.ClearUnprocessedItems()
+	kept := envelope(t, 1, "t", []byte("k"), []byte("kept"))
+	require.NoError(t, s.Enqueue(ctx, kept))
+	d.server.EmulateUnprocessedItems(s.Options().TableName, func(int, map[string]*server.AttributeValue) bool { return true })
+	err = s.Complete(ctx, []*outbox.Envelope{kept})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "unprocessed")
+	d.server.ClearUnprocessedItems()
+	got, err = s.Fetch(ctx, 0, 10)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"kept"}, payloadsOf(got))
+}
+
+func TestParkRequeuePurgeLayout(t *testing.T) {
+	t.Parallel()
+	d := newTestDB(t)
+	s := d.newStore(t, dynamodb.Options{BucketCount: 1})
+	table := s.Options().TableName
+	ctx := context.Background()
+	a, b := envelope(t, 1, "t", []byte("k"), []byte("a")), envelope(t, 1, "t", []byte("k"), []byte("b"))
+	require.NoError(t, s.Enqueue(ctx, a, b))
+	next := time.Now().Add(time.Hour).UTC().Truncate(time.Microsecond)
+	require.NoError(t, s.Reschedule(ctx, a, next, "timeout"))
+	item := rawItem(t, d, table, "OUTBOX#MESSAGES#0", "0000000000000000001")
+	assert.Equal(t, "1", item["Attempts"].(*types.AttributeValueMemberN).Value)
+	assert.Equal(t, "timeout", item["LastError"].(*types.AttributeValueMemberS).Value)
+	assert.Contains(t, item, "NextAttemptAtUtc")
+
+	require.NoError(t, s.Park(ctx, a, "too large"))
+	assert.Nil(t, rawItem(t, d, table, "OUTBOX#MESSAGES#0", "0000000000000000001"), "a parked message leaves the bucket")
+	parked := rawItem(t, d, table, "OUTBOX#PARKED#0", "0000000000000000001")
+	require.NotNil(t, parked, "and lands in the parked partition under its sequence number")
+	assert.Equal(t, "2", parked["Attempts"].(*types.AttributeValueMemberN).Value)
+	assert.Contains(t, parked, "ParkedAtUtc")
+	require.NoError(t, s.Park(ctx, a, "again"), "parking what is gone is skipped")
+
+	n, err := s.Requeue(ctx, a.ID, b.ID)
+	require.NoError(t, err)
+	assert.Equal(t, 1, n, "only the parked one")
+	back := rawItem(t, d, table, "OUTBOX#MESSAGES#0", "0000000000000000001")
+	require.NotNil(t, back, "requeued under its original sequence number")
+	assert.NotContains(t, back, "Attempts")
+	assert.NotContains(t, back, "NextAttemptAtUtc")
+	assert.NotContains(t, back, "ParkedAtUtc")
+	assert.Equal(t, "too large", back["LastError"].(*types.AttributeValueMemberS).Value)
+	got, err := s.Fetch(ctx, 0, 10)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"a", "b"}, payloadsOf(got))
+	assert.True(t, got[0].Due(time.Now()))
+
+	require.NoError(t, s.Park(ctx, got[0], "poison"))
+	n, err = s.Purge(ctx, a.ID, b.ID)
+	require.NoError(t, err)
+	assert.Equal(t, 2, n, "one parked, one pending")
+	st, err := s.Stats(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, []int{0}, st.Pending)
+	assert.Zero(t, st.Parked)
+}
+
+func TestStatsAndIdleProbe(t *testing.T) {
+	t.Parallel()
+	d := newTestDB(t)
+	s := d.newStore(t, dynamodb.Options{BucketCount: 2, PendingCountLimit: 5})
+	ctx := context.Background()
+	k0 := keyForBucket(t, 0, 2)
+	var envs []*outbox.Envelope
+	for i := range 7 {
+		e := envelope(t, 2, "t", k0, []byte("x"))
+		e.CreatedAt = time.Date(2026, 1, 1, 0, 0, i, 0, time.UTC)
+		envs = append(envs, e)
+	}
+	require.NoError(t, s.Enqueue(ctx, envs...))
+	pending, err := s.HasPending(ctx, 1)
+	require.NoError(t, err)
+	assert.False(t, pending)
+	pending, err = s.HasPending(ctx, 0)
+	require.NoError(t, err)
+	assert.True(t, pending)
+	reqs, _ := d.proxy.take()
+	assert.Equal(t, 2, reqs["Query"], "one query per probe")
+
+	st, err := s.Stats(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, []int{5, 0}, st.Pending, "counted up to the limit")
+	assert.Equal(t, 5, st.PendingLimit)
+	assert.True(t, st.OldestPending.Equal(envs[0].CreatedAt), "oldest from the bucket head: %v", st.OldestPending)
+}
+
+func TestLeaseItems(t *testing.T) {
+	t.Parallel()
+	d := newTestDB(t)
+	s := d.newStore(t, dynamodb.Options{BucketCount: 4})
+	table := s.Options().TableName
+	ctx := context.Background()
+	now := time.Date(2026, 5, 6, 7, 8, 9, 123456000, time.UTC)
+
+	ok, err := s.Claim(ctx, 3, "relay-a", now, now.Add(30*time.Second))
+	require.NoError(t, err)
+	require.True(t, ok)
+	lease := rawItem(t, d, table, "OUTBOX#COORDINATION", "LEASE#0000000003")
+	require.NotNil(t, lease)
+	assert.Equal(t, "relay-a", lease["Owner"].(*types.AttributeValueMemberS).Value)
+	ok, err = s.Heartbeat(ctx, "relay-a", now)
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Contains(t, rawItem(t, d, table, "OUTBOX#COORDINATION", "RELAY#relay-a"), "LastSeenUtc")
+
+	// A lease item of a larger fleet (bucket 6 of 8) is ignored.
+	_, err = d.client.PutItem(ctx, &ddb.PutItemInput{TableName: aws.String(table), Item: map[string]types.AttributeValue{
+		"PK": &types.AttributeValueMemberS{Value: "OUTBOX#COORDINATION"}, "SK": &types.AttributeValueMemberS{Value: "LEASE#0000000006"},
+		"Owner": &types.AttributeValueMemberS{Value: "old"}, "ExpiresAtUtc": &types.AttributeValueMemberN{Value: "639000000000000000"},
+	}})
+	require.NoError(t, err)
+	coord, err := s.ReadCoordination(ctx)
+	require.NoError(t, err)
+	require.Len(t, coord.Leases, 1)
+	assert.Equal(t, 3, coord.Leases[0].Bucket)
+	assert.True(t, coord.Leases[0].ExpiresAt.Equal(now.Add(30*time.Second)))
+
+	// A renewal that would move the expiry backwards is never sent.
+	d.proxy.take()
+	ok, err = s.Renew(ctx, coord.Leases[0], now, now.Add(10*time.Second))
+	require.NoError(t, err)
+	assert.False(t, ok)
+	reqs, refused := d.proxy.take()
+	assert.Zero(t, reqs["UpdateItem"])
+	assert.Zero(t, refused)
+
+	// Stop: stamped, not deleted; a later heartbeat (a restart) clears the stamp.
+	require.NoError(t, s.StopRelay(ctx, "relay-a", now.Add(time.Second)))
+	rec := rawItem(t, d, table, "OUTBOX#COORDINATION", "RELAY#relay-a")
+	require.NotNil(t, rec)
+	assert.Contains(t, rec, "StoppedAtUtc")
+	ok, err = s.Heartbeat(ctx, "relay-a", now.Add(500*time.Millisecond))
+	require.NoError(t, err)
+	assert.False(t, ok, "an abandoned heartbeat cannot revive a stopped relay")
+	ok, err = s.Heartbeat(ctx, "relay-a", now.Add(2*time.Second))
+	require.NoError(t, err)
+	assert.True(t, ok)
+	assert.NotContains(t, rawItem(t, d, table, "OUTBOX#COORDINATION", "RELAY#relay-a"), "StoppedAtUtc")
+}
+
+func TestCreateIfNotExists(t *testing.T) {
+	t.Parallel()
+	d := newTestDB(t)
+	ctx := context.Background()
+	opts := dynamodb.Options{TableName: uniqueTable(t), PartitionKeyAttributeName: "pk", SortKeyAttributeName: "sk"}
+
+	in, err := dynamodb.CreateTableInput(opts)
+	require.NoError(t, err)
+	assert.Equal(t, types.BillingModePayPerRequest, in.BillingMode)
+	assert.Equal(t, "pk", aws.ToString(in.KeySchema[0].AttributeName))
+	assert.Equal(t, types.KeyTypeHash, in.KeySchema[0].KeyType)
+	assert.Equal(t, types.KeyTypeRange, in.KeySchema[1].KeyType)
+	_, err = dynamodb.CreateTableInput(dynamodb.Options{})
+	require.ErrorIs(t, err, outbox.ErrMisconfigured)
+
+	// Several processes at once (the proxy serialises requests, as the API server
+	// cannot create tables concurrently).
+	d.proxy.mu.Lock()
+	d.proxy.serial = true
+	d.proxy.mu.Unlock()
+	var wg sync.WaitGroup
+	errs := make([]error, 5)
+	for i := range errs {
+		wg.Go(func() { errs[i] = dynamodb.CreateIfNotExists(ctx, d.client, opts) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	reqs, _ := d.proxy.take()
+	assert.GreaterOrEqual(t, reqs["CreateTable"], 1)
+	require.NoError(t, dynamodb.CreateIfNotExists(ctx, d.client, opts), "an existing table is fine")
+	reqs, _ = d.proxy.take()
+	assert.Zero(t, reqs["CreateTable"], "an existing table is not created again")
+
+	// A table with another key schema is refused.
+	err = dynamodb.CreateIfNotExists(ctx, d.client, dynamodb.Options{TableName: opts.TableName})
+	require.ErrorIs(t, err, outbox.ErrMisconfigured)
+
+	// A store on a missing table says so.
+	s, err := dynamodb.New(d.client, dynamodb.Options{TableName: "missing-table"})
+	require.NoError(t, err)
+	_, err = s.Fetch(ctx, 0, 1)
+	require.ErrorIs(t, err, outbox.ErrMisconfigured)
+	assert.Contains(t, err.Error(), "missing-table")
+}
+
+func TestContextAndClose(t *testing.T) {
+	t.Parallel()
+	d := newTestDB(t)
+	s := d.newStore(t, dynamodb.Options{BucketCount: 1})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := s.Enqueue(ctx, envelope(t, 1, "t", nil, nil))
+	require.True(t, errors.Is(err, context.Canceled) && err == context.Canceled, "context errors come back unwrapped: %v", err)
+	require.NoError(t, s.Close())
+	require.NoError(t, s.Close(), "closing twice is a no-op")
+	_, err = s.Fetch(context.Background(), 0, 1)
+	require.ErrorIs(t, err, outbox.ErrClosed)
+	var c dynamodb.Client
+	require.True(t, s.As(&c))
+	var raw *ddb.Client
+	require.True(t, s.As(&raw))
+	assert.Same(t, d.client, raw)
+}
