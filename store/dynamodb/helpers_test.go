@@ -207,6 +207,12 @@ func (p *proxy) take() (map[string]int, int) {
 	return reqs, refused
 }
 
+func (p *proxy) refusedSoFar() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.refused
+}
+
 func (p *proxy) loseNext(op string, n int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

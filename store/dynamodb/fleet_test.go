@@ -1,0 +1,173 @@
+package dynamodb_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxkit/outbox/dispatcher"
+	"github.com/outboxkit/outbox/outboxtest"
+	dynamodb "github.com/outboxkit/outbox/store/dynamodb"
+)
+
+// relayFleet runs dispatcher workers over one table, each with its own store and
+// recorder, as separate processes would.
+type relayFleet struct {
+	t      *testing.T
+	d      *testDB
+	opts   dynamodb.Options
+	relays map[string]*dispatcher.Dispatcher
+	recs   map[string]*outboxtest.Recorder
+}
+
+const (
+	fleetRenew = 150 * time.Millisecond
+	fleetLease = 2 * time.Second
+)
+
+func (f *relayFleet) start(id string) {
+	f.t.Helper()
+	s, err := dynamodb.New(f.d.client, f.opts)
+	require.NoError(f.t, err)
+	f.t.Cleanup(func() { _ = s.Close() })
+	rec := outboxtest.NewRecorder()
+	disp, err := dispatcher.New(s, rec, dispatcher.Config{
+		RelayID:            id,
+		BucketCount:        f.opts.BucketCount,
+		PollInterval:       50 * time.Millisecond,
+		LeaseDuration:      fleetLease,
+		LeaseRenewInterval: fleetRenew,
+		Logger:             slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	require.NoError(f.t, err)
+	require.NoError(f.t, disp.Start(context.Background()))
+	f.t.Cleanup(func() { _ = disp.Stop(context.Background()) })
+	f.relays[id], f.recs[id] = disp, rec
+}
+
+// shares returns the sorted bucket counts of the running relays once every bucket has
+// exactly one owner and the split matches want, failing after a deadline.
+func (f *relayFleet) waitFor(want []int) {
+	f.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var shares []int
+		owners := map[int]int{}
+		for _, d := range f.relays {
+			owned := d.Owned()
+			shares = append(shares, len(owned))
+			for _, b := range owned {
+				owners[b]++
+			}
+		}
+		slices.Sort(shares)
+		one := len(owners) == f.opts.BucketCount
+		for _, n := range owners {
+			one = one && n == 1
+		}
+		if one && slices.Equal(shares, want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			f.t.Fatalf("fleet did not settle on %v: shares %v, owners %v", want, shares, owners)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (f *relayFleet) published() int {
+	n := 0
+	for _, r := range f.recs {
+		n += r.Unique()
+	}
+	return n
+}
+
+// TestFleetMakesNoRefusedWritesInSteadyState runs three relays on one table through a
+// proxy that counts every ConditionalCheckFailedException the server returns. Once the
+// buckets are split, many rounds of renewals go by without a single refused write, and
+// a relay joining or stopping gracefully costs at most a few.
+func TestFleetMakesNoRefusedWritesInSteadyState(t *testing.T) {
+	t.Parallel()
+	d := newTestDB(t)
+	s := d.newStore(t, dynamodb.Options{BucketCount: 8})
+	f := &relayFleet{t: t, d: d, opts: s.Options(), relays: map[string]*dispatcher.Dispatcher{}, recs: map[string]*outboxtest.Recorder{}}
+	ctx := context.Background()
+
+	// Writers keep enqueuing throughout.
+	stopWriters := make(chan struct{})
+	var writers sync.WaitGroup
+	enqueued := 0
+	writers.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stopWriters:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			if err := s.Enqueue(ctx, envelope(t, 8, "t", []byte{byte(i)}, []byte("x"))); err != nil {
+				t.Errorf("enqueue: %v", err)
+				return
+			}
+			enqueued++
+		}
+	})
+
+	for _, id := range []string{"relay-a", "relay-b", "relay-c"} {
+		f.start(id)
+	}
+	f.waitFor([]int{2, 3, 3})
+	startup := d.proxy.refusedSoFar()
+
+	// Steady state: at least twenty renewal rounds per relay.
+	d.proxy.take()
+	before := map[string][]int{}
+	rounds := map[string]int64{}
+	for id, r := range f.relays {
+		before[id], rounds[id] = r.Owned(), r.Stats().Rounds
+	}
+	time.Sleep(20 * fleetRenew)
+	reqs, refused := d.proxy.take()
+	for id, r := range f.relays {
+		assert.GreaterOrEqual(t, r.Stats().Rounds-rounds[id], int64(15), "rounds of %s", id)
+		assert.Equal(t, before[id], r.Owned(), "nothing moves in steady state (%s)", id)
+	}
+	assert.Zero(t, refused, "refused conditional writes in steady state")
+	assert.NotZero(t, reqs["UpdateItem"], "renewals were sent")
+	t.Logf("startup refused %d; steady state %v requests, %d refused", startup, reqs, refused)
+
+	// A relay joins.
+	f.start("relay-d")
+	f.waitFor([]int{2, 2, 2, 2})
+	_, refused = d.proxy.take()
+	assert.LessOrEqual(t, refused, 2, "refused writes while a relay joins")
+	t.Logf("join: %d refused", refused)
+
+	// A relay stops gracefully; its peers take its buckets on their next round.
+	stopped := f.relays["relay-c"]
+	require.NoError(t, stopped.Stop(ctx))
+	delete(f.relays, "relay-c")
+	f.waitFor([]int{2, 3, 3})
+	_, refused = d.proxy.take()
+	assert.LessOrEqual(t, refused, 2, "refused writes while a relay stops gracefully")
+	t.Logf("graceful stop: %d refused", refused)
+
+	time.Sleep(10 * fleetRenew)
+	_, refused = d.proxy.take()
+	assert.Zero(t, refused, "steady again")
+
+	close(stopWriters)
+	writers.Wait()
+	deadline := time.Now().Add(10 * time.Second)
+	for f.published() < enqueued && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	assert.GreaterOrEqual(t, f.published(), enqueued, "every enqueued message was published")
+}
