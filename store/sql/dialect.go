@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"strconv"
 	"strings"
+	"sync/atomic"
 )
 
 // Column order shared by every SELECT of messages and by scanEnvelope.
@@ -23,7 +24,16 @@ func maxParams(d Dialect) int {
 	return 65535
 }
 
-func maxRows(d Dialect) int { return maxParams(d) / insertColumnCount }
+func maxRows(d Dialect) int {
+	if n := rowsPerStatement.Load(); n > 0 {
+		return int(n)
+	}
+	return maxParams(d) / insertColumnCount
+}
+
+// rowsPerStatement overrides maxRows in tests, so splitting a batch is exercised
+// without binding tens of thousands of parameters.
+var rowsPerStatement atomic.Int64
 
 // statements holds every fixed statement, rendered once for the configured tables.
 // Placeholders are written as '?' and rebound to $n for PostgreSQL.

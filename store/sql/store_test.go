@@ -131,8 +131,9 @@ func TestLimitsAndLargeBatches(t *testing.T) {
 		require.ErrorContains(t, err, "MaxMessageSize")
 		require.Zero(t, countRows(t, s, s.Config().Table), "nothing of a refused batch is written")
 
-		// More rows than one statement can bind: several INSERTs, one transaction.
-		const n = 5000
+		// More rows than one statement takes: several INSERTs, one transaction.
+		sqlstore.SplitBatchesAt(t, 300)
+		const n = 1000
 		envs := make([]*outbox.Envelope, n)
 		for i := range envs {
 			envs[i] = newEnvelope(t, s, fmt.Sprint(i), "p")
@@ -150,9 +151,17 @@ func TestLimitsAndLargeBatches(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, envs[n-1].Seq, got.Seq)
 
-		// A duplicate ID is refused as invalid input.
+		// A duplicate ID is refused as invalid input; when it sits in a later
+		// statement of a split batch, the earlier statements roll back too.
 		err = s.Enqueue(ctx, envs[0])
 		require.ErrorIs(t, err, outbox.ErrInvalidMessage)
+		more := make([]*outbox.Envelope, 0, 701)
+		for i := range 700 {
+			more = append(more, newEnvelope(t, s, fmt.Sprint(i), "more"))
+		}
+		err = s.Enqueue(ctx, append(more, envs[0])...)
+		require.ErrorIs(t, err, outbox.ErrInvalidMessage)
+		require.Equal(t, n, countRows(t, s, s.Config().Table), "a split batch is all or nothing")
 
 		// Completing the whole batch is one call.
 		require.NoError(t, s.Complete(ctx, envs))
