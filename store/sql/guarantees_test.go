@@ -166,7 +166,7 @@ func TestUnitOfWorkRollbackLeavesNoRow(t *testing.T) {
 // drain runs one dispatcher sweep over every bucket.
 func drain(t *testing.T, ctx context.Context, s outbox.RelayStore, rec outbox.Transport) dispatcher.Result {
 	t.Helper()
-	d, err := dispatcher.New(s, rec, dispatcher.Config{BucketCount: s.BucketCount(), RelayID: "sweeper"})
+	d, err := dispatcher.New(s, rec, dispatcher.Config{BucketCount: s.BucketCount(), RelayID: "sweeper", Logger: quietLog})
 	require.NoError(t, err)
 	res, err := d.RunOnce(ctx)
 	require.NoError(t, err)
@@ -303,7 +303,7 @@ func TestTwoRelaysNeverOwnOneBucket(t *testing.T) {
 			d, err := dispatcher.New(s, check, dispatcher.Config{
 				RelayID: fmt.Sprintf("worker-%d", i), BucketCount: buckets, BatchSize: 10,
 				PollInterval: 20 * time.Millisecond, LeaseDuration: 900 * time.Millisecond,
-				LeaseRenewInterval: 300 * time.Millisecond,
+				LeaseRenewInterval: 300 * time.Millisecond, Logger: quietLog,
 			})
 			require.NoError(t, err)
 			require.NoError(t, d.Start(ctx))
@@ -336,7 +336,7 @@ func TestSQLiteConcurrentWritersAndRelayNeverBusy(t *testing.T) {
 			s := b.open(t, sqlstore.Config{})
 			orders := businessTable(t, s)
 			rec := outboxtest.NewRecorder()
-			d, err := dispatcher.New(s, rec, dispatcher.Config{BucketCount: s.BucketCount(), PollInterval: 5 * time.Millisecond, BatchSize: 50})
+			d, err := dispatcher.New(s, rec, dispatcher.Config{BucketCount: s.BucketCount(), PollInterval: 5 * time.Millisecond, BatchSize: 50, Logger: quietLog})
 			require.NoError(t, err)
 			require.NoError(t, d.Start(ctx))
 
@@ -393,7 +393,7 @@ func TestListenNotifyWakesWorkerAcrossProcesses(t *testing.T) {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := testContext(t)
-			relayStore := b.open(t, sqlstore.Config{BucketCount: 2})
+			relayStore := b.open(t, sqlstore.Config{BucketCount: 2, Logger: quietLog})
 			// A second store on the same tables stands for another process: its
 			// commits cannot wake the relay's in-process hub.
 			cfg := relayStore.Config()
@@ -404,7 +404,7 @@ func TestListenNotifyWakesWorkerAcrossProcesses(t *testing.T) {
 			rec := outboxtest.NewRecorder()
 			d, err := dispatcher.New(relayStore, rec, dispatcher.Config{
 				BucketCount: 2, PollInterval: time.Hour,
-				LeaseDuration: 3 * time.Hour, LeaseRenewInterval: time.Hour,
+				LeaseDuration: 3 * time.Hour, LeaseRenewInterval: time.Hour, Logger: quietLog,
 			})
 			require.NoError(t, err)
 			require.NoError(t, d.Start(ctx))

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -348,5 +349,8 @@ func testContext(t testing.TB) context.Context {
 }
 
 func sqlstoreConfig() sqlstore.Config { return sqlstore.Config{} }
+
+// quietLog keeps expected warnings (refused claims, a dropped LISTEN) out of test output.
+var quietLog = slog.New(slog.DiscardHandler)
 
 func runtimeProcs() int { return runtime.GOMAXPROCS(0) }
