@@ -2,18 +2,17 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/dispatcher"
 	"github.com/outboxkit/outbox/middleware"
-	"github.com/outboxkit/outbox/outboxtest"
 )
 
 // topic is where order events go.
@@ -26,39 +25,26 @@ const relayID = "orders-relay"
 // errCrash stands for the process dying at that point.
 var errCrash = errors.New("simulated crash")
 
-// newBackend picks the backend each story runs on.
-var newBackend = newMemoryBackend
-
 // run tells the three stories on w and returns an error if one of them does not turn
-// out as told.
-func run(ctx context.Context, w io.Writer) error {
+// out as told. Each story gets fresh tables and a fresh view of the broker.
+func run(ctx context.Context, w io.Writer, opts options) error {
 	n := &narrator{w: w}
-	b, err := newBackend()
-	if err != nil {
-		return err
-	}
-	n.say("outbox walkthrough (%s)\n", b.Describe())
-	if err := b.Close(); err != nil {
-		return err
-	}
 	stories := []struct {
 		title string
-		tell  func(context.Context, *narrator, backend) error
+		tell  func(context.Context, *narrator, *database, broker) error
 	}{
 		{"1. A naive dual write loses its message", naiveDualWrite},
 		{"2. Immediate mode: the send survives the crash", immediateMode},
 		{"3. Transactional mode: the order and its message commit together", transactionalMode},
 	}
-	for _, s := range stories {
-		b, err := newBackend()
-		if err != nil {
-			return err
-		}
-		n.say("\n%s\n", s.title)
-		err = s.tell(ctx, n, b)
-		if cerr := b.Close(); err == nil {
-			err = cerr
-		}
+	for i, s := range stories {
+		err := tellStory(ctx, opts, func(db *database, br broker) error {
+			if i == 0 {
+				n.say("outbox walkthrough: orders and the outbox in %s;\nmessages go to %s.\n", db.name, br.Name())
+			}
+			n.say("\n%s\n", s.title)
+			return s.tell(ctx, n, db, br)
+		})
 		if err != nil {
 			return fmt.Errorf("%s: %w", s.title, err)
 		}
@@ -66,14 +52,29 @@ func run(ctx context.Context, w io.Writer) error {
 	return n.err
 }
 
+// tellStory opens the database and the broker, runs tell, and cleans up after it.
+func tellStory(ctx context.Context, opts options, tell func(*database, broker) error) error {
+	db, err := openDatabase(ctx, opts)
+	if err != nil {
+		return err
+	}
+	cleanupCtx := context.WithoutCancel(ctx) // drop the tables even after Ctrl-C
+	br, err := openBroker(ctx, opts)
+	if err != nil {
+		return errors.Join(err, db.close(cleanupCtx))
+	}
+	err = tell(db, br)
+	return errors.Join(err, br.Close(), db.close(cleanupCtx))
+}
+
 // naiveDualWrite saves an order, then publishes straight to the broker, and crashes
 // in between.
-func naiveDualWrite(ctx context.Context, n *narrator, b backend) error {
+func naiveDualWrite(ctx context.Context, n *narrator, db *database, br broker) error {
 	router := middleware.NewRouter()
-	router.Handle(topic, middleware.Inline(b.Broker())) // no outbox: publish inline
+	router.Handle(topic, middleware.Inline(br)) // no outbox: publish inline
 
 	placeOrder := func(ctx context.Context, id string, crash func() error) error {
-		if err := b.SaveOrder(ctx, id); err != nil {
+		if err := db.saveOrder(ctx, id); err != nil {
 			return err
 		}
 		if err := crash(); err != nil {
@@ -83,19 +84,25 @@ func naiveDualWrite(ctx context.Context, n *narrator, b backend) error {
 	}
 
 	n.say("   The handler saves order 1001, then publishes %s straight to the broker.\n", topic)
-	n.say("   The process crashes between the two.\n")
+	n.say("   The process crashes between the two, and restarts.\n")
 	err := placeOrder(ctx, "1001", func() error { return errCrash })
 	if !errors.Is(err, errCrash) {
 		return fmt.Errorf("expected the crash, got %v", err)
 	}
-	orders, err := b.Orders(ctx)
+	if err := db.restart(); err != nil {
+		return err
+	}
+	orders, err := db.savedOrders(ctx)
 	if err != nil {
 		return err
 	}
-	received := len(b.Broker().Received(topic))
-	n.say("   Orders saved: %v. Messages the broker received: %d.\n", orders, received)
-	if len(orders) != 1 || received != 0 {
-		return fmt.Errorf("expected 1 order and no message, got %d orders and %d messages", len(orders), received)
+	received, err := br.Received(ctx)
+	if err != nil {
+		return err
+	}
+	n.say("   Orders saved: %v. Messages the broker received: %d.\n", orders, len(received))
+	if len(orders) != 1 || len(received) != 0 {
+		return fmt.Errorf("expected 1 order and no message, got %d orders and %d messages", len(orders), len(received))
 	}
 	n.say("   => The order exists but nobody was told: the message is lost for good.\n")
 	return nil
@@ -103,27 +110,31 @@ func naiveDualWrite(ctx context.Context, n *narrator, b backend) error {
 
 // immediateMode captures the send into the outbox before the crash, then shows the
 // relay delivering it at least once across a relay crash.
-func immediateMode(ctx context.Context, n *narrator, b backend) error {
-	ob, err := middleware.NewOutbox(b.Store(), middleware.Config{}) // Immediate is the default
+func immediateMode(ctx context.Context, n *narrator, db *database, br broker) error {
+	n.say("   The handler saves order 1002 and sends %s through a route with UseOutbox.\n", topic)
+	n.say("   The send is written to the outbox before Send returns; then the process crashes.\n")
+	ob, err := middleware.NewOutbox(db.store, middleware.Config{}) // Immediate is the default
 	if err != nil {
 		return err
 	}
 	router := middleware.NewRouter(middleware.CorrelationID())
 	router.Handle(topic, nil, ob.UseOutbox())
-
-	n.say("   The handler saves order 1002 and sends %s through a route with UseOutbox.\n", topic)
-	n.say("   The send is written to the outbox before Send returns; then the process crashes.\n")
-	if err := b.SaveOrder(ctx, "1002"); err != nil {
+	if err := db.saveOrder(ctx, "1002"); err != nil {
 		return err
 	}
 	if err := router.Send(ctx, orderPlaced("1002")); err != nil {
 		return err
 	}
-	orders, err := b.Orders(ctx)
+
+	n.say("   The process restarts and opens the database again.\n")
+	if err := db.restart(); err != nil {
+		return err
+	}
+	orders, err := db.savedOrders(ctx)
 	if err != nil {
 		return err
 	}
-	waiting, err := pending(ctx, b.Store())
+	waiting, err := pending(ctx, db.store)
 	if err != nil {
 		return err
 	}
@@ -132,18 +143,23 @@ func immediateMode(ctx context.Context, n *narrator, b backend) error {
 		return fmt.Errorf("expected 1 waiting message, got %d", waiting)
 	}
 
-	n.say("   The process restarts and its relay publishes. The broker acknowledges,\n")
-	n.say("   and the relay crashes before it can delete the message from the outbox.\n")
-	crashing := &crashAfterPublish{store: b.Store()}
-	relay, err := newRelay(crashing, b.Broker())
+	n.say("   Its relay publishes. The broker acknowledges, and the process crashes again\n")
+	n.say("   before the relay can delete the message from the outbox. It restarts.\n")
+	relay, err := newRelay(&crashAfterPublish{RelayStore: db.store}, br)
 	if err != nil {
 		return err
 	}
 	if _, err := relay.RunOnce(ctx); !errors.Is(err, errCrash) {
 		return fmt.Errorf("expected the relay to crash, got %v", err)
 	}
-	received := b.Broker().Received(topic)
-	if waiting, err = pending(ctx, b.Store()); err != nil {
+	if err := db.restart(); err != nil {
+		return err
+	}
+	received, err := br.Received(ctx)
+	if err != nil {
+		return err
+	}
+	if waiting, err = pending(ctx, db.store); err != nil {
 		return err
 	}
 	n.say("   Messages the broker received: %d. Messages still in the outbox: %d.\n", len(received), waiting)
@@ -151,16 +167,18 @@ func immediateMode(ctx context.Context, n *narrator, b backend) error {
 		return fmt.Errorf("expected 1 received and 1 waiting, got %d and %d", len(received), waiting)
 	}
 
-	n.say("   The relay restarts and publishes the message again.\n")
-	relay, err = newRelay(b.Store(), b.Broker())
+	n.say("   The restarted relay publishes the message again.\n")
+	relay, err = newRelay(db.store, br)
 	if err != nil {
 		return err
 	}
 	if _, err := relay.RunOnce(ctx); err != nil {
 		return err
 	}
-	received = b.Broker().Received(topic)
-	if waiting, err = pending(ctx, b.Store()); err != nil {
+	if received, err = br.Received(ctx); err != nil {
+		return err
+	}
+	if waiting, err = pending(ctx, db.store); err != nil {
 		return err
 	}
 	ids := map[string]bool{}
@@ -169,53 +187,59 @@ func immediateMode(ctx context.Context, n *narrator, b backend) error {
 	}
 	n.say("   Messages the broker received: %d, with %d distinct message id. Still in the outbox: %d.\n",
 		len(received), len(ids), waiting)
+	showDeliveries(n, received)
 	if len(received) != 2 || len(ids) != 1 || waiting != 0 {
 		return fmt.Errorf("expected 2 deliveries of 1 message and an empty outbox, got %d, %d, %d", len(received), len(ids), waiting)
 	}
 
-	processed, key := deduplicate(received)
-	n.say("   Both copies carry idempotency-key %s, so a consumer that\n", key)
-	n.say("   deduplicates on it handles order 1002 once.\n")
-	if processed != 1 {
+	n.say("   Both copies carry the same idempotency-key, so a consumer that deduplicates\n")
+	n.say("   on it handles order 1002 once.\n")
+	if processed := deduplicate(received); processed != 1 {
 		return fmt.Errorf("expected the consumer to handle the order once, got %d", processed)
 	}
 	n.say("   => At least once: nothing lost, duplicates possible and recognisable.\n")
 	n.say("   Immediate mode is not atomic with the order write, though: a crash between\n")
-	n.say("   SaveOrder and Send would still leave an order without its message.\n")
+	n.say("   saving the order and Send would still leave an order without its message.\n")
 	return nil
 }
 
-// transactionalMode commits the order and its send in one unit of work, then shows a
-// rollback discarding both.
-func transactionalMode(ctx context.Context, n *narrator, b backend) error {
-	ob, err := middleware.NewOutbox(b.Store(), middleware.Config{})
+// transactionalMode commits the order and its send in one database transaction, then
+// shows a rollback discarding both.
+func transactionalMode(ctx context.Context, n *narrator, db *database, br broker) error {
+	ob, err := middleware.NewOutbox(db.store, middleware.Config{})
 	if err != nil {
 		return err
 	}
 	router := middleware.NewRouter(middleware.CorrelationID())
 	router.Handle(topic, nil, ob.UseOutbox(middleware.WithMode(outbox.Transactional)))
-	relay, err := newRelay(b.Store(), b.Broker())
+	relay, err := newRelay(db.store, br)
 	if err != nil {
 		return err
 	}
 
-	// placeOrder is a request handler: a scope per request (middleware.ScopeHandler
-	// does this for HTTP), the send staged on it, and one unit of work for both.
+	// placeOrder is a request handler. The store's unit of work opens the transaction
+	// and puts a scope on ctx; the Transactional route stages the send on that scope,
+	// and the unit of work writes it in the same transaction as the order, just
+	// before the commit. A handler error rolls back both.
 	placeOrder := func(ctx context.Context, id string, fail error) error {
-		ctx, scope := outbox.NewScope(ctx)
-		defer scope.Release()
-		if err := router.Send(ctx, orderPlaced(id)); err != nil {
-			return err
-		}
-		return b.CommitOrder(ctx, id, fail)
+		return db.store.Transact(ctx, nil, func(ctx context.Context, tx *sql.Tx) error {
+			if _, err := tx.ExecContext(ctx, db.insertOrder(), id); err != nil {
+				return err
+			}
+			if err := router.Send(ctx, orderPlaced(id)); err != nil {
+				return err
+			}
+			return fail
+		})
 	}
 
+	seen := 0 // deliveries already shown
 	report := func(wantOrders, wantWaiting, wantPublished, wantReceived int) error {
-		orders, err := b.Orders(ctx)
+		orders, err := db.savedOrders(ctx)
 		if err != nil {
 			return err
 		}
-		waiting, err := pending(ctx, b.Store())
+		waiting, err := pending(ctx, db.store)
 		if err != nil {
 			return err
 		}
@@ -223,18 +247,23 @@ func transactionalMode(ctx context.Context, n *narrator, b backend) error {
 		if err != nil {
 			return err
 		}
-		received := len(b.Broker().Received(topic))
+		received, err := br.Received(ctx)
+		if err != nil {
+			return err
+		}
 		n.say("   Orders saved: %v. Messages in the outbox: %d. The relay publishes %d; the broker has received %d.\n",
-			orders, waiting, res.Published, received)
-		if len(orders) != wantOrders || waiting != wantWaiting || res.Published != wantPublished || received != wantReceived {
+			orders, waiting, res.Published, len(received))
+		showDeliveries(n, received[seen:])
+		seen = len(received)
+		if len(orders) != wantOrders || waiting != wantWaiting || res.Published != wantPublished || len(received) != wantReceived {
 			return fmt.Errorf("expected %d orders, %d waiting, %d published, %d received",
 				wantOrders, wantWaiting, wantPublished, wantReceived)
 		}
 		return nil
 	}
 
-	n.say("   Order 1003: the send is staged on the request's scope, then one unit of work\n")
-	n.say("   writes the order and the message together.\n")
+	n.say("   Order 1003: one transaction writes the order, and the send is staged and\n")
+	n.say("   written with it.\n")
 	if err := placeOrder(ctx, "1003", nil); err != nil {
 		return err
 	}
@@ -243,8 +272,8 @@ func transactionalMode(ctx context.Context, n *narrator, b backend) error {
 	}
 
 	declined := errors.New("payment declined")
-	n.say("   Order 1004: the send is staged, then the handler fails (%v)\n", declined)
-	n.say("   and the unit of work rolls back.\n")
+	n.say("   Order 1004: the order is written and the send staged, then the handler fails\n")
+	n.say("   (%v) and the transaction rolls back.\n", declined)
 	if err := placeOrder(ctx, "1004", declined); !errors.Is(err, declined) {
 		return fmt.Errorf("expected the unit of work to fail with %q, got %v", declined, err)
 	}
@@ -293,31 +322,29 @@ func pending(ctx context.Context, s outbox.Admin) (int, error) {
 }
 
 // deduplicate is a consumer that handles each idempotency key once. It returns how
-// many messages it handled and the keys it saw.
-func deduplicate(received []outboxtest.Received) (int, string) {
+// many messages it handled.
+func deduplicate(received []delivery) int {
 	seen := map[string]bool{}
-	var keys []string
 	for _, m := range received {
-		key := ""
-		for _, h := range m.Headers {
-			if h.Key == outbox.HeaderIdempotencyKey {
-				key = string(h.Value)
-			}
+		if m.IdempotencyKey != "" {
+			seen[m.IdempotencyKey] = true
 		}
-		if key == "" || seen[key] {
-			continue
-		}
-		seen[key] = true
-		keys = append(keys, key)
 	}
-	return len(keys), strings.Join(keys, ", ")
+	return len(seen)
+}
+
+// showDeliveries prints messages read back from the broker.
+func showDeliveries(n *narrator, received []delivery) {
+	for _, d := range received {
+		n.say("     Read back: %v\n", d)
+	}
 }
 
 // crashAfterPublish is the store as a relay process sees it that dies right after
 // the broker acknowledged a batch: the Complete that would delete the batch never
 // happens, and nothing the dead process tries afterwards reaches the store.
 type crashAfterPublish struct {
-	store
+	outbox.RelayStore
 	dead atomic.Bool // buckets drain in parallel
 }
 
@@ -330,14 +357,14 @@ func (c *crashAfterPublish) Release(ctx context.Context, held outbox.Lease) (boo
 	if c.dead.Load() {
 		return false, errCrash
 	}
-	return c.store.Release(ctx, held)
+	return c.RelayStore.Release(ctx, held)
 }
 
 func (c *crashAfterPublish) StopRelay(ctx context.Context, relay string, at time.Time) error {
 	if c.dead.Load() {
 		return errCrash
 	}
-	return c.store.StopRelay(ctx, relay, at)
+	return c.RelayStore.StopRelay(ctx, relay, at)
 }
 
 // narrator writes the story and keeps the first write error.
