@@ -44,9 +44,8 @@ func chaosConfig() chaos.Config {
 }
 
 // verify adds the checks every store's run must pass beyond the harness's own.
-func verify(t *testing.T, rep chaos.Report) {
+func verify(t *testing.T, rep chaos.Report, cfg chaos.Config) {
 	t.Helper()
-	cfg := chaosConfig()
 	require.Equal(t, cfg.Messages, rep.Committed+rep.RolledBack)
 	require.Positive(t, rep.RolledBack)
 	require.Positive(t, rep.InjectedErrors)
@@ -66,7 +65,7 @@ func TestChaosMemory(t *testing.T) {
 			return s.(*memory.Store).Transact(ctx, fn)
 		},
 	}, chaosConfig())
-	verify(t, rep)
+	verify(t, rep, chaosConfig())
 }
 
 // migrated migrates a store on fresh tables and drops them at cleanup.
@@ -95,7 +94,7 @@ func TestChaosPostgresPgx(t *testing.T) {
 			})
 		},
 	}, chaosConfig())
-	verify(t, rep)
+	verify(t, rep, chaosConfig())
 }
 
 func sqlHarness(db func(t *testing.T) *sql.DB, dialect sqlstore.Dialect) outboxtest.StoreHarness {
@@ -116,9 +115,9 @@ func sqlHarness(db func(t *testing.T) *sql.DB, dialect sqlstore.Dialect) outboxt
 }
 
 func TestChaosMariaDB(t *testing.T) {
-	verify(t, chaos.Run(t, sqlHarness(func(t *testing.T) *sql.DB { return mysqlDB(t) }, sqlstore.MySQL), chaosConfig()))
+	verify(t, chaos.Run(t, sqlHarness(func(t *testing.T) *sql.DB { return mysqlDB(t) }, sqlstore.MySQL), chaosConfig()), chaosConfig())
 }
 
 func TestChaosSQLite(t *testing.T) {
-	verify(t, chaos.Run(t, sqlHarness(func(t *testing.T) *sql.DB { return sqliteDB(t) }, sqlstore.SQLite), chaosConfig()))
+	verify(t, chaos.Run(t, sqlHarness(func(t *testing.T) *sql.DB { return sqliteDB(t) }, sqlstore.SQLite), chaosConfig()), chaosConfig())
 }

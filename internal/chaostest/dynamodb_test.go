@@ -1,0 +1,68 @@
+package chaostest
+
+import (
+	"context"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	ddb "github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/stretchr/testify/require"
+	"github.com/truora/minidyn/server"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/outboxtest/chaos"
+	dynamodb "github.com/outboxkit/outbox/store/dynamodb"
+)
+
+// dynamoClient starts an in-process DynamoDB API server and returns an SDK client
+// for it.
+func dynamoClient(t *testing.T) *ddb.Client {
+	t.Helper()
+	srv := httptest.NewServer(server.NewServer())
+	t.Cleanup(srv.Close)
+	return ddb.New(ddb.Options{
+		Region:       "us-east-1",
+		BaseEndpoint: aws.String(srv.URL),
+		Credentials:  credentials.NewStaticCredentialsProvider("test", "test", ""),
+	})
+}
+
+// dynamoConfig scales the run down: the in-process DynamoDB server is far slower than
+// the real service (tens of milliseconds per transaction under the race detector), so
+// the same message count would take minutes to write.
+func dynamoConfig() chaos.Config {
+	cfg := chaosConfig()
+	if large() {
+		cfg.Messages = 10_000
+	} else {
+		cfg.Messages = 600
+	}
+	cfg.LeaseDuration = 3 * time.Second
+	cfg.DrainTimeout = 3 * time.Minute
+	return cfg
+}
+
+func TestChaosDynamoDB(t *testing.T) {
+	rep := chaos.Run(t, outboxtest.StoreHarness{
+		New: func(t *testing.T, bucketCount int) outbox.RelayStore {
+			client := dynamoClient(t)
+			opts := dynamodb.Options{TableName: "outbox", BucketCount: bucketCount}
+			// The table exists before any concurrent work starts.
+			require.NoError(t, dynamodb.CreateIfNotExists(context.Background(), client, opts))
+			s, err := dynamodb.New(client, opts)
+			require.NoError(t, err)
+			return s
+		},
+		Transact: func(ctx context.Context, s outbox.RelayStore, fn func(ctx context.Context) error) error {
+			return s.(*dynamodb.Store).Transact(ctx, func(ctx context.Context) ([]types.TransactWriteItem, error) {
+				return nil, fn(ctx)
+			})
+		},
+	}, dynamoConfig())
+	verify(t, rep, dynamoConfig())
+}
