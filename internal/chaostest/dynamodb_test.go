@@ -66,3 +66,45 @@ func TestChaosDynamoDB(t *testing.T) {
 	}, dynamoConfig())
 	verify(t, rep, dynamoConfig())
 }
+
+// TestDynamoDBUnitOfWorkOverItsLimits: a unit of work beyond one TransactWriteItems
+// request (100 items) or with nothing in it is refused with a clear error before
+// anything is sent, and nothing is written.
+func TestDynamoDBUnitOfWorkOverItsLimits(t *testing.T) {
+	ctx := context.Background()
+	client := dynamoClient(t)
+	opts := dynamodb.Options{TableName: "outbox", BucketCount: 4}
+	require.NoError(t, dynamodb.CreateIfNotExists(ctx, client, opts))
+	s, err := dynamodb.New(client, opts)
+	require.NoError(t, err)
+	defer func() { _ = s.Close() }()
+
+	stage := func(n int) context.Context {
+		uctx, scope := outbox.NewScope(ctx)
+		t.Cleanup(func() { scope.Release() })
+		for i := range n {
+			env, err := outbox.NewEnvelope(outbox.Message{Topic: "t", Key: []byte{byte(i)}, Payload: []byte("p")}, 4)
+			require.NoError(t, err)
+			require.NoError(t, scope.Stage(env))
+		}
+		return uctx
+	}
+	app := types.TransactWriteItem{Put: &types.Put{TableName: aws.String("outbox"), Item: map[string]types.AttributeValue{
+		"PK": &types.AttributeValueMemberS{Value: "APP#1"}, "SK": &types.AttributeValueMemberS{Value: "state"},
+	}}}
+
+	err = s.Commit(stage(dynamodb.MaxEnqueue), app)
+	require.ErrorIs(t, err, outbox.ErrTooLarge, "100 envelopes and an application item exceed one request")
+	require.Contains(t, err.Error(), "100")
+	err = s.Commit(stage(dynamodb.MaxEnqueue + 1))
+	require.ErrorIs(t, err, outbox.ErrTooLarge)
+	require.ErrorIs(t, s.Commit(stage(0)), dynamodb.ErrNothingToCommit)
+	require.Zero(t, pendingCount(t, s), "a refused unit of work writes nothing")
+	out, err := client.GetItem(ctx, &ddb.GetItemInput{TableName: aws.String("outbox"), Key: app.Put.Item})
+	require.NoError(t, err)
+	require.Empty(t, out.Item, "the application's item is not written either")
+
+	// At the limit it commits.
+	require.NoError(t, s.Commit(stage(dynamodb.MaxEnqueue-1), app))
+	require.Equal(t, dynamodb.MaxEnqueue-1, pendingCount(t, s))
+}
