@@ -62,7 +62,8 @@
 //     agrees on its membership makes no refused conditional write.
 //   - [Store.HasPending] is the idle probe: one eventually consistent one-key query.
 //   - [Store.Stats] counts pending and parked messages up to PendingCountLimit per
-//     bucket and reads each bucket's head for the oldest age.
+//     bucket and reads each bucket's head for the oldest age; [Store.SampleBacklog]
+//     samples only while this store's relay holds bucket zero.
 //   - Commits are announced to subscribers in this process ([Store.Subscribe]); other
 //     processes' relays find them by polling.
 //

@@ -29,7 +29,7 @@ type relayFleet struct {
 
 const (
 	fleetRenew = 150 * time.Millisecond
-	fleetLease = 2 * time.Second
+	fleetLease = 4 * time.Second
 )
 
 func (f *relayFleet) start(id string) {
@@ -82,6 +82,19 @@ func (f *relayFleet) waitFor(want []int) {
 	}
 }
 
+// waitRounds waits until every relay ran at least n coordination rounds after the
+// counts in since.
+func (f *relayFleet) waitRounds(since map[string]int64, n int64) {
+	f.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for id, r := range f.relays {
+		for r.Stats().Rounds-since[id] < n {
+			require.True(f.t, time.Now().Before(deadline), "relay %s ran %d rounds", id, r.Stats().Rounds-since[id])
+			time.Sleep(fleetRenew / 2)
+		}
+	}
+}
+
 func (f *relayFleet) published() int {
 	n := 0
 	for _, r := range f.recs {
@@ -126,17 +139,16 @@ func TestFleetMakesNoRefusedWritesInSteadyState(t *testing.T) {
 	f.waitFor([]int{2, 3, 3})
 	startup := d.proxy.refusedSoFar()
 
-	// Steady state: at least twenty renewal rounds per relay.
+	// Steady state: fifteen renewal rounds per relay.
 	d.proxy.take()
 	before := map[string][]int{}
 	rounds := map[string]int64{}
 	for id, r := range f.relays {
 		before[id], rounds[id] = r.Owned(), r.Stats().Rounds
 	}
-	time.Sleep(20 * fleetRenew)
+	f.waitRounds(rounds, 15)
 	reqs, refused := d.proxy.take()
 	for id, r := range f.relays {
-		assert.GreaterOrEqual(t, r.Stats().Rounds-rounds[id], int64(15), "rounds of %s", id)
 		assert.Equal(t, before[id], r.Owned(), "nothing moves in steady state (%s)", id)
 	}
 	assert.Zero(t, refused, "refused conditional writes in steady state")
@@ -159,13 +171,27 @@ func TestFleetMakesNoRefusedWritesInSteadyState(t *testing.T) {
 	assert.LessOrEqual(t, refused, 2, "refused writes while a relay stops gracefully")
 	t.Logf("graceful stop: %d refused", refused)
 
-	time.Sleep(10 * fleetRenew)
+	rec := rawItem(t, d, f.opts.TableName, "OUTBOX#COORDINATION", "RELAY#relay-c")
+	require.NotNil(t, rec, "a stopped relay's record stays")
+	assert.Contains(t, rec, "StoppedAtUtc")
+
+	for id, r := range f.relays {
+		rounds[id] = r.Stats().Rounds
+	}
+	f.waitRounds(rounds, 5)
 	_, refused = d.proxy.take()
 	assert.Zero(t, refused, "steady again")
 
+	// One lease duration after the stop, a survivor deletes the record.
+	deadline := time.Now().Add(fleetLease + 20*fleetRenew)
+	for rawItem(t, d, f.opts.TableName, "OUTBOX#COORDINATION", "RELAY#relay-c") != nil {
+		require.True(t, time.Now().Before(deadline), "the stopped relay's record was never cleaned up")
+		time.Sleep(50 * time.Millisecond)
+	}
+
 	close(stopWriters)
 	writers.Wait()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline = time.Now().Add(10 * time.Second)
 	for f.published() < enqueued && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -212,6 +212,7 @@ func (s *Store) Claim(ctx context.Context, bucket int, owner string, now, expire
 	})
 	if ok {
 		s.forgetRemoved(bucket)
+		s.holdZero(bucket, expiresAt)
 	}
 	return ok, err
 }
@@ -229,7 +230,7 @@ func (s *Store) Renew(ctx context.Context, held outbox.Lease, now, expiresAt tim
 	if held.Owner == "" || !expiresAt.After(held.ExpiresAt) {
 		return false, nil
 	}
-	return s.conditional(ctx, "renew", &ddb.UpdateItemInput{
+	ok, err := s.conditional(ctx, "renew", &ddb.UpdateItemInput{
 		Key:                      s.keys.key(s.keys.coordination(), leaseSortKey(held.Bucket)),
 		UpdateExpression:         aws.String("SET #exp = :exp"),
 		ConditionExpression:      aws.String("#owner = :owner AND #exp = :held AND #exp > :now"),
@@ -241,6 +242,10 @@ func (s *Store) Renew(ctx context.Context, held outbox.Lease, now, expiresAt tim
 			":now":   ticksAttr(now),
 		},
 	})
+	if ok {
+		s.holdZero(held.Bucket, expiresAt)
+	}
+	return ok, err
 }
 
 // Release frees held, only if the stored lease still names held.Owner with expiry
@@ -269,6 +274,7 @@ func (s *Store) Release(ctx context.Context, held outbox.Lease) (bool, error) {
 	})
 	if ok {
 		s.forgetRemoved(held.Bucket)
+		s.holdZero(held.Bucket, time.Time{})
 	}
 	return ok, err
 }
@@ -279,4 +285,29 @@ func (s *Store) forgetRemoved(bucket int) {
 	s.mu.Lock()
 	s.lastRemoved[bucket] = 0
 	s.mu.Unlock()
+}
+
+// holdZero records the expiry of bucket zero's lease held through this store.
+func (s *Store) holdZero(bucket int, until time.Time) {
+	if bucket != 0 {
+		return
+	}
+	s.mu.Lock()
+	s.zeroUntil = until
+	s.mu.Unlock()
+}
+
+// SampleBacklog samples [Store.Stats] only when the relay using this store holds bucket
+// zero's lease (claimed or renewed through this store, not yet expired), and otherwise
+// returns false without a request. Call it from every instance's metrics loop: exactly
+// one instance pays for the sample, so the cost does not grow with the fleet.
+func (s *Store) SampleBacklog(ctx context.Context) (outbox.Stats, bool, error) {
+	s.mu.Lock()
+	held := time.Now().Before(s.zeroUntil)
+	s.mu.Unlock()
+	if !held {
+		return outbox.Stats{}, false, nil
+	}
+	st, err := s.Stats(ctx)
+	return st, err == nil, err
 }

@@ -256,3 +256,43 @@ func TestContextAndClose(t *testing.T) {
 	require.True(t, s.As(&raw))
 	assert.Same(t, d.client, raw)
 }
+
+func TestSampleBacklogOnlyByTheOwnerOfBucketZero(t *testing.T) {
+	t.Parallel()
+	d := newTestDB(t)
+	a := d.newStore(t, dynamodb.Options{BucketCount: 2})
+	b, err := dynamodb.New(d.client, a.Options())
+	require.NoError(t, err)
+	ctx := context.Background()
+	require.NoError(t, a.Enqueue(ctx, envelope(t, 2, "t", keyForBucket(t, 1, 2), []byte("x"))))
+	now := time.Now().UTC().Truncate(time.Microsecond)
+
+	_, sampled, err := a.SampleBacklog(ctx)
+	require.NoError(t, err)
+	assert.False(t, sampled, "no lease, no sample")
+	ok, err := a.Claim(ctx, 0, "relay-a", now, now.Add(time.Minute))
+	require.NoError(t, err)
+	require.True(t, ok)
+	ok, err = b.Claim(ctx, 1, "relay-b", now, now.Add(time.Minute))
+	require.NoError(t, err)
+	require.True(t, ok)
+	d.proxy.take()
+
+	_, sampled, err = b.SampleBacklog(ctx)
+	require.NoError(t, err)
+	assert.False(t, sampled)
+	reqs, _ := d.proxy.take()
+	assert.Empty(t, reqs, "a relay without bucket zero sends nothing")
+
+	st, sampled, err := a.SampleBacklog(ctx)
+	require.NoError(t, err)
+	require.True(t, sampled)
+	assert.Equal(t, []int{0, 1}, st.Pending)
+
+	ok, err = a.Release(ctx, outbox.Lease{Bucket: 0, Owner: "relay-a", ExpiresAt: now.Add(time.Minute)})
+	require.NoError(t, err)
+	require.True(t, ok)
+	_, sampled, err = a.SampleBacklog(ctx)
+	require.NoError(t, err)
+	assert.False(t, sampled, "released, no longer sampling")
+}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	ddb "github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
@@ -47,6 +48,9 @@ type Store struct {
 	// lastRemoved holds, per bucket, the highest Seq this store removed since it took
 	// the bucket's lease (0: none yet). Gap probing starts above it.
 	lastRemoved []int64
+	// zeroUntil is the expiry of bucket zero's lease as last claimed or renewed through
+	// this store (zero: not held), for SampleBacklog.
+	zeroUntil time.Time
 }
 
 var (
