@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -103,21 +102,22 @@ func (s *Store) putOne(ctx context.Context, env *outbox.Envelope) error {
 // It refuses, before sending anything, a unit of work of more than 100 items in all,
 // an item over 400 KB or a request over 4 MB ([outbox.ErrTooLarge]), one with nothing
 // to write ([ErrNothingToCommit]), and a context with no scope ([outbox.ErrNoScope]).
-// The staged envelopes are taken from the scope in every case, as a rolled-back
-// transaction takes them: an application that retries its unit of work sends again.
+// The staged envelopes are taken from the scope whenever there is one, as a
+// rolled-back transaction takes them: an application that retries its unit of work
+// sends again.
 //
 // A cancelled transaction is returned wrapped, so errors.As finds the SDK's
 // *types.TransactionCanceledException and its CancellationReasons (application items
 // first, in the order passed, then the envelopes in staging order).
 func (s *Store) Commit(ctx context.Context, appItems ...types.TransactWriteItem) error {
-	if err := s.enter(ctx); err != nil {
-		return err
-	}
 	scope := outbox.ScopeFrom(ctx)
 	if scope == nil {
 		return outbox.ErrNoScope
 	}
 	envs := scope.Take()
+	if err := s.enter(ctx); err != nil {
+		return err
+	}
 	total := len(appItems) + len(envs)
 	switch {
 	case total == 0:
@@ -203,7 +203,7 @@ func (s *Store) CreateTransactWriteItems(ctx context.Context, envs ...*outbox.En
 func (s *Store) NotifyCommitted(envs ...*outbox.Envelope) {
 	buckets := make([]int, 0, min(len(envs), s.opts.BucketCount))
 	for _, env := range envs {
-		if !slices.Contains(buckets, env.Bucket) {
+		if env != nil && !slices.Contains(buckets, env.Bucket) {
 			buckets = append(buckets, env.Bucket)
 		}
 	}
@@ -375,6 +375,3 @@ func (s *Store) confirm(ctx context.Context, envs []*outbox.Envelope) (bool, err
 	}
 	return found == len(envs), nil
 }
-
-// sequenceOf parses a message sort key.
-func sequenceOf(sk string) (int64, error) { return strconv.ParseInt(sk, 10, 64) }
