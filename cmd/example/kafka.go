@@ -31,8 +31,8 @@ type kafkaBroker struct {
 }
 
 // openKafka connects to seeds, or starts an in-process cluster when there are none.
-func openKafka(ctx context.Context, seeds []string) (b *kafkaBroker, err error) {
-	b = &kafkaBroker{name: "Kafka at " + strings.Join(seeds, ",")}
+func openKafka(ctx context.Context, seeds []string) (_ *kafkaBroker, err error) {
+	b := &kafkaBroker{name: "Kafka at " + strings.Join(seeds, ",")}
 	defer func() {
 		if err != nil {
 			b.close()

@@ -54,7 +54,7 @@ func openSQS(ctx context.Context, endpoint, queue string) (*sqsBroker, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := b.receive(ctx); err != nil { // leftovers
+	if _, err := b.receive(ctx); err != nil { // leftovers, unread
 		return nil, err
 	}
 	return b, nil
@@ -81,47 +81,56 @@ func (b *sqsBroker) Name() string { return "SQS queue " + b.queueURL }
 // Received reads the queue until it is empty and returns every message read since
 // the broker was opened.
 func (b *sqsBroker) Received(ctx context.Context) ([]delivery, error) {
-	read, err := b.receive(ctx)
+	messages, err := b.receive(ctx)
 	if err != nil {
 		return nil, err
 	}
-	b.received = append(b.received, read...)
+	for _, m := range messages {
+		d, err := sqstransport.Decode(m)
+		if err != nil {
+			return nil, err
+		}
+		idempotencyKey := ""
+		for _, h := range d.Headers {
+			if h.Key == outbox.HeaderIdempotencyKey {
+				idempotencyKey = string(h.Value)
+			}
+		}
+		b.received = append(b.received, delivery{
+			Topic: topic, Key: d.Key, Payload: d.Payload,
+			ID: d.ID.String(), IdempotencyKey: idempotencyKey,
+		})
+	}
 	return slices.Clone(b.received), nil
 }
 
-// receive reads and deletes messages until a receive that waited a second finds
-// none.
-func (b *sqsBroker) receive(ctx context.Context) ([]delivery, error) {
-	var read []delivery
+// receive reads and deletes messages until the queue is empty. Short polls read
+// quickly but may miss messages on real SQS, which samples its servers; so the queue
+// counts as empty only when a long poll of a second finds nothing too.
+func (b *sqsBroker) receive(ctx context.Context) ([]types.Message, error) {
+	var read []types.Message
+	var wait int32 // seconds; 0 is a short poll
 	for {
 		out, err := b.client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
 			QueueUrl:              aws.String(b.queueURL),
 			MaxNumberOfMessages:   10,
-			WaitTimeSeconds:       1,
+			WaitTimeSeconds:       wait,
 			MessageAttributeNames: []string{"All"}, // Decode needs them
 		})
 		if err != nil {
 			return nil, fmt.Errorf("sqs: receive: %w", err)
 		}
 		if len(out.Messages) == 0 {
-			return read, nil
+			if wait > 0 {
+				return read, nil
+			}
+			wait = 1
+			continue
 		}
+		wait = 0
+		read = append(read, out.Messages...)
 		var done []types.DeleteMessageBatchRequestEntry
 		for i, m := range out.Messages {
-			d, err := sqstransport.Decode(m)
-			if err != nil {
-				return nil, err
-			}
-			idempotencyKey := ""
-			for _, h := range d.Headers {
-				if h.Key == outbox.HeaderIdempotencyKey {
-					idempotencyKey = string(h.Value)
-				}
-			}
-			read = append(read, delivery{
-				Topic: topic, Key: d.Key, Payload: d.Payload,
-				ID: d.ID.String(), IdempotencyKey: idempotencyKey,
-			})
 			done = append(done, types.DeleteMessageBatchRequestEntry{
 				Id: aws.String(fmt.Sprint(i)), ReceiptHandle: m.ReceiptHandle,
 			})
