@@ -52,7 +52,7 @@ func openDatabase(ctx context.Context, opts options) (*database, error) {
 		d.dsn = "file:" + filepath.Join(dir, "app.db") +
 			"?_txlock=immediate&_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)"
 	}
-	if err := d.open(); err != nil {
+	if err := d.open(ctx); err != nil {
 		return nil, errors.Join(err, d.close(ctx))
 	}
 	_, err := d.db.ExecContext(ctx, "CREATE TABLE "+d.orders+" (id VARCHAR(32) PRIMARY KEY)")
@@ -74,10 +74,13 @@ func (d *database) useOwnTables() {
 }
 
 // open connects and builds the outbox store on the connection.
-func (d *database) open() error {
+func (d *database) open(ctx context.Context) error {
 	db, err := sql.Open(d.driver, d.dsn)
 	if err != nil {
 		return fmt.Errorf("%s: %w", d.name, err)
+	}
+	if err := db.PingContext(ctx); err != nil {
+		return errors.Join(fmt.Errorf("%s: connect: %w", d.name, err), db.Close())
 	}
 	store, err := sqlstore.NewDB(db, d.dialect, d.config)
 	if err != nil {
@@ -97,11 +100,11 @@ func (d *database) crash() error {
 }
 
 // restart opens the database again, as a restarted process would.
-func (d *database) restart() error {
+func (d *database) restart(ctx context.Context) error {
 	if err := d.crash(); err != nil {
 		return err
 	}
-	return d.open()
+	return d.open(ctx)
 }
 
 // saveOrder writes an order in a transaction of its own, as an application without

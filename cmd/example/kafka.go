@@ -124,7 +124,7 @@ func (b *kafkaBroker) endOffsets(ctx context.Context) (map[int32]int64, error) {
 	meta.Topics = append(meta.Topics, metaTopic)
 	metaResp, err := meta.RequestWith(ctx, b.producer)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("kafka: metadata for %s: %w", topic, err)
 	}
 	if len(metaResp.Topics) != 1 {
 		return nil, fmt.Errorf("kafka: metadata for %s: got %d topics", topic, len(metaResp.Topics))
@@ -145,7 +145,7 @@ func (b *kafkaBroker) endOffsets(ctx context.Context) (map[int32]int64, error) {
 	list.Topics = append(list.Topics, listTopic)
 	listResp, err := list.RequestWith(ctx, b.producer)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("kafka: end offsets of %s: %w", topic, err)
 	}
 	end := map[int32]int64{}
 	for _, t := range listResp.Topics {

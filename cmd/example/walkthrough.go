@@ -43,13 +43,19 @@ func run(ctx context.Context, w io.Writer, opts options) error {
 				n.say("outbox walkthrough: orders and the outbox in %s;\nmessages go to %s.\n", db.name, br.Name())
 			}
 			n.say("\n%s\n", s.title)
-			return s.tell(ctx, n, db, br)
+			if err := s.tell(ctx, n, db, br); err != nil {
+				return fmt.Errorf("%s: %w", s.title, err)
+			}
+			return nil
 		})
 		if err != nil {
-			return fmt.Errorf("%s: %w", s.title, err)
+			return err
+		}
+		if n.err != nil {
+			return n.err
 		}
 	}
-	return n.err
+	return nil
 }
 
 // tellStory opens the database and the broker, runs tell, and cleans up after it.
@@ -89,7 +95,7 @@ func naiveDualWrite(ctx context.Context, n *narrator, db *database, br broker) e
 	if !errors.Is(err, errCrash) {
 		return fmt.Errorf("expected the crash, got %v", err)
 	}
-	if err := db.restart(); err != nil {
+	if err := db.restart(ctx); err != nil {
 		return err
 	}
 	orders, err := db.savedOrders(ctx)
@@ -127,7 +133,7 @@ func immediateMode(ctx context.Context, n *narrator, db *database, br broker) er
 	}
 
 	n.say("   The process restarts and opens the database again.\n")
-	if err := db.restart(); err != nil {
+	if err := db.restart(ctx); err != nil {
 		return err
 	}
 	orders, err := db.savedOrders(ctx)
@@ -152,7 +158,7 @@ func immediateMode(ctx context.Context, n *narrator, db *database, br broker) er
 	if _, err := relay.RunOnce(ctx); !errors.Is(err, errCrash) {
 		return fmt.Errorf("expected the relay to crash, got %v", err)
 	}
-	if err := db.restart(); err != nil {
+	if err := db.restart(ctx); err != nil {
 		return err
 	}
 	received, err := br.Received(ctx)
