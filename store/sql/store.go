@@ -36,6 +36,9 @@ type Store struct {
 	sender notifySender
 	origin string // tags this store's NOTIFY payloads, so its listener skips them
 
+	floorMu sync.Mutex
+	floors  []headFloor // per bucket, see Fetch
+
 	listenMu     sync.Mutex
 	listenCancel context.CancelFunc
 	listenDone   chan struct{}
@@ -127,7 +130,11 @@ func newStore(d Dialect, cfg Config) (*Store, error) {
 	if d == SQLite && (strings.Contains(cfg.Table, ".") || strings.Contains(cfg.LeaseTable, ".") || strings.Contains(cfg.RelayTable, ".")) {
 		return nil, fmt.Errorf("%w: sqlstore: Config.Table %q: SQLite table names cannot be schema-qualified here", outbox.ErrMisconfigured, cfg.Table)
 	}
-	return &Store{cfg: cfg, dialect: d, stmts: newStatements(d, cfg), origin: strings.ReplaceAll(uuid.NewString(), "-", "")[:12]}, nil
+	return &Store{
+		cfg: cfg, dialect: d, stmts: newStatements(d, cfg),
+		floors: make([]headFloor, cfg.BucketCount),
+		origin: strings.ReplaceAll(uuid.NewString(), "-", "")[:12],
+	}, nil
 }
 
 // Dialect is the store's SQL dialect.
@@ -387,7 +394,21 @@ func (s *Store) NotifyCommitted(envs ...*outbox.Envelope) {
 	}
 }
 
+// headFloor is where a bucket's head was at the last fetch, and when the bucket was
+// last scanned from its start.
+type headFloor struct {
+	seq     int64
+	rescan  time.Time
+	scanned bool
+}
+
 // Fetch implements [outbox.Relay]: one index range scan on (status, bucket, seq).
+//
+// The scan starts at the head the previous fetch of the bucket returned, so it skips
+// the index entries of rows completed since (they stay in the index until vacuum).
+// A row can appear below that point only if its transaction took its Seq before
+// the head's and committed later; every Config.RescanInterval the scan starts from
+// the bucket's beginning again and picks such rows up. Requeue rescans at once.
 func (s *Store) Fetch(ctx context.Context, bucket, limit int) ([]*outbox.Envelope, error) {
 	if err := s.begin(ctx); err != nil {
 		return nil, err
@@ -398,12 +419,44 @@ func (s *Store) Fetch(ctx context.Context, bucket, limit int) ([]*outbox.Envelop
 	if limit <= 0 {
 		return nil, nil
 	}
-	rs, err := s.db.query(ctx, s.stmts.fetch, bucket, limit)
+	now := time.Now()
+	s.floorMu.Lock()
+	f := s.floors[bucket]
+	s.floorMu.Unlock()
+	full := !f.scanned || s.cfg.RescanInterval < 0 || !now.Before(f.rescan)
+	var rs rows
+	var err error
+	if full {
+		rs, err = s.db.query(ctx, s.stmts.fetch, bucket, limit)
+	} else {
+		rs, err = s.db.query(ctx, s.stmts.fetchFrom, bucket, f.seq, limit)
+	}
 	if err != nil {
 		return nil, s.wrap(ctx, "fetch", err)
 	}
 	envs, err := scanEnvelopes(rs)
-	return envs, s.wrap(ctx, "fetch", err)
+	if err != nil {
+		return nil, s.wrap(ctx, "fetch", err)
+	}
+	s.floorMu.Lock()
+	cur := &s.floors[bucket]
+	if full {
+		cur.scanned, cur.rescan = true, now.Add(s.cfg.RescanInterval)
+	}
+	if len(envs) > 0 && (full || envs[0].Seq > cur.seq) {
+		cur.seq = envs[0].Seq
+	}
+	s.floorMu.Unlock()
+	return envs, nil
+}
+
+// rescan makes the next fetch of every bucket start from the bucket's beginning.
+func (s *Store) rescan() {
+	s.floorMu.Lock()
+	defer s.floorMu.Unlock()
+	for i := range s.floors {
+		s.floors[i].scanned = false
+	}
 }
 
 // Complete implements [outbox.Relay]: one DELETE per batch.
@@ -535,6 +588,7 @@ func (s *Store) List(ctx context.Context, status outbox.Status, after outbox.Cur
 func (s *Store) Requeue(ctx context.Context, ids ...uuid.UUID) (int, error) {
 	n, err := s.byID(ctx, "requeue", "UPDATE "+s.cfg.Table+" SET status = 0, attempts = 0, next_attempt_at = 0 WHERE status = 1 AND id IN ", ids)
 	if err == nil && n > 0 {
+		s.rescan() // requeued rows sit below the heads this store saw
 		all := make([]int, s.cfg.BucketCount)
 		for i := range all {
 			all[i] = i
