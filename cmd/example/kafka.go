@@ -39,6 +39,7 @@ func openKafka(ctx context.Context, seeds []string) (_ *kafkaBroker, err error) 
 		}
 	}()
 	if len(seeds) == 0 {
+		// Three partitions, as a real topic has several: keys spread over them.
 		b.cluster, err = kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, topic))
 		if err != nil {
 			return nil, err
