@@ -2,6 +2,7 @@ package dynamodb
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -152,6 +153,9 @@ func (k keys) decodeMessage(item map[string]types.AttributeValue, bucket int, st
 	if n, ok, err := intAttr(item, attrPartition); err != nil {
 		return nil, fail(attrPartition, err)
 	} else if ok {
+		if n < 0 || n > math.MaxInt32 {
+			return nil, fail(attrPartition, fmt.Errorf("%d is not a partition number", n))
+		}
 		p := int32(n)
 		env.Partition = &p
 	}
