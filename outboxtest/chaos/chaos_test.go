@@ -67,6 +67,29 @@ func TestCheckerCatchesLoss(t *testing.T) {
 	require.Zero(t, rep.Unexpected)
 }
 
+// TestCheckerCatchesRolledBackDeliveries: a unit of work that reports a rollback but
+// commits anyway must fail the run.
+func TestCheckerCatchesRolledBackDeliveries(t *testing.T) {
+	h := memoryHarness()
+	inner := h.Transact
+	h.Transact = func(ctx context.Context, s outbox.RelayStore, fn func(ctx context.Context) error) error {
+		var fnErr error
+		err := inner(ctx, s, func(ctx context.Context) error {
+			fnErr = fn(ctx)
+			return nil // commit whatever happened
+		})
+		if err != nil {
+			return err
+		}
+		return fnErr
+	}
+	rep, err := chaos.Execute(t, h, chaos.Config{Messages: 300, Writers: 1, RollbackShare: 0.3, Faults: chaos.Schedule{None: true, Duration: 500 * time.Millisecond}, DrainTimeout: time.Second})
+	require.NoError(t, err)
+	require.Error(t, rep.Err())
+	require.Positive(t, rep.Unexpected)
+	require.Zero(t, rep.Missing)
+}
+
 func TestConfigErrorsNameTheField(t *testing.T) {
 	_, err := chaos.Execute(t, memoryHarness(), chaos.Config{Relays: 2, Faults: chaos.Schedule{Crashes: 2}})
 	require.ErrorContains(t, err, "Config.Faults.Crashes")

@@ -33,8 +33,9 @@
 //     which writes its units one after another.
 //   - A crash is simulated in process: [dispatcher.Dispatcher.Stop] with a context
 //     that is already done cancels in-flight work and leaves the leases to lapse, as
-//     a killed process would. A batch the broker took just before is published again
-//     by the bucket's next owner: that is a counted duplicate.
+//     a killed process would. A publish in flight at that moment still reaches the
+//     broker but is never acknowledged to the relay, so the bucket's next owner
+//     publishes it again: that is a counted duplicate.
 //   - Drain time is measured from the later of the end of the faults and the last
 //     writer's last commit, until every committed message was delivered once.
 //

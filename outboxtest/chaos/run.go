@@ -83,8 +83,9 @@ type runner struct {
 }
 
 type relay struct {
-	d      *dispatcher.Dispatcher
-	cancel context.CancelFunc
+	d        *dispatcher.Dispatcher
+	cancel   context.CancelFunc
+	inflight *atomic.Int32 // publishes under way
 }
 
 // msgID identifies a message by key and sequence number, as its payload carries them.
@@ -284,7 +285,8 @@ func (r *runner) start(ctx context.Context, slot int) error {
 	if slot == 0 {
 		dcfg.Now = func() time.Time { return time.Now().Add(-time.Duration(r.skew.Load())) }
 	}
-	d, err := dispatcher.New(r.store, &switchTransport{r: r, faulty: ft}, dcfg)
+	inflight := new(atomic.Int32)
+	d, err := dispatcher.New(r.store, &switchTransport{r: r, faulty: ft, inflight: inflight}, dcfg)
 	if err != nil {
 		return err
 	}
@@ -294,7 +296,7 @@ func (r *runner) start(ctx context.Context, slot int) error {
 		return err
 	}
 	r.mu.Lock()
-	r.slots[slot] = &relay{d: d, cancel: cancel}
+	r.slots[slot] = &relay{d: d, cancel: cancel, inflight: inflight}
 	r.transports = append(r.transports, ft)
 	r.mu.Unlock()
 	return nil
@@ -342,9 +344,19 @@ func (r *runner) stop(ctx context.Context, slot int) {
 }
 
 // crash stops slot's relay as a killed process stops: in-flight work is cancelled
-// and the leases are left to lapse.
+// and the leases are left to lapse. It waits up to a second for the relay to be in
+// the middle of a publish, so the crash lands where it costs the most.
 func (r *runner) crash(slot int) {
-	rl := r.take(slot)
+	r.mu.Lock()
+	rl := r.slots[slot]
+	r.mu.Unlock()
+	if rl == nil {
+		return
+	}
+	for deadline := time.Now().Add(time.Second); rl.inflight.Load() == 0 && time.Now().Before(deadline); {
+		time.Sleep(100 * time.Microsecond)
+	}
+	rl = r.take(slot)
 	if rl == nil {
 		return
 	}
@@ -368,23 +380,37 @@ func (r *runner) stopAll() {
 
 // switchTransport sends through the fault injector while faults are on, and straight
 // to the recorder once they end.
+//
+// A batch in flight when its relay crashes still reaches the broker, as bytes already
+// on the wire would, but the relay never hears the acknowledgement: it is published
+// and not completed, so the bucket's next owner publishes it again. That is the
+// duplicate a real crash between publish and complete makes.
 type switchTransport struct {
-	r      *runner
-	faulty *outboxtest.FaultTransport
+	r        *runner
+	faulty   *outboxtest.FaultTransport
+	inflight *atomic.Int32
 }
 
 func (s *switchTransport) Publish(ctx context.Context, batch []*outbox.Envelope) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	if s.r.down.Load() {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
 		s.r.refusedInOutage.Add(1)
 		return outboxtest.ErrOutage
 	}
+	s.inflight.Add(1)
+	defer s.inflight.Add(-1)
+	var err error
 	if s.r.faulty.Load() {
-		return s.faulty.Publish(ctx, batch)
+		err = s.faulty.Publish(context.WithoutCancel(ctx), batch)
+	} else {
+		err = s.r.rec.Publish(context.WithoutCancel(ctx), batch)
 	}
-	return s.r.rec.Publish(ctx, batch)
+	if ctx.Err() != nil {
+		return ctx.Err() // the relay died before the acknowledgement arrived
+	}
+	return err
 }
 
 // write runs the writers and fills committed and rolledBack.
