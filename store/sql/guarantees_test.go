@@ -466,3 +466,31 @@ func TestListenNotifyWakesWorkerAcrossProcesses(t *testing.T) {
 		})
 	}
 }
+
+func TestDispatchOneReachesALateCommit(t *testing.T) {
+	for _, b := range backends[:4] { // the servers with concurrent writers
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := testContext(t)
+			s := b.open(t, sqlstore.Config{BucketCount: 1, RescanInterval: time.Hour})
+			rec := outboxtest.NewRecorder()
+			early := beginManual(t, ctx, s)
+			defer early.rollback()
+			first := newEnvelope(t, s, "a", "early")
+			require.NoError(t, early.enqueue(ctx, first))
+			second := newEnvelope(t, s, "b", "late")
+			require.NoError(t, s.Enqueue(ctx, second))
+			d, err := dispatcher.New(s, rec, dispatcher.Config{BucketCount: 1, RelayID: "stream", Logger: quietLog})
+			require.NoError(t, err)
+			res, err := d.DispatchOne(ctx, second.ID)
+			require.NoError(t, err)
+			require.Equal(t, 1, res.Published)
+			require.NoError(t, early.commit())
+			// Its own trigger finds it although the bucket head moved past its Seq.
+			res, err = d.DispatchOne(ctx, first.ID)
+			require.NoError(t, err)
+			require.Equal(t, 1, res.Published)
+			require.Equal(t, 2, rec.Unique())
+		})
+	}
+}

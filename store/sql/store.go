@@ -408,7 +408,8 @@ type headFloor struct {
 // the index entries of rows completed since (they stay in the index until vacuum).
 // A row can appear below that point only if its transaction took its Seq before
 // the head's and committed later; every Config.RescanInterval the scan starts from
-// the bucket's beginning again and picks such rows up. Requeue rescans at once.
+// the bucket's beginning again and picks such rows up. Requeue rescans at once, and
+// so does the next fetch of a bucket after Find returned a pending row below its head.
 func (s *Store) Fetch(ctx context.Context, bucket, limit int) ([]*outbox.Envelope, error) {
 	if err := s.begin(ctx); err != nil {
 		return nil, err
@@ -565,7 +566,17 @@ func (s *Store) Find(ctx context.Context, id uuid.UUID) (*outbox.Envelope, error
 	if len(envs) == 0 {
 		return nil, fmt.Errorf("%w: sqlstore: message %s", outbox.ErrNotFound, id)
 	}
-	return envs[0], nil
+	env := envs[0]
+	if env.Status == outbox.Pending && env.Bucket >= 0 && env.Bucket < len(s.floors) {
+		// Stream-triggered dispatch looks the message up and then fetches its
+		// bucket: make sure that fetch reaches it even if it committed late.
+		s.floorMu.Lock()
+		if f := &s.floors[env.Bucket]; f.scanned && env.Seq < f.seq {
+			f.scanned = false
+		}
+		s.floorMu.Unlock()
+	}
+	return env, nil
 }
 
 // List implements [outbox.Admin].
