@@ -28,9 +28,14 @@
 //
 //   - Seq comes from an identity (PostgreSQL), AUTO_INCREMENT (MySQL) or
 //     AUTOINCREMENT (SQLite) column. An index on (status, bucket, seq) makes a
-//     bucket's pending head one index range scan. Fetch reads the head in Seq order
-//     with no cursor, so a transaction that took an earlier Seq but committed later
-//     is fetched on the next pass: nothing is skipped.
+//     bucket's pending head one index range scan. Completed rows are deleted, so the
+//     head is simply the lowest pending Seq: a transaction that took an earlier Seq
+//     but committed after later ones is still fetched — nothing is skipped.
+//   - To stay fast as a backlog drains (deleted rows linger in the index until
+//     vacuum), Fetch starts its scan at the head it saw last time and rescans the
+//     bucket from the start every Config.RescanInterval (1 s). A late commit like the
+//     one above can therefore wait up to that long; Requeue, and a Find of the row
+//     (stream-triggered dispatch), make the next fetch rescan at once.
 //   - Complete deletes a batch with one statement; with retention, MarkDispatched
 //     updates a batch with one statement and DeleteDispatched deletes at most its
 //     limit per statement, so cleanup never holds locks for long.
