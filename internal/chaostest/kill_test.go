@@ -45,6 +45,7 @@ type relayProc struct {
 
 	mu        sync.Mutex
 	ready     bool
+	acked     chan struct{} // receives (without blocking) on every "acked" line
 	owned     []int
 	published int64
 	// history holds every ownership report, with the time the test read it.
@@ -82,6 +83,11 @@ func (p *relayProc) read(t *testing.T, out *bufio.Scanner) {
 		switch {
 		case len(f) == 2 && f[0] == "ready":
 			p.ready = true
+		case len(f) == 2 && f[0] == "acked":
+			select {
+			case p.acked <- struct{}{}:
+			default:
+			}
 		case len(f) >= 3 && f[0] == "owned":
 			p.published, _ = strconv.ParseInt(f[2], 10, 64)
 			p.owned = nil
@@ -114,7 +120,7 @@ func buildRelay(t *testing.T) string {
 
 func startRelay(t *testing.T, bin, id string, args ...string) *relayProc {
 	t.Helper()
-	p := &relayProc{id: id, exited: make(chan struct{})}
+	p := &relayProc{id: id, exited: make(chan struct{}), acked: make(chan struct{}, 1)}
 	p.cmd = exec.Command(bin, append([]string{"-id", id}, args...)...)
 	p.cmd.Stderr = &p.stderr
 	stdout, err := p.cmd.StdoutPipe()
@@ -166,7 +172,7 @@ func TestKilledRelayProcessLosesNothing(t *testing.T) {
 	args := []string{
 		"-postgres", postgresURL(), "-table", table, "-brokers", strings.Join(cluster.ListenAddrs(), ","),
 		"-buckets", strconv.Itoa(killBuckets), "-lease", killLease.String(), "-renew", killRenew.String(),
-		"-publish-delay", "15ms", "-batch", "20",
+		"-publish-delay", "5ms", "-ack-delay", "30ms", "-batch", "20",
 	}
 	relays := []*relayProc{
 		startRelay(t, bin, "relay-a", args...),
@@ -217,7 +223,7 @@ func TestKilledRelayProcessLosesNothing(t *testing.T) {
 		for writeCtx.Err() == nil {
 			var msgs []unit
 			for range 20 {
-				k := rng.IntN(32)
+				k := rng.IntN(256)
 				seq[k]++
 				msgs = append(msgs, unit{k, seq[k]})
 			}
@@ -255,7 +261,8 @@ func TestKilledRelayProcessLosesNothing(t *testing.T) {
 		}
 	}()
 
-	// Kill the relay that owns bucket 0 once it is publishing.
+	// Kill the relay that owns bucket 0 right after the broker acknowledged one of its
+	// batches, before the relay could tell the store: that batch must come again.
 	time.Sleep(1500 * time.Millisecond)
 	var victim *relayProc
 	for _, p := range relays {
@@ -264,9 +271,17 @@ func TestKilledRelayProcessLosesNothing(t *testing.T) {
 		}
 	}
 	require.NotNil(t, victim)
-	_, victimBuckets, published := victim.snapshot()
-	require.Positive(t, published, "the victim must have been publishing before the kill")
+	select {
+	case <-victim.acked: // drop an acknowledgement from before
+	default:
+	}
+	select {
+	case <-victim.acked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the victim published nothing")
+	}
 	require.NoError(t, victim.cmd.Process.Signal(syscall.SIGKILL))
+	_, victimBuckets, published := victim.snapshot()
 	killedAt := time.Now()
 	<-victim.exited
 	t.Logf("killed %s owning buckets %v after it published %d messages", victim.id, victimBuckets, published)
@@ -349,6 +364,7 @@ func TestKilledRelayProcessLosesNothing(t *testing.T) {
 		len(committed), len(rolledBack), deliveries, duplicates, missing, outOfOrder)
 	require.Zero(t, missing, "committed messages missing from Kafka")
 	require.Zero(t, outOfOrder, "first deliveries out of commit order")
+	require.Positive(t, duplicates, "the batch acknowledged just before the kill must have been published again")
 
 	// The store empties (the survivors complete what Kafka acknowledged), and the
 	// survivors stop gracefully.

@@ -8,6 +8,7 @@
 //
 //	ready <relay-id>
 //	owned <relay-id> <published> <bucket,bucket,...>
+//	acked <messages>       (with -ack-delay: a batch the broker acknowledged)
 package main
 
 import (
@@ -50,7 +51,8 @@ func run() error {
 		lease        = flag.Duration("lease", 2*time.Second, "lease duration")
 		renew        = flag.Duration("renew", 500*time.Millisecond, "lease renew interval")
 		poll         = flag.Duration("poll", 20*time.Millisecond, "poll interval")
-		publishDelay = flag.Duration("publish-delay", 0, "extra time every publish takes, so a kill lands mid-publish")
+		publishDelay = flag.Duration("publish-delay", 0, "extra time every publish takes before it is sent")
+		ackDelay     = flag.Duration("ack-delay", 0, "time between the broker's acknowledgement and the dispatcher hearing of it, so a kill can land there")
 	)
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -78,7 +80,8 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	counted := &countingTransport{next: tr, delay: *publishDelay}
+	out := &syncWriter{}
+	counted := &countingTransport{next: tr, delay: *publishDelay, ackDelay: *ackDelay, out: out}
 
 	d, err := dispatcher.New(store, counted, dispatcher.Config{
 		RelayID:            *id,
@@ -98,7 +101,7 @@ func run() error {
 	if err := d.Start(context.WithoutCancel(ctx)); err != nil {
 		return err
 	}
-	fmt.Println("ready", d.RelayID())
+	out.printf("ready %s\n", d.RelayID())
 
 	var last []int
 	tick := time.NewTicker(50 * time.Millisecond)
@@ -119,7 +122,7 @@ func run() error {
 				for i, b := range owned {
 					parts[i] = strconv.Itoa(b)
 				}
-				fmt.Printf("owned %s %d %s\n", d.RelayID(), counted.published.Load(), strings.Join(parts, ","))
+				out.printf("owned %s %d %s\n", d.RelayID(), counted.published.Load(), strings.Join(parts, ","))
 				last, reported = owned, time.Now()
 			}
 		}

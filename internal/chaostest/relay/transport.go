@@ -3,17 +3,25 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/outboxkit/outbox"
 )
 
-// countingTransport counts acknowledged messages and can make every publish slower.
+// countingTransport counts acknowledged messages and can make every publish slower:
+// delay before the publish, ackDelay after the broker acknowledged it and before the
+// dispatcher hears of it. It announces each acknowledgement on stdout ("acked N")
+// before that wait, so a test can kill the process while the broker holds a batch
+// the store has not forgotten.
 type countingTransport struct {
 	next      outbox.Transport
 	delay     time.Duration
+	ackDelay  time.Duration
 	published atomic.Int64
+	out       *syncWriter
 }
 
 func (c *countingTransport) Publish(ctx context.Context, batch []*outbox.Envelope) error {
@@ -37,5 +45,24 @@ func (c *countingTransport) Publish(ctx context.Context, batch []*outbox.Envelop
 		n = 0
 	}
 	c.published.Add(int64(n))
+	if n > 0 && c.ackDelay > 0 {
+		c.out.printf("acked %d\n", n)
+		t := time.NewTimer(c.ackDelay)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+	}
 	return err
+}
+
+// syncWriter serialises lines written to stdout from several goroutines.
+type syncWriter struct{ mu sync.Mutex }
+
+func (w *syncWriter) printf(format string, args ...any) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	fmt.Printf(format, args...)
 }
