@@ -189,6 +189,8 @@ func uniqueTable() string {
 // backend is one database and client kind.
 type backend struct {
 	name string
+	// build returns a store on the shared client without migrating it.
+	build func(t testing.TB, cfg sqlstore.Config) (*sqlstore.Store, error)
 	// open builds a store on fresh tables (migrated, dropped in cleanup).
 	open func(t testing.TB, cfg sqlstore.Config) *sqlstore.Store
 	// transact runs fn in the client kind's unit of work; exec runs a business
@@ -262,9 +264,8 @@ func gormTransact(ctx context.Context, s *sqlstore.Store, fn func(ctx context.Co
 var backends = []backend{
 	{
 		name: "postgres/pgx",
-		open: func(t testing.TB, cfg sqlstore.Config) *sqlstore.Store {
-			s, err := sqlstore.NewPgx(postgresPool(t), withTable(cfg))
-			return migrated(t, s, err)
+		build: func(t testing.TB, cfg sqlstore.Config) (*sqlstore.Store, error) {
+			return sqlstore.NewPgx(postgresPool(t), cfg)
 		},
 		transact: func(ctx context.Context, s *sqlstore.Store, fn func(ctx context.Context, exec execFunc) error) error {
 			return s.TransactPgx(ctx, func(ctx context.Context, tx pgx.Tx) error {
@@ -277,52 +278,56 @@ var backends = []backend{
 	},
 	{
 		name: "postgres/database-sql",
-		open: func(t testing.TB, cfg sqlstore.Config) *sqlstore.Store {
-			s, err := sqlstore.NewDB(postgresDB(t), sqlstore.PostgreSQL, withTable(cfg))
-			return migrated(t, s, err)
+		build: func(t testing.TB, cfg sqlstore.Config) (*sqlstore.Store, error) {
+			return sqlstore.NewDB(postgresDB(t), sqlstore.PostgreSQL, cfg)
 		},
 		transact: sqlTransact,
 	},
 	{
 		name: "postgres/gorm",
-		open: func(t testing.TB, cfg sqlstore.Config) *sqlstore.Store {
-			s, err := sqlstore.NewGorm(postgresGorm(t), withTable(cfg))
-			return migrated(t, s, err)
+		build: func(t testing.TB, cfg sqlstore.Config) (*sqlstore.Store, error) {
+			return sqlstore.NewGorm(postgresGorm(t), cfg)
 		},
 		transact: gormTransact,
 	},
 	{
 		name: "mysql/database-sql",
-		open: func(t testing.TB, cfg sqlstore.Config) *sqlstore.Store {
-			s, err := sqlstore.NewDB(mysqlDB(t), sqlstore.MySQL, withTable(cfg))
-			return migrated(t, s, err)
+		build: func(t testing.TB, cfg sqlstore.Config) (*sqlstore.Store, error) {
+			return sqlstore.NewDB(mysqlDB(t), sqlstore.MySQL, cfg)
 		},
 		transact: sqlTransact,
 	},
 	{
 		name: "mysql/gorm",
-		open: func(t testing.TB, cfg sqlstore.Config) *sqlstore.Store {
-			s, err := sqlstore.NewGorm(mysqlGorm(t), withTable(cfg))
-			return migrated(t, s, err)
+		build: func(t testing.TB, cfg sqlstore.Config) (*sqlstore.Store, error) {
+			return sqlstore.NewGorm(mysqlGorm(t), cfg)
 		},
 		transact: gormTransact,
 	},
 	{
 		name: "sqlite/database-sql",
-		open: func(t testing.TB, cfg sqlstore.Config) *sqlstore.Store {
-			s, err := sqlstore.NewDB(sqliteDB(t), sqlstore.SQLite, withTable(cfg))
-			return migrated(t, s, err)
+		build: func(t testing.TB, cfg sqlstore.Config) (*sqlstore.Store, error) {
+			return sqlstore.NewDB(sqliteDB(t), sqlstore.SQLite, cfg)
 		},
 		transact: sqlTransact,
 	},
 	{
 		name: "sqlite/gorm",
-		open: func(t testing.TB, cfg sqlstore.Config) *sqlstore.Store {
-			s, err := sqlstore.NewGorm(sqliteGorm(t), withTable(cfg))
-			return migrated(t, s, err)
+		build: func(t testing.TB, cfg sqlstore.Config) (*sqlstore.Store, error) {
+			return sqlstore.NewGorm(sqliteGorm(t), cfg)
 		},
 		transact: gormTransact,
 	},
+}
+
+func init() {
+	for i := range backends {
+		build := backends[i].build
+		backends[i].open = func(t testing.TB, cfg sqlstore.Config) *sqlstore.Store {
+			s, err := build(t, withTable(cfg))
+			return migrated(t, s, err)
+		}
+	}
 }
 
 // eachBackend runs test once per database and client kind, in parallel.

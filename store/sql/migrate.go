@@ -5,6 +5,7 @@ import (
 	"context"
 	"embed"
 	"fmt"
+	"hash/fnv"
 	"io/fs"
 	"path"
 	"sort"
@@ -103,22 +104,40 @@ func (s *Store) DDL() []string {
 
 // Migrate creates or upgrades the store's tables from the embedded migrations. It is
 // safe to run at every start and from several processes at once: each step is
-// idempotent and recorded in Table+"_migrations".
+// idempotent and recorded in Table+"_migrations", and on PostgreSQL the whole
+// migration runs in one transaction under an advisory lock (concurrent CREATE TABLE
+// IF NOT EXISTS can otherwise collide there).
 func (s *Store) Migrate(ctx context.Context) error {
-	if err := s.checkOpen(); err != nil {
+	if err := s.begin(ctx); err != nil {
 		return err
 	}
 	ms, err := loadMigrations(s.dialect, s.cfg)
 	if err != nil {
 		return fmt.Errorf("sqlstore: migrate: %w", err)
 	}
+	if s.dialect != PostgreSQL {
+		// MySQL commits DDL implicitly; SQLite serialises writers anyway.
+		return s.migrate(ctx, s.db, ms)
+	}
+	h := fnv.New64a()
+	h.Write([]byte("outbox migrate " + s.cfg.Table))
+	key := int64(h.Sum64())
+	return s.inTx(ctx, func(q querier) error {
+		if _, err := q.exec(ctx, "SELECT pg_advisory_xact_lock($1)", key); err != nil {
+			return s.wrap(ctx, "migrate", err)
+		}
+		return s.migrate(ctx, q, ms)
+	})
+}
+
+func (s *Store) migrate(ctx context.Context, q querier, ms []migration) error {
 	versions := s.cfg.Table + "_migrations"
 	create := "CREATE TABLE IF NOT EXISTS " + versions + " (version INTEGER NOT NULL PRIMARY KEY, applied_at BIGINT NOT NULL)"
-	if _, err := s.db.exec(ctx, create); err != nil {
+	if _, err := q.exec(ctx, create); err != nil {
 		return s.wrap(ctx, "migrate", err)
 	}
 	applied := map[int]bool{}
-	rs, err := s.db.query(ctx, "SELECT version FROM "+versions)
+	rs, err := q.query(ctx, "SELECT version FROM "+versions)
 	if err != nil {
 		return s.wrap(ctx, "migrate", err)
 	}
@@ -143,11 +162,11 @@ func (s *Store) Migrate(ctx context.Context) error {
 			continue
 		}
 		for _, stmt := range m.statements {
-			if _, err := s.db.exec(ctx, stmt); err != nil {
+			if _, err := q.exec(ctx, stmt); err != nil {
 				return s.wrap(ctx, fmt.Sprintf("migrate to version %d", m.version), err)
 			}
 		}
-		if _, err := s.db.exec(ctx, record, m.version, time.Now().UnixMicro()); err != nil {
+		if _, err := q.exec(ctx, record, m.version, time.Now().UnixMicro()); err != nil {
 			return s.wrap(ctx, "migrate", err)
 		}
 	}

@@ -1,6 +1,7 @@
 package sqlstore_test
 
 import (
+	"database/sql"
 	"fmt"
 	"strings"
 	"testing"
@@ -242,4 +243,41 @@ func TestHeadersSurviveAnyBytes(t *testing.T) {
 	require.Nil(t, got.Headers[1].Value)
 	require.NotNil(t, got.Headers[2].Value)
 	require.Equal(t, []byte{0, 0xff}, got.Key)
+}
+
+func TestConcurrentMigrations(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b backend) {
+		ctx := testContext(t)
+		first := b.open(t, sqlstore.Config{})
+		require.NoError(t, first.DropTables(ctx))
+		// Several processes starting at once migrate the same fresh tables.
+		var stores []*sqlstore.Store
+		for range 4 {
+			s, err := b.build(t, first.Config())
+			require.NoError(t, err)
+			stores = append(stores, s)
+		}
+		if first.Dialect() == sqlstore.SQLite {
+			var db *sql.DB
+			require.True(t, first.As(&db))
+			stores = stores[:0]
+			for range 4 {
+				s, err := sqlstore.NewDB(db, sqlstore.SQLite, first.Config())
+				require.NoError(t, err)
+				stores = append(stores, s)
+			}
+		}
+		errs := make(chan error, len(stores))
+		for _, s := range stores {
+			go func() { errs <- s.Migrate(ctx) }()
+		}
+		for range stores {
+			require.NoError(t, <-errs)
+		}
+		for _, s := range stores {
+			require.NoError(t, s.Enqueue(ctx, newEnvelope(t, s, "k", "v")))
+		}
+		require.Equal(t, 4, countRows(t, first, first.Config().Table))
+		require.Equal(t, 1, countRows(t, first, first.Config().Table+"_migrations"))
+	})
 }
