@@ -288,7 +288,9 @@ func (s *Store) insert(ctx context.Context, q querier, envs []*outbox.Envelope) 
 	return nil
 }
 
-func (s *Store) insertChunk(ctx context.Context, q querier, envs []*outbox.Envelope) error {
+// insertStatement renders the multi-row INSERT for envs (RETURNING id, seq except
+// on MySQL) and its arguments.
+func (s *Store) insertStatement(envs []*outbox.Envelope) (string, []any) {
 	args := make([]any, 0, len(envs)*insertColumnCount)
 	for _, env := range envs {
 		var part int64
@@ -307,7 +309,14 @@ func (s *Store) insertChunk(ctx context.Context, q querier, envs []*outbox.Envel
 	b.WriteString(s.cfg.Table)
 	b.WriteString(" (" + insertColumns + ") VALUES ")
 	placeholders(&b, s.dialect, len(envs), insertColumnCount, 0)
+	if s.dialect != MySQL {
+		b.WriteString(" RETURNING id, seq")
+	}
+	return b.String(), args
+}
 
+func (s *Store) insertChunk(ctx context.Context, q querier, envs []*outbox.Envelope) error {
+	query, args := s.insertStatement(envs)
 	if s.dialect == MySQL {
 		// MySQL has no RETURNING: LAST_INSERT_ID is the first row's seq and a
 		// multi-row INSERT takes consecutive values (auto_increment_increment = 1).
@@ -315,7 +324,7 @@ func (s *Store) insertChunk(ctx context.Context, q querier, envs []*outbox.Envel
 		if !ok {
 			return errors.New("mysql needs a database/sql connection")
 		}
-		res, err := sq.c.ExecContext(ctx, b.String(), args...)
+		res, err := sq.c.ExecContext(ctx, query, args...)
 		if err != nil {
 			return err
 		}
@@ -328,11 +337,15 @@ func (s *Store) insertChunk(ctx context.Context, q querier, envs []*outbox.Envel
 		}
 		return nil
 	}
-	b.WriteString(" RETURNING id, seq")
-	rs, err := q.query(ctx, b.String(), args...)
+	rs, err := q.query(ctx, query, args...)
 	if err != nil {
 		return err
 	}
+	return assignSeqs(rs, envs)
+}
+
+// assignSeqs reads "RETURNING id, seq" rows into envs and closes rs.
+func assignSeqs(rs rows, envs []*outbox.Envelope) error {
 	defer rs.Close()
 	// Rows may come back in any order: match them by id (an id may repeat).
 	byID := make(map[uuid.UUID][]*outbox.Envelope, len(envs))

@@ -57,10 +57,14 @@ func discardStaged(ctx context.Context) {
 }
 
 // TransactPgx runs fn in a pgx transaction on the store's pool and, if fn returns
-// nil, writes every envelope staged on ctx's [outbox.Scope] in that transaction with
-// one statement, commits, and wakes the local dispatcher. If fn or the write fails,
-// the transaction rolls back and nothing is written; fn's error is returned as is.
-// Staged envelopes are taken even on failure: a retry must send again.
+// nil, writes every envelope staged on the context's [outbox.Scope] in that
+// transaction with one statement, commits, and wakes the local dispatcher. If fn or
+// the write fails, the transaction rolls back and nothing is written; fn's error is
+// returned as is.
+//
+// The INSERT and the COMMIT travel to the server together in one pipelined round
+// trip, so the outbox adds no round trip to the application's transaction. fn must
+// not commit or roll back tx itself.
 func (s *Store) TransactPgx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	if s.pool == nil {
 		return fmt.Errorf("%w: sqlstore: TransactPgx needs a store built with NewPgx; use Transact or TransactGorm", outbox.ErrMisconfigured)
@@ -70,18 +74,64 @@ func (s *Store) TransactPgx(ctx context.Context, fn func(ctx context.Context, tx
 	}
 	ctx, release := withScope(ctx)
 	defer release()
-	var envs []*outbox.Envelope
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if err := fn(ctx, tx); err != nil {
-			return err
-		}
-		var err error
-		envs, err = s.writeTx(ctx, pgxQuerier{tx}, nil)
-		return err
-	})
+	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
+		return s.wrap(ctx, "acquire", err)
+	}
+	// A connection left inside a transaction is destroyed by the pool on release.
+	defer conn.Release()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return s.wrap(ctx, "begin", err)
+	}
+	finished := false
+	defer func() {
+		if !finished {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	if err := fn(ctx, tx); err != nil {
 		discardStaged(ctx)
 		return err
+	}
+	envs, err := s.staged(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if len(envs) == 0 || len(envs) > maxRows(s.dialect) {
+		if err := s.insert(ctx, pgxQuerier{tx}, envs); err != nil {
+			return s.wrap(ctx, "enqueue in transaction", duplicate(err))
+		}
+		if err := tx.Commit(ctx); err != nil {
+			finished = true
+			return s.wrap(ctx, "commit", err)
+		}
+		finished = true
+		s.NotifyCommitted(envs...)
+		return nil
+	}
+	query, args := s.insertStatement(envs)
+	batch := &pgx.Batch{}
+	batch.Queue(query, args...)
+	batch.Queue("COMMIT")
+	br := tx.SendBatch(ctx, batch)
+	rs, err := br.Query()
+	if err == nil {
+		err = assignSeqs(rs, envs)
+	}
+	if err != nil {
+		_ = br.Close()
+		return s.wrap(ctx, "enqueue in transaction", duplicate(err))
+	}
+	_, commitErr := br.Exec()
+	closeErr := br.Close()
+	if commitErr != nil {
+		return s.wrap(ctx, "commit", commitErr)
+	}
+	// The COMMIT ran: the transaction is over whatever Close reports.
+	finished = true
+	if closeErr != nil {
+		return s.wrap(ctx, "commit", closeErr)
 	}
 	s.NotifyCommitted(envs...)
 	return nil
