@@ -265,7 +265,7 @@ var (
 
 // Store is the minimum every store offers: a writer that the capture middleware uses.
 // Relays need [RelayStore]. Optional capabilities ([Admin], [Notifier], [Finder],
-// [Retainer], [SizeLimiter]) are found by type assertion.
+// [Retainer], [Prober], [SizeLimiter]) are found by type assertion.
 type Store interface {
 	// BucketCount is the store's configured bucket count. Envelopes written to it must
 	// carry the same count.
@@ -413,6 +413,15 @@ type Notifier interface {
 type Finder interface {
 	// Find returns the envelope with id in any status, or [ErrNotFound].
 	Find(ctx context.Context, id uuid.UUID) (*Envelope, error)
+}
+
+// Prober is the optional cheap idle check. A worker polling a bucket it holds asks
+// it before a full Fetch, so an idle bucket costs the store one minimal read. The
+// answer may come from a stale read: a wrong "no" delays the bucket to the next poll,
+// it never loses a message (commit wake-ups skip the probe).
+type Prober interface {
+	// HasPending reports whether the bucket may hold pending envelopes.
+	HasPending(ctx context.Context, bucket int) (bool, error)
 }
 
 // Retainer is the optional capability that keeps dispatched envelopes for a while.

@@ -28,6 +28,7 @@ type Dispatcher struct {
 	notifier  outbox.Notifier
 	finder    outbox.Finder
 	retainer  outbox.Retainer
+	prober    outbox.Prober
 
 	// mu guards leases: the buckets this relay may publish, with the lease as stored.
 	mu     sync.Mutex
@@ -137,6 +138,7 @@ func New(store outbox.RelayStore, transport outbox.Transport, cfg Config) (*Disp
 	d.notifier, _ = store.(outbox.Notifier)
 	d.finder, _ = store.(outbox.Finder)
 	d.retainer, _ = store.(outbox.Retainer)
+	d.prober, _ = store.(outbox.Prober)
 	if cfg.Retention > 0 && d.retainer == nil {
 		return nil, fmt.Errorf("%w: dispatcher Config.Retention is %s but the store does not implement outbox.Retainer; set Retention to 0",
 			outbox.ErrMisconfigured, cfg.Retention)

@@ -55,8 +55,10 @@
 //     wrapping [outbox.ErrMisconfigured] ([Dispatcher.Err]).
 //   - Wake-ups: with a store that implements [outbox.Notifier] the worker drains a
 //     bucket it holds as soon as a commit is announced; otherwise it polls every
-//     PollInterval. Store errors back the worker off (up to LeaseRenewInterval) and it
-//     recovers by itself.
+//     PollInterval. A poll first asks a store that implements [outbox.Prober]
+//     whether the bucket may hold anything, so an idle bucket costs one minimal read.
+//     Store errors back the worker off (up to LeaseRenewInterval) and it recovers by
+//     itself.
 //
 // # Limitations
 //

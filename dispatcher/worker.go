@@ -198,10 +198,12 @@ func (d *Dispatcher) run(ctx context.Context) error {
 				break collect
 			}
 		}
-		owned := d.Owned()
 		var buckets []int
-		for _, b := range owned {
-			if all || woken[b] {
+		for _, b := range d.Owned() {
+			switch {
+			case woken[b]:
+				buckets = append(buckets, b)
+			case all && d.mayHavePending(ctx, b):
 				buckets = append(buckets, b)
 			}
 		}
@@ -250,4 +252,14 @@ func (d *Dispatcher) skipRound() bool {
 		return true
 	}
 	return false
+}
+
+// mayHavePending asks the store's cheap idle probe, if it has one, whether a polled
+// bucket is worth a full fetch. A probe error answers yes: the fetch then reports it.
+func (d *Dispatcher) mayHavePending(ctx context.Context, bucket int) bool {
+	if d.prober == nil {
+		return true
+	}
+	pending, err := d.prober.HasPending(ctx, bucket)
+	return pending || err != nil
 }
