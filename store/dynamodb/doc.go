@@ -60,7 +60,8 @@
 //     heartbeats only move forward, a stopping relay stamps its record instead of
 //     deleting it, and lease items beyond the bucket count are ignored. A fleet that
 //     agrees on its membership makes no refused conditional write.
-//   - [Store.HasPending] is the idle probe: one eventually consistent one-key query.
+//   - [Store.HasPending] is the idle probe ([outbox.Prober]) the dispatcher sends before
+//     polling a bucket: one eventually consistent one-key query.
 //   - [Store.Stats] counts pending and parked messages up to PendingCountLimit per
 //     bucket and reads each bucket's head for the oldest age; [Store.SampleBacklog]
 //     samples only while this store's relay holds bucket zero.
