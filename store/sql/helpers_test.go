@@ -48,7 +48,7 @@ func unavailable(t testing.TB, what string, err error) {
 	if os.Getenv("CI") == "true" {
 		t.Fatalf("%s is required under CI=true: %v", what, err)
 	}
-	t.Skipf("%s is not reachable (%v); set it up as TESTING.md describes to run this test", what, err)
+	t.Skipf("%s is not reachable (%v); start it, or point OUTBOX_TEST_POSTGRES_URL or OUTBOX_TEST_MYSQL_DSN at one, to run this test", what, err)
 }
 
 // Shared clients: one per server and client kind, opened on first use. Tests isolate
