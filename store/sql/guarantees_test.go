@@ -494,3 +494,40 @@ func TestDispatchOneReachesALateCommit(t *testing.T) {
 		})
 	}
 }
+
+// TestTransactPgxCommitFailure fails the pipelined COMMIT itself (a deferred
+// constraint is checked there): nothing is written, the error names the commit, and
+// the connection goes back to the pool clean.
+func TestTransactPgxCommitFailure(t *testing.T) {
+	ctx := testContext(t)
+	s := backends[0].open(t, sqlstore.Config{})
+	pool := postgresPool(t)
+	orders := uniqueTable() + "_orders"
+	_, err := pool.Exec(ctx, "CREATE TABLE "+orders+" (id BIGINT NOT NULL, CONSTRAINT "+orders+"_u UNIQUE (id) DEFERRABLE INITIALLY DEFERRED)")
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+orders) })
+
+	err = s.TransactPgx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "INSERT INTO "+orders+" (id) VALUES (1), (1)"); err != nil {
+			return err
+		}
+		send(t, ctx, s, "k", "v")
+		return nil
+	})
+	require.ErrorContains(t, err, "commit")
+	require.ErrorContains(t, err, "23505")
+	require.Zero(t, countRows(t, s, orders))
+	require.Zero(t, countRows(t, s, s.Config().Table), "the outbox row rolled back with the failed commit")
+
+	// Every pooled connection still works outside a transaction.
+	for range 20 {
+		var status string
+		require.NoError(t, pool.QueryRow(ctx, "SELECT 'idle'").Scan(&status))
+	}
+	require.NoError(t, s.TransactPgx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, "INSERT INTO "+orders+" (id) VALUES (2)")
+		send(t, ctx, s, "k", "w")
+		return err
+	}))
+	require.Equal(t, 1, countRows(t, s, s.Config().Table))
+}
