@@ -34,8 +34,9 @@
 //   - To stay fast as a backlog drains (deleted rows linger in the index until
 //     vacuum), Fetch starts its scan at the head it saw last time and rescans the
 //     bucket from the start every Config.RescanInterval (1 s). A late commit like the
-//     one above can therefore wait up to that long; Requeue, and a Find of the row
-//     (stream-triggered dispatch), make the next fetch rescan at once.
+//     one above can therefore wait up to that long, unless it was committed through
+//     this store (its own commits are announced with their Seq); Requeue, and a Find
+//     of the row (stream-triggered dispatch), make the next fetch rescan at once.
 //   - Complete deletes a batch with one statement; with retention, MarkDispatched
 //     updates a batch with one statement and DeleteDispatched deletes at most its
 //     limit per statement, so cleanup never holds locks for long.
@@ -66,6 +67,8 @@
 //   - LISTEN through *sql.DB needs pgx's stdlib driver; another PostgreSQL driver
 //     gets in-process wake-ups only. The LISTEN connection is taken from the
 //     caller's pool for the store's lifetime.
+//   - MySQL reports changed rather than matched rows, so a renewal to the expiry
+//     already stored reports false there (the dispatcher always renews forward).
 //   - On MySQL the Seq reported on written envelopes assumes a multi-row INSERT takes
 //     consecutive AUTO_INCREMENT values (auto_increment_increment = 1, the default).
 //     Ordering does not depend on it.

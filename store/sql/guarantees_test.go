@@ -531,3 +531,23 @@ func TestTransactPgxCommitFailure(t *testing.T) {
 	}))
 	require.Equal(t, 1, countRows(t, s, s.Config().Table))
 }
+
+func TestLocalLateCommitIsFetchedAtOnce(t *testing.T) {
+	for _, b := range backends[:5] { // the servers with concurrent writers
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := testContext(t)
+			s := b.open(t, sqlstore.Config{BucketCount: 1, RescanInterval: time.Hour})
+			rec := outboxtest.NewRecorder()
+			early := beginManual(t, ctx, s)
+			defer early.rollback()
+			first := newEnvelope(t, s, "a", "early")
+			require.NoError(t, early.enqueue(ctx, first))
+			require.NoError(t, s.Enqueue(ctx, newEnvelope(t, s, "b", "late")))
+			require.Equal(t, 1, drain(t, ctx, s, rec).Published)
+			require.NoError(t, early.commit())
+			s.NotifyCommitted(first)
+			require.Equal(t, 1, drain(t, ctx, s, rec).Published, "a commit this store announced below the head is fetched at once")
+		})
+	}
+}

@@ -401,6 +401,7 @@ func (s *Store) NotifyCommitted(envs ...*outbox.Envelope) {
 			}
 		}
 	}
+	s.lowerFloors(envs)
 	s.hub.Notify(buckets...)
 	if s.dialect == PostgreSQL && !s.cfg.DisableNotify {
 		s.sender.queue(s, buckets)
@@ -422,7 +423,8 @@ type headFloor struct {
 // A row can appear below that point only if its transaction took its Seq before
 // the head's and committed later; every Config.RescanInterval the scan starts from
 // the bucket's beginning again and picks such rows up. Requeue rescans at once, and
-// so does the next fetch of a bucket after Find returned a pending row below its head.
+// so does the next fetch of a bucket after Find returned a pending row below its head
+// or after this store committed one there.
 func (s *Store) Fetch(ctx context.Context, bucket, limit int) ([]*outbox.Envelope, error) {
 	if err := s.begin(ctx); err != nil {
 		return nil, err
@@ -462,6 +464,21 @@ func (s *Store) Fetch(ctx context.Context, bucket, limit int) ([]*outbox.Envelop
 	}
 	s.floorMu.Unlock()
 	return envs, nil
+}
+
+// lowerFloors makes the next fetch of a bucket rescan when a commit landed below the
+// head this store last saw there (its transaction took its Seq early).
+func (s *Store) lowerFloors(envs []*outbox.Envelope) {
+	s.floorMu.Lock()
+	defer s.floorMu.Unlock()
+	for _, env := range envs {
+		if env.Bucket < 0 || env.Bucket >= len(s.floors) {
+			continue
+		}
+		if f := &s.floors[env.Bucket]; f.scanned && env.Seq < f.seq {
+			f.scanned = false
+		}
+	}
 }
 
 // rescan makes the next fetch of every bucket start from the bucket's beginning.
