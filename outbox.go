@@ -451,6 +451,15 @@ type Transport interface {
 	Publish(ctx context.Context, batch []*Envelope) error
 }
 
+// KeyOrderKeeper is implemented by transports that never acknowledge an envelope
+// after failing an earlier envelope of the same key in the same Publish call (they
+// fail the key's whole tail). For them the dispatcher puts several envelopes of one
+// key in one call; for other transports a call carries at most one envelope per key,
+// so that a failure can still hold back its key's later envelopes.
+type KeyOrderKeeper interface {
+	KeepsKeyOrder() bool
+}
+
 // PublishError reports which messages of a batch failed.
 type PublishError struct {
 	Failed []MessageError

@@ -19,26 +19,27 @@ func BenchmarkDrain(b *testing.B) {
 	for _, conc := range []int{1, DefaultMaxConcurrency} {
 		for _, batch := range []int{1, 100, 500} {
 			b.Run(fmt.Sprintf("batch=%d/concurrency=%d", batch, conc), func(b *testing.B) {
-				benchDrain(b, Config{BatchSize: batch, MaxConcurrency: conc}, 0)
+				benchDrain(b, Config{BatchSize: batch, MaxConcurrency: conc}, 0, false)
 			})
 		}
 	}
 }
 
 // BenchmarkDrainHotKey drains a backlog spread over only 8 keys (one per bucket), the
-// case where the default of one envelope per key per Publish call costs a round trip
-// per envelope, and SameKeyBatches wins it back.
+// case where one envelope per key per Publish call costs a round trip per envelope,
+// and a transport that keeps key order wins it back.
 func BenchmarkDrainHotKey(b *testing.B) {
 	for _, same := range []bool{false, true} {
-		b.Run(fmt.Sprintf("batch=100/SameKeyBatches=%t", same), func(b *testing.B) {
-			benchDrain(b, Config{BatchSize: 100, SameKeyBatches: same}, 8)
+		b.Run(fmt.Sprintf("batch=100/KeepsKeyOrder=%t", same), func(b *testing.B) {
+			benchDrain(b, Config{BatchSize: 100}, 8, same)
 		})
 	}
 }
 
 // benchDrain enqueues b.N messages (keys distinct when keys is 0, else keys of them)
-// and times one RunOnce that drains them all.
-func benchDrain(b *testing.B, cfg Config, keys int) {
+// and times one RunOnce that drains them all into a Recorder (one that claims to keep
+// key order when keepsKeyOrder is set).
+func benchDrain(b *testing.B, cfg Config, keys int, keepsKeyOrder bool) {
 	ctx := context.Background()
 	store, err := memory.New(memory.Config{})
 	if err != nil {
@@ -69,7 +70,11 @@ func benchDrain(b *testing.B, cfg Config, keys int) {
 	}
 	cfg.RelayID = "bench"
 	cfg.Logger = quietLogger()
-	d, err := New(store, outboxtest.NewRecorder(), cfg)
+	var tr outbox.Transport = outboxtest.NewRecorder()
+	if keepsKeyOrder {
+		tr = keyOrdered{tr}
+	}
+	d, err := New(store, tr, cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -85,3 +90,8 @@ func benchDrain(b *testing.B, cfg Config, keys int) {
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
 }
+
+// keyOrdered declares that its transport keeps key order (outbox.KeyOrderKeeper).
+type keyOrdered struct{ outbox.Transport }
+
+func (keyOrdered) KeepsKeyOrder() bool { return true }

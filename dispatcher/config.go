@@ -52,13 +52,6 @@ type Config struct {
 	// Unordered lets a failed envelope retry later without holding back the later
 	// envelopes of its key. Defaults to false: per-key order is kept.
 	Unordered bool
-	// SameKeyBatches lets one Transport.Publish call carry several envelopes of one
-	// key. By default a call carries at most one per key, so a failed envelope can
-	// still hold back its key's later ones; a hot key then costs one call per
-	// envelope. Set it only with a transport that never acknowledges an envelope after
-	// failing an earlier envelope of the same key in the same call; violations are
-	// counted in [Stats.OutOfOrder]. Defaults to false.
-	SameKeyBatches bool
 	// MaxConcurrency is how many buckets are drained in parallel. Defaults to 4.
 	MaxConcurrency int
 	// Logger receives the dispatcher's logs. Defaults to slog.Default().

@@ -433,3 +433,42 @@ func TestConfigValidation(t *testing.T) {
 	_, err = New(nil, rec, Config{})
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
 }
+
+// Through a transport that keeps key order, a key's messages share one Publish call
+// and fail together; only the first failure is an attempt, so the ones it held back
+// neither burn attempts nor wait out a backoff of their own.
+func TestHeldBackMessagesCostNoAttempts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := newClock()
+	store := newStore(t, 1)
+	rec := outboxtest.NewRecorder()
+	cfg := testConfig(c, "r")
+	cfg.MaxAttempts = 2
+	d := newDispatcher(t, store, keyOrdered{rec}, cfg)
+
+	a := enqueue(t, store, []byte("a"), 3)
+	for _, e := range a {
+		rec.FailID(e.ID, errBroker, 1) // the broker fails the key's whole tail once
+	}
+	_, err := d.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, rec.Batches(), "the key's messages went out in one call")
+	for i, e := range a {
+		env, err := store.Find(ctx, e.ID)
+		require.NoError(t, err)
+		require.Equal(t, outbox.Pending, env.Status)
+		if i == 0 {
+			require.Equal(t, 1, env.Attempts, "the head's failure is an attempt")
+		} else {
+			require.Zero(t, env.Attempts, "message %d was only held back", i)
+			require.True(t, env.Due(c.Now()), "message %d waits for no backoff of its own", i)
+		}
+	}
+
+	c.Advance(time.Second) // the head's backoff
+	_, err = d.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, idsOf(a), idsOf(rec.ByKey()["a"]), "in order, none parked")
+	require.Zero(t, d.Stats().Parked)
+}

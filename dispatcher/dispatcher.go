@@ -28,7 +28,10 @@ type Dispatcher struct {
 	notifier  outbox.Notifier
 	finder    outbox.Finder
 	retainer  outbox.Retainer
-	prober    outbox.Prober
+	// sameKeyBatches: the transport keeps key order (outbox.KeyOrderKeeper), so one
+	// Publish call may carry several envelopes of a key.
+	sameKeyBatches bool
+	prober         outbox.Prober
 
 	// mu guards leases: the buckets this relay may publish, with the lease as stored.
 	mu     sync.Mutex
@@ -75,7 +78,8 @@ type Stats struct {
 	Deleted int64
 	// OutOfOrder counts envelopes a transport acknowledged although an earlier
 	// envelope of their key failed in the same Publish call; it can only be non-zero
-	// with [Config.SameKeyBatches].
+	// with a transport that claims to keep key order ([outbox.KeyOrderKeeper]) and
+	// does not.
 	OutOfOrder int64
 }
 
@@ -138,6 +142,9 @@ func New(store outbox.RelayStore, transport outbox.Transport, cfg Config) (*Disp
 	d.notifier, _ = store.(outbox.Notifier)
 	d.finder, _ = store.(outbox.Finder)
 	d.retainer, _ = store.(outbox.Retainer)
+	if k, ok := transport.(outbox.KeyOrderKeeper); ok {
+		d.sameKeyBatches = k.KeepsKeyOrder()
+	}
 	d.prober, _ = store.(outbox.Prober)
 	if cfg.Retention > 0 && d.retainer == nil {
 		return nil, fmt.Errorf("%w: dispatcher Config.Retention is %s but the store does not implement outbox.Retainer; set Retention to 0",
@@ -504,7 +511,7 @@ func (d *Dispatcher) drainOnce(ctx context.Context, b int, upTo int64) (pass, er
 	// carries at most one envelope per key and a failure can still hold back that
 	// key's later envelopes. Keys that are all distinct (the usual case) make one wave.
 	var waves [][]*outbox.Envelope
-	if d.cfg.Unordered || d.cfg.SameKeyBatches {
+	if d.cfg.Unordered || d.sameKeyBatches {
 		waves = [][]*outbox.Envelope{due}
 	} else {
 		seen := make(map[string]int)
@@ -552,8 +559,8 @@ func (d *Dispatcher) drainOnce(ctx context.Context, b int, upTo int64) (pass, er
 }
 
 // publish sends one batch and records every outcome: one Complete (or MarkDispatched)
-// for the acknowledged envelopes, a Reschedule or Park per failed one. It returns the
-// keys that failed.
+// for the acknowledged envelopes, a Reschedule or Park per key's first failed one. It
+// returns the keys that failed.
 func (d *Dispatcher) publish(ctx context.Context, batch []*outbox.Envelope) (Result, map[string]bool, error) {
 	var res Result
 	err := d.transport.Publish(ctx, batch)
@@ -605,10 +612,20 @@ func (d *Dispatcher) publish(ctx context.Context, batch []*outbox.Envelope) (Res
 		res.Published = len(acked)
 		d.published.Add(int64(len(acked)))
 	}
+	// Only a key's first failure in the batch is an attempt. The key's later failed
+	// envelopes were held back by it (or share its fate): they stay pending and due,
+	// and the next fetch holds them behind it, at no cost in attempts or backoff.
+	charged := make(map[string]bool)
 	for _, e := range batch {
 		cause, bad := failed[e.ID]
 		if !bad {
 			continue
+		}
+		if e.Key != nil && !d.cfg.Unordered {
+			if charged[string(e.Key)] {
+				continue
+			}
+			charged[string(e.Key)] = true
 		}
 		attempts := e.Attempts + 1
 		msg := cause.Error()

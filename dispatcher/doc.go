@@ -24,10 +24,11 @@
 //     at a time, in Seq order. A failed envelope holds back the later envelopes of its
 //     key that were fetched with it (until its retry succeeds or it is parked); other
 //     keys of the bucket keep flowing. Keyless envelopes never hold each other back.
-//     By default one Publish call carries at most one envelope per key, so a failure
-//     cannot be overtaken inside a batch ([Config.SameKeyBatches] relaxes this for
-//     transports that fail a key's whole tail). With [Config.Unordered] failures retry
-//     without holding their key.
+//     One Publish call carries at most one envelope per key, so a failure cannot be
+//     overtaken inside a batch — unless the transport implements
+//     [outbox.KeyOrderKeeper] (it fails a key's whole tail, as the Kafka transport
+//     does), and then a call carries a key's envelopes together. With
+//     [Config.Unordered] failures retry without holding their key.
 //   - A parked envelope is skipped: later envelopes of its key flow on. Parked
 //     envelopes are never deleted automatically.
 //   - Retries: the n-th failure waits BackoffBase·2^(n-1), capped at BackoffMax, less
@@ -65,9 +66,9 @@
 //   - Ordering holds within the fetched window: if a blocked key's envelopes fill a
 //     whole batch, later keys of that bucket wait until the blocked envelope is
 //     retried or parked. Raise BatchSize if a few keys dominate a bucket.
-//   - By default a key sends at most one envelope per Publish call, so a backlog
-//     concentrated on a single key drains at one round trip per envelope. See
-//     [Config.SameKeyBatches].
+//   - Through a transport that does not implement [outbox.KeyOrderKeeper], a key
+//     sends at most one envelope per Publish call, so a backlog concentrated on a
+//     single key drains at one round trip per envelope.
 //   - Lease expiry compares host clocks: keep relay hosts synchronised to well within
 //     LeaseDuration − LeaseRenewInterval.
 //   - DispatchOne without a running worker claims a free bucket outside the

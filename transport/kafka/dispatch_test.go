@@ -144,10 +144,10 @@ func TestDispatcherDeliversInKeyOrderThroughFlakyBrokers(t *testing.T) {
 	t.Logf("published %d, retried %d, records read %d", stats.Published, stats.Retried, len(all))
 }
 
-// TestDispatcherSameKeyBatches lets one publish carry several messages of a key, as
-// the Kafka transport allows: order must still hold and the dispatcher must never see
-// a key acknowledged after its failure.
-func TestDispatcherSameKeyBatches(t *testing.T) {
+// TestDispatcherOneMessagePerKeyPerPublish hides the transport's key-order promise
+// (outbox.KeyOrderKeeper), so the dispatcher sends a key's messages in waves, one
+// per Publish call; order must hold that way too.
+func TestDispatcherOneMessagePerKeyPerPublish(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t, e2eBuckets, "e2e-same")
 	var produces atomic.Int64
@@ -156,7 +156,7 @@ func TestDispatcherSameKeyBatches(t *testing.T) {
 		When: func(kmsg.Request) bool { return produces.Add(1)%4 == 0 },
 	})
 	tr := newTransport(t, c, kafka.Config{}, kgo.RecordRetries(0), kgo.MetadataMinAge(10*time.Millisecond))
-	store, d := newRelay(t, tr, func(cfg *dispatcher.Config) { cfg.SameKeyBatches = true })
+	store, d := newRelay(t, struct{ outbox.Transport }{tr}, nil)
 	sent := enqueueKeyed(t, store, "e2e-same", 400, 5)
 
 	require.NoError(t, d.Start(context.Background()))

@@ -35,8 +35,8 @@
 //   - A message the transport refuses before sending holds back the later messages of
 //     its key in the batch: they are reported failed, transient, so a key's
 //     deliveries never skip a message. This, and the client failing a partition's
-//     later buffered records when a produce request fails, suits the dispatcher's
-//     SameKeyBatches option.
+//     later buffered records when a produce request fails, is the promise of
+//     [outbox.KeyOrderKeeper], so the dispatcher sends a key's messages together.
 //   - The transport retries nothing itself; the client retries as configured
 //     (kgo.RecordRetries, kgo.RecordDeliveryTimeout) before a record fails.
 //

@@ -140,6 +140,12 @@ func New(client *kgo.Client, cfg Config) (*Transport, error) {
 	return &Transport{client: client, cfg: cfg, explicitPartitions: explicit, recordLimit: batchMax - batchHeaderSize}, nil
 }
 
+// KeepsKeyOrder implements [outbox.KeyOrderKeeper]: a message the transport refuses
+// holds back its key's later messages in the batch, and the client fails a
+// partition's later buffered records when a produce request fails. The dispatcher
+// therefore sends a key's messages together in one Publish call.
+func (t *Transport) KeepsKeyOrder() bool { return true }
+
 // MaxMessageSize implements [outbox.SizeLimiter].
 func (t *Transport) MaxMessageSize() int { return t.cfg.MaxMessageSize }
 

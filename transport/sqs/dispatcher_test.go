@@ -116,9 +116,10 @@ func TestDispatcherToFIFOUnderFaults(t *testing.T) {
 	requireFirstDeliveriesInOrder(t, srv, url, n, want)
 }
 
-// A long-running dispatcher with SameKeyBatches on: the FIFO transport keeps one
-// message per key in each request, so per-key order holds with multi-message batches.
-func TestDispatcherWorkerToFIFOWithSameKeyBatches(t *testing.T) {
+// A long-running dispatcher that sends a key's messages together (the transport is
+// declared an outbox.KeyOrderKeeper): the FIFO transport keeps one message per key in
+// each request and holds back a failed key's tail, so per-key order holds.
+func TestDispatcherWorkerToFIFOSendsAKeysMessagesTogether(t *testing.T) {
 	t.Parallel()
 	srv, _, url := setup(t, true, nil)
 	store, err := memory.New(memory.Config{BucketCount: e2eBuckets})
@@ -126,12 +127,11 @@ func TestDispatcherWorkerToFIFOWithSameKeyBatches(t *testing.T) {
 	t.Cleanup(func() { _ = store.Close() })
 
 	tr := newTransport(t, srv.Client(), sqstransport.Config{Resolver: sqstransport.Queues{"orders": url}})
-	d, err := dispatcher.New(store, tr, dispatcher.Config{
-		RelayID:        "sqs-worker",
-		BucketCount:    e2eBuckets,
-		PollInterval:   10 * time.Millisecond,
-		SameKeyBatches: true,
-		Logger:         slog.New(slog.DiscardHandler),
+	d, err := dispatcher.New(store, fifoKeepsKeyOrder{tr}, dispatcher.Config{
+		RelayID:      "sqs-worker",
+		BucketCount:  e2eBuckets,
+		PollInterval: 10 * time.Millisecond,
+		Logger:       slog.New(slog.DiscardHandler),
 	})
 	require.NoError(t, err)
 
@@ -145,3 +145,9 @@ func TestDispatcherWorkerToFIFOWithSameKeyBatches(t *testing.T) {
 	<-d.Stopped()
 	require.Zero(t, pendingCount(t, store))
 }
+
+// fifoKeepsKeyOrder declares what the transport does on FIFO queues: it never
+// acknowledges a key's message after failing an earlier one in the same call.
+type fifoKeepsKeyOrder struct{ outbox.Transport }
+
+func (fifoKeepsKeyOrder) KeepsKeyOrder() bool { return true }

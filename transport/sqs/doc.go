@@ -50,9 +50,9 @@
 //     "bucket:N" for a keyless message; see [GroupID]. Requests to one FIFO queue go
 //     one after another, and a request never carries two messages of one key: once a
 //     message failed transiently, the later messages of its key in the batch are held
-//     back (reported failed, transient) so they cannot overtake it. So the transport
-//     meets what the dispatcher's SameKeyBatches option asks of a transport, on FIFO
-//     queues. Keyless messages of one bucket share a group, several to a request.
+//     back (reported failed, transient) so they cannot overtake it. So, on FIFO queues,
+//     the transport keeps the promise of [outbox.KeyOrderKeeper]; it does not declare
+//     it, because standard queues give no such promise. Keyless messages of one bucket share a group, several to a request.
 //   - Requests to standard queues, and to different queues, run concurrently, up to
 //     [Config.Concurrency]. Publish waits for all of them and starts no goroutine that
 //     outlives it.
