@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	ddbtypes "github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -19,9 +21,11 @@ import (
 	"github.com/outboxkit/outbox/dispatcher"
 	"github.com/outboxkit/outbox/middleware"
 	"github.com/outboxkit/outbox/outboxtest"
+	dynamodb "github.com/outboxkit/outbox/store/dynamodb"
 	"github.com/outboxkit/outbox/store/memory"
 	sqlstore "github.com/outboxkit/outbox/store/sql"
 	"github.com/outboxkit/outbox/transport/kafka"
+	sqstransport "github.com/outboxkit/outbox/transport/sqs"
 )
 
 // pendingCount counts what a store holds in any status.
@@ -80,6 +84,38 @@ func TestOversizedRejectedAtCapture(t *testing.T) {
 		})
 		require.ErrorIs(t, err, outbox.ErrTooLarge)
 		require.Zero(t, pendingCount(t, s), "the unit of work must write nothing")
+	})
+	t.Run("store limit/dynamodb unit of work", func(t *testing.T) {
+		client := dynamoClient(t)
+		opts := dynamodb.Options{TableName: "outbox"}
+		require.NoError(t, dynamodb.CreateIfNotExists(ctx, client, opts))
+		s, err := dynamodb.New(client, opts)
+		require.NoError(t, err)
+		ob, err := middleware.NewOutbox(s, middleware.Config{Mode: outbox.Transactional})
+		require.NoError(t, err)
+		huge := outbox.Message{Topic: "t", Key: []byte("k"), Payload: bytes.Repeat([]byte{1}, s.MaxMessageSize()+1)}
+		uctx, scope := outbox.NewScope(ctx)
+		defer scope.Release()
+		err = s.Transact(uctx, func(ctx context.Context) ([]ddbtypes.TransactWriteItem, error) {
+			require.NoError(t, ob.Send(ctx, small))
+			return nil, ob.Send(ctx, huge)
+		})
+		require.ErrorIs(t, err, outbox.ErrTooLarge)
+		require.Zero(t, pendingCount(t, s), "the unit of work must write nothing")
+	})
+	t.Run("transport limit/sqs", func(t *testing.T) {
+		// The transport never dials at construction; its limit is what capture needs.
+		tr, err := sqstransport.New(awssqs.New(awssqs.Options{Region: "us-east-1"}), sqstransport.Config{MaxBytes: 2048})
+		require.NoError(t, err)
+		s, err := memory.New(memory.Config{})
+		require.NoError(t, err)
+		ob, err := middleware.NewOutbox(s, middleware.Config{MaxMessageSize: tr.MaxMessageSize()})
+		require.NoError(t, err)
+		require.Less(t, tr.MaxMessageSize(), 2048, "the limit leaves room for the attributes the transport adds")
+		over := outbox.Message{Topic: "t", Payload: bytes.Repeat([]byte{'a'}, tr.MaxMessageSize())}
+		require.ErrorIs(t, ob.Send(ctx, over), outbox.ErrTooLarge)
+		require.NoError(t, ob.Send(ctx, small))
+		require.Equal(t, 1, pendingCount(t, s))
 	})
 	t.Run("transport limit/kafka", func(t *testing.T) {
 		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "t"))
