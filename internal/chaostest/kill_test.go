@@ -113,7 +113,11 @@ func buildRelay(t *testing.T) string {
 		t.Skipf("no go toolchain to build the relay binary: %v", err)
 	}
 	bin := filepath.Join(t.TempDir(), "relay")
-	out, err := exec.Command(goBin, "build", "-o", bin, "./relay").CombinedOutput()
+	args := []string{"build", "-o", bin}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	out, err := exec.Command(goBin, append(args, "./relay")...).CombinedOutput()
 	require.NoError(t, err, "go build ./relay: %s", out)
 	return bin
 }
