@@ -82,8 +82,10 @@ type Schedule struct {
 	// Crashes must leave at least one relay running. Defaults to 1; negative means none.
 	Crashes int
 	// ClockSetBack sets the clock of relay 0 back by this much from an eighth into the
-	// fault phase until its end. Defaults to half of LeaseDuration; negative means
-	// never.
+	// fault phase until its end. Defaults to a quarter of LeaseDuration: the outbox
+	// asks for clocks kept well within LeaseDuration − LeaseRenewInterval of each
+	// other, and a larger jump on a loaded machine can let two relays publish one
+	// bucket, which the run would report as out of order. Negative means never.
 	ClockSetBack time.Duration
 }
 
@@ -141,7 +143,7 @@ func (c Config) withDefaults() (Config, error) {
 	defDur(&f.Outage, f.Duration/5)
 	def(&f.GracefulStops, 1)
 	def(&f.Crashes, 1)
-	defDur(&f.ClockSetBack, c.LeaseDuration/2)
+	defDur(&f.ClockSetBack, c.LeaseDuration/4)
 	f.MessageErrorRate = max(f.MessageErrorRate, 0)
 	f.BatchErrorRate = max(f.BatchErrorRate, 0)
 	f.Latency, f.Jitter = max(f.Latency, 0), max(f.Jitter, 0)
