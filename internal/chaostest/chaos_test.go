@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
@@ -55,7 +56,7 @@ func verify(t *testing.T, rep chaos.Report, cfg chaos.Config) {
 }
 
 func TestChaosMemory(t *testing.T) {
-	rep := chaos.Run(t, outboxtest.StoreHarness{
+	rep := chaos.Run(t, chaos.Harness{StoreHarness: outboxtest.StoreHarness{
 		New: func(t *testing.T, bucketCount int) outbox.RelayStore {
 			s, err := memory.New(memory.Config{BucketCount: bucketCount})
 			require.NoError(t, err)
@@ -64,7 +65,7 @@ func TestChaosMemory(t *testing.T) {
 		Transact: func(ctx context.Context, s outbox.RelayStore, fn func(ctx context.Context) error) error {
 			return s.(*memory.Store).Transact(ctx, fn)
 		},
-	}, chaosConfig())
+	}}, chaosConfig())
 	verify(t, rep, chaosConfig())
 }
 
@@ -79,7 +80,7 @@ func migrated(t *testing.T, s *sqlstore.Store, err error) *sqlstore.Store {
 
 func TestChaosPostgresPgx(t *testing.T) {
 	pool := postgresPool(t, 32)
-	rep := chaos.Run(t, outboxtest.StoreHarness{
+	rep := chaos.Run(t, chaos.Harness{StoreHarness: outboxtest.StoreHarness{
 		New: func(t *testing.T, bucketCount int) outbox.RelayStore {
 			s, err := sqlstore.NewPgx(pool, sqlstore.Config{Table: uniqueTable("chaos"), BucketCount: bucketCount})
 			return migrated(t, s, err)
@@ -93,12 +94,35 @@ func TestChaosPostgresPgx(t *testing.T) {
 				return fn(ctx)
 			})
 		},
-	}, chaosConfig())
+	}, Reopen: reopenSQL}, chaosConfig())
 	verify(t, rep, chaosConfig())
 }
 
-func sqlHarness(db func(t *testing.T) *sql.DB, dialect sqlstore.Dialect) outboxtest.StoreHarness {
-	return outboxtest.StoreHarness{
+// reopenSQL opens another store on the same client and tables, as a relay in another
+// process would.
+func reopenSQL(t *testing.T, s outbox.RelayStore) outbox.RelayStore {
+	st := s.(*sqlstore.Store)
+	cfg := st.Config()
+	var (
+		pool *pgxpool.Pool
+		db   *sql.DB
+		err  error
+		out  *sqlstore.Store
+	)
+	switch {
+	case st.As(&pool):
+		out, err = sqlstore.NewPgx(pool, cfg)
+	case st.As(&db):
+		out, err = sqlstore.NewDB(db, st.Dialect(), cfg)
+	default:
+		t.Fatalf("cannot reopen a %s store", st.Dialect())
+	}
+	require.NoError(t, err)
+	return out
+}
+
+func sqlHarness(db func(t *testing.T) *sql.DB, dialect sqlstore.Dialect) chaos.Harness {
+	return chaos.Harness{StoreHarness: outboxtest.StoreHarness{
 		New: func(t *testing.T, bucketCount int) outbox.RelayStore {
 			s, err := sqlstore.NewDB(db(t), dialect, sqlstore.Config{Table: uniqueTable("chaos"), BucketCount: bucketCount})
 			return migrated(t, s, err)
@@ -111,7 +135,7 @@ func sqlHarness(db func(t *testing.T) *sql.DB, dialect sqlstore.Dialect) outboxt
 				return fn(ctx)
 			})
 		},
-	}
+	}, Reopen: reopenSQL}
 }
 
 func TestChaosMariaDB(t *testing.T) {

@@ -48,7 +48,7 @@ func dynamoConfig() chaos.Config {
 }
 
 func TestChaosDynamoDB(t *testing.T) {
-	rep := chaos.Run(t, outboxtest.StoreHarness{
+	rep := chaos.Run(t, chaos.Harness{StoreHarness: outboxtest.StoreHarness{
 		New: func(t *testing.T, bucketCount int) outbox.RelayStore {
 			client := dynamoClient(t)
 			opts := dynamodb.Options{TableName: "outbox", BucketCount: bucketCount}
@@ -63,7 +63,14 @@ func TestChaosDynamoDB(t *testing.T) {
 				return nil, fn(ctx)
 			})
 		},
-	}, dynamoConfig())
+	}, Reopen: func(t *testing.T, s outbox.RelayStore) outbox.RelayStore {
+		st := s.(*dynamodb.Store)
+		var client *ddb.Client
+		require.True(t, st.As(&client))
+		other, err := dynamodb.New(client, st.Options())
+		require.NoError(t, err)
+		return other
+	}}, dynamoConfig())
 	verify(t, rep, dynamoConfig())
 }
 

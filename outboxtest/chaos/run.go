@@ -23,9 +23,23 @@ const Topic = "chaos"
 // errRollback is what a unit of work returns to roll back on purpose.
 var errRollback = errors.New("chaos: deliberate rollback")
 
+// Harness adapts a store to a chaos run.
+type Harness struct {
+	// StoreHarness makes the store the writers write to, and runs their units of
+	// work. Its Sequential field is ignored.
+	outboxtest.StoreHarness
+	// Reopen, if set, opens another handle on the store New returned — the same
+	// tables, the same table name and key prefix — as a separate process would open
+	// it. Each relay then works through a handle of its own, so nothing the store
+	// keeps in memory (caches, wake-ups) is shared between writers and relays that a
+	// real deployment would run apart. The run closes the handles. Leave it nil for a
+	// store that lives in one process, such as the memory store.
+	Reopen func(t *testing.T, s outbox.RelayStore) outbox.RelayStore
+}
+
 // Run runs one chaos scenario on a fresh store from h, logs the report and fails t if
 // the run could not be set up or a guarantee was broken. It returns the report.
-func Run(t *testing.T, h outboxtest.StoreHarness, cfg Config) Report {
+func Run(t *testing.T, h Harness, cfg Config) Report {
 	t.Helper()
 	rep, err := Execute(t, h, cfg)
 	if err != nil {
@@ -42,7 +56,7 @@ func Run(t *testing.T, h outboxtest.StoreHarness, cfg Config) Report {
 // without judging it: [Report.Err] says whether a guarantee was broken. The error is
 // for a run that could not be set up (a Config field that cannot work, a dispatcher
 // that would not start).
-func Execute(t *testing.T, h outboxtest.StoreHarness, cfg Config) (Report, error) {
+func Execute(t *testing.T, h Harness, cfg Config) (Report, error) {
 	t.Helper()
 	cfg, err := cfg.withDefaults()
 	if err != nil {
@@ -53,15 +67,16 @@ func Execute(t *testing.T, h outboxtest.StoreHarness, cfg Config) (Report, error
 	}
 	store := h.New(t, cfg.BucketCount)
 	defer func() { _ = store.Close() }()
-	r := &runner{cfg: cfg, store: store, h: h, rec: outboxtest.NewRecorder()}
+	r := &runner{t: t, cfg: cfg, store: store, h: h, rec: outboxtest.NewRecorder()}
 	return r.run()
 }
 
 // runner holds one run's state.
 type runner struct {
+	t     *testing.T
 	cfg   Config
 	store outbox.RelayStore
-	h     outboxtest.StoreHarness
+	h     Harness
 	rec   *outboxtest.Recorder
 
 	faulty atomic.Bool  // transport faults on
@@ -85,7 +100,8 @@ type runner struct {
 type relay struct {
 	d        *dispatcher.Dispatcher
 	cancel   context.CancelFunc
-	inflight *atomic.Int32 // publishes under way
+	inflight *atomic.Int32     // publishes under way
+	handle   outbox.RelayStore // the relay's own store handle, if reopened
 }
 
 // msgID identifies a message by key and sequence number, as its payload carries them.
@@ -285,18 +301,30 @@ func (r *runner) start(ctx context.Context, slot int) error {
 	if slot == 0 {
 		dcfg.Now = func() time.Time { return time.Now().Add(-time.Duration(r.skew.Load())) }
 	}
+	store, handle := r.store, outbox.RelayStore(nil)
+	if r.h.Reopen != nil {
+		handle = r.h.Reopen(r.t, r.store)
+		store = handle
+	}
+	closeHandle := func() {
+		if handle != nil {
+			_ = handle.Close()
+		}
+	}
 	inflight := new(atomic.Int32)
-	d, err := dispatcher.New(r.store, &switchTransport{r: r, faulty: ft, inflight: inflight}, dcfg)
+	d, err := dispatcher.New(store, &switchTransport{r: r, faulty: ft, inflight: inflight}, dcfg)
 	if err != nil {
+		closeHandle()
 		return err
 	}
 	rctx, cancel := context.WithCancel(ctx)
 	if err := d.Start(rctx); err != nil {
 		cancel()
+		closeHandle()
 		return err
 	}
 	r.mu.Lock()
-	r.slots[slot] = &relay{d: d, cancel: cancel, inflight: inflight}
+	r.slots[slot] = &relay{d: d, cancel: cancel, inflight: inflight, handle: handle}
 	r.transports = append(r.transports, ft)
 	r.mu.Unlock()
 	return nil
@@ -314,6 +342,9 @@ func (r *runner) take(slot int) *relay {
 // retire adds a stopped dispatcher's counters and reports if it had stopped on its own.
 func (r *runner) retire(slot int, rl *relay) {
 	rl.cancel()
+	if rl.handle != nil {
+		_ = rl.handle.Close()
+	}
 	if err := rl.d.Err(); err != nil {
 		r.problem("relay %d (%s) stopped on its own: %v", slot, rl.d.RelayID(), err)
 	}
