@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"regexp"
 	"strings"
-	"time"
 
 	"github.com/outboxkit/outbox"
 )
@@ -43,8 +42,6 @@ const (
 	DefaultMaxMessageSize = 1 << 20
 	// DefaultStatsLimit is the default cap of the per-bucket counts of Stats.
 	DefaultStatsLimit = 10_000
-	// DefaultRescanInterval is the default Config.RescanInterval.
-	DefaultRescanInterval = time.Second
 )
 
 // Config configures a [Store]. The zero value is valid: every field has a default.
@@ -64,13 +61,6 @@ type Config struct {
 	// work accept. Defaults to DefaultMaxMessageSize (1 MiB). MySQL also needs a
 	// max_allowed_packet that fits a whole batch.
 	MaxMessageSize int
-	// RescanInterval bounds how long a message can wait when its transaction took
-	// an earlier Seq than messages that committed before it. Between rescans, Fetch
-	// starts each bucket's index scan at the head it last saw instead of at the
-	// bucket's start, so it does not walk over the index entries of rows completed
-	// since the last vacuum (the reason queue tables slow down as they grow).
-	// Defaults to 1 s; a negative value rescans every time.
-	RescanInterval time.Duration
 	// StatsLimit caps each per-bucket count of Stats, so sampling a large backlog
 	// stays cheap. Defaults to DefaultStatsLimit.
 	StatsLimit int
@@ -146,9 +136,6 @@ func (c Config) withDefaults() (Config, error) {
 		c.StatsLimit = DefaultStatsLimit
 	case c.StatsLimit < 0:
 		return c, fmt.Errorf("%w: sqlstore: Config.StatsLimit %d must be positive", outbox.ErrMisconfigured, c.StatsLimit)
-	}
-	if c.RescanInterval == 0 {
-		c.RescanInterval = DefaultRescanInterval
 	}
 	if c.NotifyChannel == "" {
 		c.NotifyChannel = strings.ReplaceAll(c.Table, ".", "_")

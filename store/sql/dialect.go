@@ -38,7 +38,7 @@ var rowsPerStatement atomic.Int64
 // statements holds every fixed statement, rendered once for the configured tables.
 // Placeholders are written as '?' and rebound to $n for PostgreSQL.
 type statements struct {
-	fetch, fetchFrom, find, list         string
+	fetch, find, list                    string
 	reschedule, park                     string
 	deleteDispatched                     string
 	statsPending, statsHead, statsParked string
@@ -53,7 +53,6 @@ func newStatements(d Dialect, c Config) statements {
 	m, l, r := c.Table, c.LeaseTable, c.RelayTable
 	var s statements
 	s.fetch = "SELECT " + selectColumns + " FROM " + m + " WHERE status = 0 AND bucket = ? ORDER BY seq LIMIT ?"
-	s.fetchFrom = "SELECT " + selectColumns + " FROM " + m + " WHERE status = 0 AND bucket = ? AND seq >= ? ORDER BY seq LIMIT ?"
 	s.find = "SELECT " + selectColumns + " FROM " + m + " WHERE id = ? ORDER BY seq LIMIT 1"
 	s.list = "SELECT " + selectColumns + " FROM " + m + " WHERE status = ? AND (bucket > ? OR (bucket = ? AND seq > ?)) ORDER BY bucket, seq LIMIT ?"
 	s.reschedule = "UPDATE " + m + " SET attempts = attempts + 1, next_attempt_at = ?, last_error = ? WHERE id = ?"
@@ -83,7 +82,7 @@ func newStatements(d Dialect, c Config) statements {
 		" UNION ALL SELECT 1, 0, id, last_seen, stopped_at FROM " + r
 
 	if d == PostgreSQL {
-		for _, p := range []*string{&s.fetch, &s.fetchFrom, &s.find, &s.list, &s.reschedule, &s.park, &s.deleteDispatched,
+		for _, p := range []*string{&s.fetch, &s.find, &s.list, &s.reschedule, &s.park, &s.deleteDispatched,
 			&s.statsPending, &s.statsHead, &s.statsParked, &s.claimUpdate, &s.claimInsert, &s.renew,
 			&s.release, &s.heartbeatUpdate, &s.heartbeatInsert, &s.stopUpdate, &s.stopInsert,
 			&s.deleteRelay, &s.readCoordination} {

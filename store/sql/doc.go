@@ -31,12 +31,10 @@
 //     bucket's pending head one index range scan. Completed rows are deleted, so the
 //     head is simply the lowest pending Seq: a transaction that took an earlier Seq
 //     but committed after later ones is still fetched — nothing is skipped.
-//   - To stay fast as a backlog drains (deleted rows linger in the index until
-//     vacuum), Fetch starts its scan at the head it saw last time and rescans the
-//     bucket from the start every Config.RescanInterval (1 s). A late commit like the
-//     one above can therefore wait up to that long, unless it was committed through
-//     this store (its own commits are announced with their Seq); Requeue, and a Find
-//     of the row (stream-triggered dispatch), make the next fetch rescan at once.
+//   - Fetch always scans from the bucket's beginning, never from where it left off:
+//     a cursor would skip that late commit, and a later message of its key could
+//     overtake it. (PostgreSQL marks the index entries of deleted rows dead as scans
+//     pass them, so a draining backlog stays cheap to scan until vacuum.)
 //   - Complete deletes a batch with one statement; with retention, MarkDispatched
 //     updates a batch with one statement and DeleteDispatched deletes at most its
 //     limit per statement, so cleanup never holds locks for long.

@@ -177,8 +177,7 @@ func TestCommitsInOppositeOrderToSeqAreBothDelivered(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b backend) {
 		ctx := testContext(t)
 		// One bucket, so both messages share it and the relay reads them in Seq order.
-		const rescan = 300 * time.Millisecond
-		s := b.open(t, sqlstore.Config{BucketCount: 1, RescanInterval: rescan})
+		s := b.open(t, sqlstore.Config{BucketCount: 1})
 		if s.Dialect() == sqlstore.SQLite {
 			// SQLite has one writer: a second write waits for the first transaction
 			// to commit, so commit order is Seq order and nothing can be skipped.
@@ -218,30 +217,12 @@ func TestCommitsInOppositeOrderToSeqAreBothDelivered(t *testing.T) {
 		require.Equal(t, 1, res.Published)
 		require.Equal(t, second.ID, rec.Messages()[0].ID)
 
+		// The earlier Seq now sits below the one the relay already completed: the very
+		// next sweep, which scans the bucket from its start, delivers it.
 		require.NoError(t, early.commit())
-		committed := time.Now()
-		// The earlier Seq now sits below the head the relay last saw: the next
-		// rescan of the bucket, at most RescanInterval later, picks it up.
-		for rec.Unique() < 2 {
-			require.Less(t, time.Since(committed), rescan+5*time.Second, "the earlier Seq committed late was skipped")
-			drain(t, ctx, s, rec)
-			time.Sleep(10 * time.Millisecond)
-		}
-		require.Equal(t, 2, rec.Unique())
+		require.Equal(t, 1, drain(t, ctx, s, rec).Published, "the earlier Seq committed late was skipped")
 		require.Equal(t, first.ID, rec.Messages()[1].ID)
 		require.Zero(t, countRows(t, s, s.Config().Table))
-
-		// Nothing is left behind either when every fetch rescans.
-		s2 := b.open(t, sqlstore.Config{BucketCount: 1, RescanInterval: -1})
-		rec2 := outboxtest.NewRecorder()
-		early = beginManual(t, ctx, s2)
-		defer early.rollback()
-		first = newEnvelope(t, s2, "a", "early")
-		require.NoError(t, early.enqueue(ctx, first))
-		require.NoError(t, s2.Enqueue(ctx, newEnvelope(t, s2, "b", "late")))
-		require.Equal(t, 1, drain(t, ctx, s2, rec2).Published)
-		require.NoError(t, early.commit())
-		require.Equal(t, 1, drain(t, ctx, s2, rec2).Published, "the very next sweep delivers it")
 	})
 }
 
@@ -472,7 +453,7 @@ func TestDispatchOneReachesALateCommit(t *testing.T) {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := testContext(t)
-			s := b.open(t, sqlstore.Config{BucketCount: 1, RescanInterval: time.Hour})
+			s := b.open(t, sqlstore.Config{BucketCount: 1})
 			rec := outboxtest.NewRecorder()
 			early := beginManual(t, ctx, s)
 			defer early.rollback()
@@ -530,24 +511,4 @@ func TestTransactPgxCommitFailure(t *testing.T) {
 		return err
 	}))
 	require.Equal(t, 1, countRows(t, s, s.Config().Table))
-}
-
-func TestLocalLateCommitIsFetchedAtOnce(t *testing.T) {
-	for _, b := range backends[:5] { // the servers with concurrent writers
-		t.Run(b.name, func(t *testing.T) {
-			t.Parallel()
-			ctx := testContext(t)
-			s := b.open(t, sqlstore.Config{BucketCount: 1, RescanInterval: time.Hour})
-			rec := outboxtest.NewRecorder()
-			early := beginManual(t, ctx, s)
-			defer early.rollback()
-			first := newEnvelope(t, s, "a", "early")
-			require.NoError(t, early.enqueue(ctx, first))
-			require.NoError(t, s.Enqueue(ctx, newEnvelope(t, s, "b", "late")))
-			require.Equal(t, 1, drain(t, ctx, s, rec).Published)
-			require.NoError(t, early.commit())
-			s.NotifyCommitted(first)
-			require.Equal(t, 1, drain(t, ctx, s, rec).Published, "a commit this store announced below the head is fetched at once")
-		})
-	}
 }

@@ -36,9 +36,6 @@ type Store struct {
 	sender notifySender
 	origin string // tags this store's NOTIFY payloads, so its listener skips them
 
-	floorMu sync.Mutex
-	floors  []headFloor // per bucket, see Fetch
-
 	listenMu     sync.Mutex
 	listenCancel context.CancelFunc
 	listenDone   chan struct{}
@@ -132,7 +129,6 @@ func newStore(d Dialect, cfg Config) (*Store, error) {
 	}
 	return &Store{
 		cfg: cfg, dialect: d, stmts: newStatements(d, cfg),
-		floors: make([]headFloor, cfg.BucketCount),
 		origin: strings.ReplaceAll(uuid.NewString(), "-", "")[:12],
 	}, nil
 }
@@ -401,30 +397,18 @@ func (s *Store) NotifyCommitted(envs ...*outbox.Envelope) {
 			}
 		}
 	}
-	s.lowerFloors(envs)
 	s.hub.Notify(buckets...)
 	if s.dialect == PostgreSQL && !s.cfg.DisableNotify {
 		s.sender.queue(s, buckets)
 	}
 }
 
-// headFloor is where a bucket's head was at the last fetch, and when the bucket was
-// last scanned from its start.
-type headFloor struct {
-	seq     int64
-	rescan  time.Time
-	scanned bool
-}
-
 // Fetch implements [outbox.Relay]: one index range scan on (status, bucket, seq).
 //
-// The scan starts at the head the previous fetch of the bucket returned, so it skips
-// the index entries of rows completed since (they stay in the index until vacuum).
-// A row can appear below that point only if its transaction took its Seq before
-// the head's and committed later; every Config.RescanInterval the scan starts from
-// the bucket's beginning again and picks such rows up. Requeue rescans at once, and
-// so does the next fetch of a bucket after Find returned a pending row below its head
-// or after this store committed one there.
+// The scan always starts at the bucket's beginning. Starting where the previous
+// fetch left off would skip the index entries of completed rows faster, but a
+// transaction that took its Seq early and committed late would land behind that
+// point, and a later message of its key could overtake it.
 func (s *Store) Fetch(ctx context.Context, bucket, limit int) ([]*outbox.Envelope, error) {
 	if err := s.begin(ctx); err != nil {
 		return nil, err
@@ -435,18 +419,7 @@ func (s *Store) Fetch(ctx context.Context, bucket, limit int) ([]*outbox.Envelop
 	if limit <= 0 {
 		return nil, nil
 	}
-	now := time.Now()
-	s.floorMu.Lock()
-	f := s.floors[bucket]
-	s.floorMu.Unlock()
-	full := !f.scanned || s.cfg.RescanInterval < 0 || !now.Before(f.rescan)
-	var rs rows
-	var err error
-	if full {
-		rs, err = s.db.query(ctx, s.stmts.fetch, bucket, limit)
-	} else {
-		rs, err = s.db.query(ctx, s.stmts.fetchFrom, bucket, f.seq, limit)
-	}
+	rs, err := s.db.query(ctx, s.stmts.fetch, bucket, limit)
 	if err != nil {
 		return nil, s.wrap(ctx, "fetch", err)
 	}
@@ -454,40 +427,7 @@ func (s *Store) Fetch(ctx context.Context, bucket, limit int) ([]*outbox.Envelop
 	if err != nil {
 		return nil, s.wrap(ctx, "fetch", err)
 	}
-	s.floorMu.Lock()
-	cur := &s.floors[bucket]
-	if full {
-		cur.scanned, cur.rescan = true, now.Add(s.cfg.RescanInterval)
-	}
-	if len(envs) > 0 && (full || envs[0].Seq > cur.seq) {
-		cur.seq = envs[0].Seq
-	}
-	s.floorMu.Unlock()
 	return envs, nil
-}
-
-// lowerFloors makes the next fetch of a bucket rescan when a commit landed below the
-// head this store last saw there (its transaction took its Seq early).
-func (s *Store) lowerFloors(envs []*outbox.Envelope) {
-	s.floorMu.Lock()
-	defer s.floorMu.Unlock()
-	for _, env := range envs {
-		if env.Bucket < 0 || env.Bucket >= len(s.floors) {
-			continue
-		}
-		if f := &s.floors[env.Bucket]; f.scanned && env.Seq < f.seq {
-			f.scanned = false
-		}
-	}
-}
-
-// rescan makes the next fetch of every bucket start from the bucket's beginning.
-func (s *Store) rescan() {
-	s.floorMu.Lock()
-	defer s.floorMu.Unlock()
-	for i := range s.floors {
-		s.floors[i].scanned = false
-	}
 }
 
 // Complete implements [outbox.Relay]: one DELETE per batch.
@@ -596,17 +536,7 @@ func (s *Store) Find(ctx context.Context, id uuid.UUID) (*outbox.Envelope, error
 	if len(envs) == 0 {
 		return nil, fmt.Errorf("%w: sqlstore: message %s", outbox.ErrNotFound, id)
 	}
-	env := envs[0]
-	if env.Status == outbox.Pending && env.Bucket >= 0 && env.Bucket < len(s.floors) {
-		// Stream-triggered dispatch looks the message up and then fetches its
-		// bucket: make sure that fetch reaches it even if it committed late.
-		s.floorMu.Lock()
-		if f := &s.floors[env.Bucket]; f.scanned && env.Seq < f.seq {
-			f.scanned = false
-		}
-		s.floorMu.Unlock()
-	}
-	return env, nil
+	return envs[0], nil
 }
 
 // List implements [outbox.Admin].
@@ -629,7 +559,6 @@ func (s *Store) List(ctx context.Context, status outbox.Status, after outbox.Cur
 func (s *Store) Requeue(ctx context.Context, ids ...uuid.UUID) (int, error) {
 	n, err := s.byID(ctx, "requeue", "UPDATE "+s.cfg.Table+" SET status = 0, attempts = 0, next_attempt_at = 0 WHERE status = 1 AND id IN ", ids)
 	if err == nil && n > 0 {
-		s.rescan() // requeued rows sit below the heads this store saw
 		all := make([]int, s.cfg.BucketCount)
 		for i := range all {
 			all[i] = i
