@@ -110,7 +110,7 @@ func buildRelay(t *testing.T) string {
 	t.Helper()
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		t.Skipf("no go toolchain to build the relay binary: %v", err)
+		unavailable(t, "a go toolchain to build the relay binary", err)
 	}
 	bin := filepath.Join(t.TempDir(), "relay")
 	args := []string{"build", "-o", bin}
