@@ -56,7 +56,7 @@ func verify(t *testing.T, rep chaos.Report, cfg chaos.Config) {
 }
 
 func TestChaosMemory(t *testing.T) {
-	rep := chaos.Run(t, chaos.Harness{StoreHarness: outboxtest.StoreHarness{
+	rep := chaos.Run(t, outboxtest.StoreHarness{
 		New: func(t *testing.T, bucketCount int) outbox.RelayStore {
 			s, err := memory.New(memory.Config{BucketCount: bucketCount})
 			require.NoError(t, err)
@@ -65,7 +65,7 @@ func TestChaosMemory(t *testing.T) {
 		Transact: func(ctx context.Context, s outbox.RelayStore, fn func(ctx context.Context) error) error {
 			return s.(*memory.Store).Transact(ctx, fn)
 		},
-	}}, chaosConfig())
+	}, chaosConfig())
 	verify(t, rep, chaosConfig())
 }
 
@@ -80,7 +80,9 @@ func migrated(t *testing.T, s *sqlstore.Store, err error) *sqlstore.Store {
 
 func TestChaosPostgresPgx(t *testing.T) {
 	pool := postgresPool(t, 32)
-	rep := chaos.Run(t, chaos.Harness{StoreHarness: outboxtest.StoreHarness{
+	cfg := chaosConfig()
+	cfg.Reopen = reopenSQL
+	rep := chaos.Run(t, outboxtest.StoreHarness{
 		New: func(t *testing.T, bucketCount int) outbox.RelayStore {
 			s, err := sqlstore.NewPgx(pool, sqlstore.Config{Table: uniqueTable("chaos"), BucketCount: bucketCount})
 			return migrated(t, s, err)
@@ -94,8 +96,8 @@ func TestChaosPostgresPgx(t *testing.T) {
 				return fn(ctx)
 			})
 		},
-	}, Reopen: reopenSQL}, chaosConfig())
-	verify(t, rep, chaosConfig())
+	}, cfg)
+	verify(t, rep, cfg)
 }
 
 // reopenSQL opens another store on the same client and tables, as a relay in another
@@ -121,8 +123,8 @@ func reopenSQL(t *testing.T, s outbox.RelayStore) outbox.RelayStore {
 	return out
 }
 
-func sqlHarness(db func(t *testing.T) *sql.DB, dialect sqlstore.Dialect) chaos.Harness {
-	return chaos.Harness{StoreHarness: outboxtest.StoreHarness{
+func sqlHarness(db func(t *testing.T) *sql.DB, dialect sqlstore.Dialect) outboxtest.StoreHarness {
+	return outboxtest.StoreHarness{
 		New: func(t *testing.T, bucketCount int) outbox.RelayStore {
 			s, err := sqlstore.NewDB(db(t), dialect, sqlstore.Config{Table: uniqueTable("chaos"), BucketCount: bucketCount})
 			return migrated(t, s, err)
@@ -135,13 +137,21 @@ func sqlHarness(db func(t *testing.T) *sql.DB, dialect sqlstore.Dialect) chaos.H
 				return fn(ctx)
 			})
 		},
-	}, Reopen: reopenSQL}
+	}
+}
+
+// separateProcesses is the run for a store several processes share: every relay on
+// its own handle.
+func separateProcesses() chaos.Config {
+	cfg := chaosConfig()
+	cfg.Reopen = reopenSQL
+	return cfg
 }
 
 func TestChaosMariaDB(t *testing.T) {
-	verify(t, chaos.Run(t, sqlHarness(func(t *testing.T) *sql.DB { return mysqlDB(t) }, sqlstore.MySQL), chaosConfig()), chaosConfig())
+	verify(t, chaos.Run(t, sqlHarness(func(t *testing.T) *sql.DB { return mysqlDB(t) }, sqlstore.MySQL), separateProcesses()), separateProcesses())
 }
 
 func TestChaosSQLite(t *testing.T) {
-	verify(t, chaos.Run(t, sqlHarness(func(t *testing.T) *sql.DB { return sqliteDB(t) }, sqlstore.SQLite), chaosConfig()), chaosConfig())
+	verify(t, chaos.Run(t, sqlHarness(func(t *testing.T) *sql.DB { return sqliteDB(t) }, sqlstore.SQLite), separateProcesses()), separateProcesses())
 }

@@ -48,7 +48,16 @@ func dynamoConfig() chaos.Config {
 }
 
 func TestChaosDynamoDB(t *testing.T) {
-	rep := chaos.Run(t, chaos.Harness{StoreHarness: outboxtest.StoreHarness{
+	cfg := dynamoConfig()
+	cfg.Reopen = func(t *testing.T, s outbox.RelayStore) outbox.RelayStore {
+		st := s.(*dynamodb.Store)
+		var client *ddb.Client
+		require.True(t, st.As(&client))
+		other, err := dynamodb.New(client, st.Options())
+		require.NoError(t, err)
+		return other
+	}
+	rep := chaos.Run(t, outboxtest.StoreHarness{
 		New: func(t *testing.T, bucketCount int) outbox.RelayStore {
 			client := dynamoClient(t)
 			opts := dynamodb.Options{TableName: "outbox", BucketCount: bucketCount}
@@ -63,15 +72,8 @@ func TestChaosDynamoDB(t *testing.T) {
 				return nil, fn(ctx)
 			})
 		},
-	}, Reopen: func(t *testing.T, s outbox.RelayStore) outbox.RelayStore {
-		st := s.(*dynamodb.Store)
-		var client *ddb.Client
-		require.True(t, st.As(&client))
-		other, err := dynamodb.New(client, st.Options())
-		require.NoError(t, err)
-		return other
-	}}, dynamoConfig())
-	verify(t, rep, dynamoConfig())
+	}, cfg)
+	verify(t, rep, cfg)
 }
 
 // TestDynamoDBUnitOfWorkOverItsLimits: a unit of work beyond one TransactWriteItems

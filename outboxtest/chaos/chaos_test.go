@@ -13,8 +13,8 @@ import (
 	"github.com/outboxkit/outbox/store/memory"
 )
 
-func memoryHarness() chaos.Harness {
-	return chaos.Harness{StoreHarness: outboxtest.StoreHarness{
+func memoryHarness() outboxtest.StoreHarness {
+	return outboxtest.StoreHarness{
 		New: func(t *testing.T, bucketCount int) outbox.RelayStore {
 			s, err := memory.New(memory.Config{BucketCount: bucketCount})
 			require.NoError(t, err)
@@ -23,7 +23,7 @@ func memoryHarness() chaos.Harness {
 		Transact: func(ctx context.Context, s outbox.RelayStore, fn func(ctx context.Context) error) error {
 			return s.(*memory.Store).Transact(ctx, fn)
 		},
-	}}
+	}
 }
 
 func TestRunOnMemoryStore(t *testing.T) {

@@ -3,7 +3,10 @@ package chaos
 import (
 	"fmt"
 	"log/slog"
+	"testing"
 	"time"
+
+	"github.com/outboxkit/outbox"
 )
 
 // Config sizes a chaos run. The zero value of every field selects its default, which
@@ -50,6 +53,13 @@ type Config struct {
 	DrainTimeout time.Duration
 	// Seed seeds the writers' and the faults' random choices. Defaults to 1.
 	Seed uint64
+	// Reopen, if set, opens another handle on the store the harness made — the same
+	// tables, the same table name and key prefix — as a separate process would open
+	// it. Each relay then works through a handle of its own, so nothing the store
+	// keeps in memory (caches, wake-ups) is shared between writers and relays that a
+	// real deployment runs apart. The run closes the handles. Defaults to nil: every
+	// relay uses the harness's store, as for a store that lives in one process.
+	Reopen func(t *testing.T, s outbox.RelayStore) outbox.RelayStore
 	// Logger receives the dispatchers' logs. Defaults to a logger that drops
 	// everything below error level: faults make the dispatchers warn a lot.
 	Logger *slog.Logger

@@ -23,23 +23,9 @@ const Topic = "chaos"
 // errRollback is what a unit of work returns to roll back on purpose.
 var errRollback = errors.New("chaos: deliberate rollback")
 
-// Harness adapts a store to a chaos run.
-type Harness struct {
-	// StoreHarness makes the store the writers write to, and runs their units of
-	// work. Its Sequential field is ignored.
-	outboxtest.StoreHarness
-	// Reopen, if set, opens another handle on the store New returned — the same
-	// tables, the same table name and key prefix — as a separate process would open
-	// it. Each relay then works through a handle of its own, so nothing the store
-	// keeps in memory (caches, wake-ups) is shared between writers and relays that a
-	// real deployment would run apart. The run closes the handles. Leave it nil for a
-	// store that lives in one process, such as the memory store.
-	Reopen func(t *testing.T, s outbox.RelayStore) outbox.RelayStore
-}
-
 // Run runs one chaos scenario on a fresh store from h, logs the report and fails t if
 // the run could not be set up or a guarantee was broken. It returns the report.
-func Run(t *testing.T, h Harness, cfg Config) Report {
+func Run(t *testing.T, h outboxtest.StoreHarness, cfg Config) Report {
 	t.Helper()
 	rep, err := Execute(t, h, cfg)
 	if err != nil {
@@ -56,7 +42,7 @@ func Run(t *testing.T, h Harness, cfg Config) Report {
 // without judging it: [Report.Err] says whether a guarantee was broken. The error is
 // for a run that could not be set up (a Config field that cannot work, a dispatcher
 // that would not start).
-func Execute(t *testing.T, h Harness, cfg Config) (Report, error) {
+func Execute(t *testing.T, h outboxtest.StoreHarness, cfg Config) (Report, error) {
 	t.Helper()
 	cfg, err := cfg.withDefaults()
 	if err != nil {
@@ -76,7 +62,7 @@ type runner struct {
 	t     *testing.T
 	cfg   Config
 	store outbox.RelayStore
-	h     Harness
+	h     outboxtest.StoreHarness
 	rec   *outboxtest.Recorder
 
 	faulty atomic.Bool  // transport faults on
@@ -302,8 +288,8 @@ func (r *runner) start(ctx context.Context, slot int) error {
 		dcfg.Now = func() time.Time { return time.Now().Add(-time.Duration(r.skew.Load())) }
 	}
 	store, handle := r.store, outbox.RelayStore(nil)
-	if r.h.Reopen != nil {
-		handle = r.h.Reopen(r.t, r.store)
+	if r.cfg.Reopen != nil {
+		handle = r.cfg.Reopen(r.t, r.store)
 		store = handle
 	}
 	closeHandle := func() {
