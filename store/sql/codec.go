@@ -1,8 +1,6 @@
 package sqlstore
 
 import (
-	"encoding/binary"
-	"errors"
 	"fmt"
 	"time"
 
@@ -51,66 +49,6 @@ func fromMicros(v int64) time.Time {
 		return time.Time{}
 	}
 	return time.UnixMicro(v).UTC()
-}
-
-// encodeHeaders packs headers as: count, then per header the key's length and bytes,
-// and the value's length+1 (0 for a nil value) and bytes, all lengths as uvarints.
-func encodeHeaders(hs []outbox.Header) []byte {
-	if len(hs) == 0 {
-		return []byte{}
-	}
-	n := binary.MaxVarintLen64
-	for _, h := range hs {
-		n += 2*binary.MaxVarintLen64 + len(h.Key) + len(h.Value)
-	}
-	b := make([]byte, 0, n)
-	b = binary.AppendUvarint(b, uint64(len(hs)))
-	for _, h := range hs {
-		b = binary.AppendUvarint(b, uint64(len(h.Key)))
-		b = append(b, h.Key...)
-		if h.Value == nil {
-			b = binary.AppendUvarint(b, 0)
-			continue
-		}
-		b = binary.AppendUvarint(b, uint64(len(h.Value))+1)
-		b = append(b, h.Value...)
-	}
-	return b
-}
-
-var errCorruptHeaders = errors.New("sqlstore: corrupt headers column")
-
-func decodeHeaders(b []byte) ([]outbox.Header, error) {
-	if len(b) == 0 {
-		return []outbox.Header{}, nil
-	}
-	count, n := binary.Uvarint(b)
-	if n <= 0 || count > uint64(len(b)) {
-		return nil, errCorruptHeaders
-	}
-	b = b[n:]
-	hs := make([]outbox.Header, 0, count)
-	for i := uint64(0); i < count; i++ {
-		kl, n := binary.Uvarint(b)
-		if n <= 0 || uint64(len(b)-n) < kl {
-			return nil, errCorruptHeaders
-		}
-		key := string(b[n : n+int(kl)])
-		b = b[n+int(kl):]
-		vl, n := binary.Uvarint(b)
-		if n <= 0 || (vl > 0 && uint64(len(b)-n) < vl-1) {
-			return nil, errCorruptHeaders
-		}
-		var val []byte
-		if vl > 0 {
-			val = append(make([]byte, 0, vl-1), b[n:n+int(vl-1)]...)
-			b = b[n+int(vl-1):]
-		} else {
-			b = b[n:]
-		}
-		hs = append(hs, outbox.Header{Key: key, Value: val})
-	}
-	return hs, nil
 }
 
 // uuidValue scans a UUID stored natively (PostgreSQL: text or 16 bytes) or as
@@ -183,7 +121,7 @@ func (r *envelopeRow) envelope() (*outbox.Envelope, error) {
 		env.Payload = nonNil(r.payload)
 	}
 	if r.flags&flagHeaders != 0 {
-		hs, err := decodeHeaders(r.headers)
+		hs, err := outbox.DecodeHeaders(r.headers)
 		if err != nil {
 			return nil, fmt.Errorf("%w (message %s)", err, env.ID)
 		}

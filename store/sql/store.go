@@ -295,7 +295,7 @@ func (s *Store) insertStatement(envs []*outbox.Envelope) (string, []any) {
 		}
 		args = append(args,
 			idArg(s.dialect, env.ID), env.Bucket, env.BucketCount, env.Topic,
-			nonNil(env.Key), nonNil(env.Payload), encodeHeaders(env.Headers),
+			nonNil(env.Key), nonNil(env.Payload), outbox.EncodeHeaders(env.Headers),
 			part, messageFlags(&env.Message), micros(env.CreatedAt), env.Attempts,
 			micros(env.NextAttemptAt), int(env.Status), truncateError(env.LastError))
 	}
