@@ -25,7 +25,7 @@
 //
 // A message item holds MessageId (S, the UUID), Topic (S), Key (B; absent: keyless,
 // empty: a real empty key), Value (B; absent: tombstone), Headers (B, see
-// [EncodeHeaders]), Partition (N, optional), CreatedAtUtc (N, ticks) and BucketCount (N,
+// [outbox.EncodeHeaders]), Partition (N, optional), CreatedAtUtc (N, ticks) and BucketCount (N,
 // the writer's count). This store adds three attributes written only after a failed
 // publish — Attempts (N), NextAttemptAtUtc (N, ticks) and LastError (S, at most 2 KB) —
 // and ParkedAtUtc (N, ticks) on parked items. An absent attribute means zero. The

@@ -38,25 +38,6 @@ func sameHeaders(t *testing.T, want, got []outbox.Header) {
 	}
 }
 
-// FuzzDecodeHeaders: a corrupt headers attribute is an error, never a panic; what
-// decodes encodes back to headers that decode the same.
-func FuzzDecodeHeaders(f *testing.F) {
-	f.Add(EncodeHeaders([]outbox.Header{{Key: "a", Value: []byte("b")}, {Key: "n"}}))
-	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01})
-	f.Add([]byte{})
-	f.Fuzz(func(t *testing.T, b []byte) {
-		hs, err := DecodeHeaders(b)
-		if err != nil {
-			return
-		}
-		again, err := DecodeHeaders(EncodeHeaders(hs))
-		if err != nil {
-			t.Fatalf("re-decode: %v", err)
-		}
-		sameHeaders(t, hs, again)
-	})
-}
-
 // FuzzMessageItemRoundTrip: any envelope survives its item layout: key, payload and
 // headers byte for byte (nil and empty apart), partition, times to the tick.
 func FuzzMessageItemRoundTrip(f *testing.F) {

@@ -110,7 +110,7 @@ func (k keys) messageItem(env *outbox.Envelope, pk string) map[string]types.Attr
 		item[attrValue] = &types.AttributeValueMemberB{Value: env.Payload}
 	}
 	if env.Headers != nil {
-		item[attrHeaders] = &types.AttributeValueMemberB{Value: EncodeHeaders(env.Headers)}
+		item[attrHeaders] = &types.AttributeValueMemberB{Value: outbox.EncodeHeaders(env.Headers)}
 	}
 	if env.Partition != nil {
 		item[attrPartition] = numberAttr(int64(*env.Partition))
@@ -146,7 +146,7 @@ func (k keys) decodeMessage(item map[string]types.AttributeValue, bucket int, st
 	env.Key = binaryAttr(item, attrKey)
 	env.Payload = binaryAttr(item, attrValue)
 	if raw := binaryAttr(item, attrHeaders); raw != nil {
-		if env.Headers, err = DecodeHeaders(raw); err != nil {
+		if env.Headers, err = outbox.DecodeHeaders(raw); err != nil {
 			return nil, fail(attrHeaders, err)
 		}
 	}

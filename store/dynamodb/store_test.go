@@ -105,7 +105,7 @@ func TestItemSchema(t *testing.T) {
 	assert.Equal(t, "639081975671234567", item["CreatedAtUtc"].(*types.AttributeValueMemberN).Value)
 	headers := item["Headers"].(*types.AttributeValueMemberB).Value
 	assert.Equal(t, byte(1), headers[0], "leading version byte")
-	assert.Equal(t, dynamodb.EncodeHeaders(keyed.Headers), headers)
+	assert.Equal(t, outbox.EncodeHeaders(keyed.Headers), headers)
 	for _, absent := range []string{"Attempts", "NextAttemptAtUtc", "LastError"} {
 		assert.NotContains(t, item, absent)
 	}

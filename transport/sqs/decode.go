@@ -85,7 +85,7 @@ func Decode(m types.Message) (*Delivery, error) {
 
 	var packed []outbox.Header
 	if a, ok := m.MessageAttributes[AttrHeaders]; ok {
-		if packed, err = unpackHeaders(a.BinaryValue); err != nil {
+		if packed, err = outbox.DecodeHeaders(a.BinaryValue); err != nil {
 			return nil, err
 		}
 	}

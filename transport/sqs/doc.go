@@ -29,9 +29,7 @@
 //     ten attributes per message; headers that do not fit, or that cannot be
 //     attributes (empty values, names SQS refuses or the transport reserves, a name
 //     repeated), are packed in order into the Binary attribute "x-outbox-headers"
-//     ([AttrHeaders]). Its codec: a version byte 1, then per header
-//     uvarint(len(name)), name, uvarint(len(value)+1), value — a length of 0 stands
-//     for a nil value.
+//     ([AttrHeaders]), in the versioned encoding of [outbox.EncodeHeaders].
 //   - The String attribute "x-outbox-layout" ([AttrLayout]) is added only when it has
 //     something to say: ";"-separated fields "body=base64", "body=nil", "body=empty",
 //     "key=empty", and "headers=" followed by the header order as ","-separated

@@ -3,9 +3,7 @@ package sqs
 import (
 	"crypto/sha256"
 	"encoding/base64"
-	"encoding/binary"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -42,8 +40,6 @@ const (
 	maxAttributes = 10
 	// maxGroupID is SQS's limit on MessageGroupId.
 	maxGroupID = 128
-	// packVersion is the first byte of the packed-headers codec.
-	packVersion = 1
 	// placeholderBody is sent for nil and empty payloads: SQS refuses an empty body.
 	placeholderBody = "-"
 
@@ -160,7 +156,7 @@ func encode(env *outbox.Envelope, maxBytes int, stampKey bool) (encoded, error) 
 		}
 	}
 	if len(packed) > 0 {
-		e.attrs[AttrHeaders] = types.MessageAttributeValue{DataType: aws.String(dataTypeBinary), BinaryValue: packHeaders(packed)}
+		e.attrs[AttrHeaders] = types.MessageAttributeValue{DataType: aws.String(dataTypeBinary), BinaryValue: outbox.EncodeHeaders(packed)}
 	}
 	if order := headerOrder(headers, native); order != "" {
 		layout = append(layout, layoutHeaders+order)
@@ -303,60 +299,6 @@ func valueAttr(b []byte) types.MessageAttributeValue {
 		return stringAttr(string(b))
 	}
 	return types.MessageAttributeValue{DataType: aws.String(dataTypeBinary), BinaryValue: b}
-}
-
-// packHeaders encodes headers in order: a version byte (1), then per header
-// uvarint(len(name)), name, uvarint(len(value)+1) and value, where a length of 0
-// stands for a nil value.
-func packHeaders(hs []outbox.Header) []byte {
-	n := 1
-	for _, h := range hs {
-		n += 2*binary.MaxVarintLen64 + len(h.Key) + len(h.Value)
-	}
-	b := make([]byte, 0, n)
-	b = append(b, packVersion)
-	for _, h := range hs {
-		b = binary.AppendUvarint(b, uint64(len(h.Key)))
-		b = append(b, h.Key...)
-		if h.Value == nil {
-			b = binary.AppendUvarint(b, 0)
-			continue
-		}
-		b = binary.AppendUvarint(b, uint64(len(h.Value))+1)
-		b = append(b, h.Value...)
-	}
-	return b
-}
-
-var errPacked = errors.New("sqs: malformed packed headers attribute")
-
-// unpackHeaders reverses packHeaders.
-func unpackHeaders(b []byte) ([]outbox.Header, error) {
-	if len(b) == 0 || b[0] != packVersion {
-		return nil, errPacked
-	}
-	b = b[1:]
-	var hs []outbox.Header
-	for len(b) > 0 {
-		n, w := binary.Uvarint(b)
-		if w <= 0 || n > uint64(len(b)-w) {
-			return nil, errPacked
-		}
-		name := string(b[w : w+int(n)])
-		b = b[w+int(n):]
-		v, w := binary.Uvarint(b)
-		if w <= 0 || (v > 0 && v-1 > uint64(len(b)-w)) {
-			return nil, errPacked
-		}
-		b = b[w:]
-		var value []byte
-		if v > 0 {
-			value = append(make([]byte, 0, v-1), b[:v-1]...)
-			b = b[v-1:]
-		}
-		hs = append(hs, outbox.Header{Key: name, Value: value})
-	}
-	return hs, nil
 }
 
 // GroupID returns the MessageGroupId the transport uses for env on a FIFO queue:
