@@ -49,7 +49,7 @@ func EncodeHeaders(headers []Header) []byte {
 // DecodeHeaders decodes what [EncodeHeaders] wrote. It refuses, with an error wrapping
 // [ErrCorrupt], unknown versions, truncated or trailing bytes and non-minimal
 // varints, so every accepted input re-encodes to the same bytes. A zero count decodes
-// to nil.
+// to an empty, non-nil slice.
 func DecodeHeaders(b []byte) ([]Header, error) {
 	if len(b) == 0 {
 		return nil, fmt.Errorf("%w: headers: empty", ErrCorrupt)
@@ -65,12 +65,6 @@ func DecodeHeaders(b []byte) ([]Header, error) {
 	// Each header takes at least two bytes, which bounds the allocation below.
 	if count > uint64(len(r.b))/2 {
 		return nil, fmt.Errorf("%w: headers: %d cannot fit in %d bytes", ErrCorrupt, count, len(r.b))
-	}
-	if count == 0 {
-		if len(r.b) != 0 {
-			return nil, fmt.Errorf("%w: headers: %d trailing bytes", ErrCorrupt, len(r.b))
-		}
-		return nil, nil
 	}
 	headers := make([]Header, 0, count)
 	for range count {
