@@ -202,21 +202,42 @@ func TestWorkerBacksOffOnStoreErrorsAndRecovers(t *testing.T) {
 	require.NoError(t, rec.WaitFor(waitCtx, 10), "the worker recovers by itself")
 }
 
+// stuckTransport blocks every publish until its context ends.
+type stuckTransport struct{ entered chan struct{} }
+
+func (s stuckTransport) Publish(ctx context.Context, batch []*outbox.Envelope) error {
+	select {
+	case s.entered <- struct{}{}:
+	default:
+	}
+	<-ctx.Done()
+	return ctx.Err()
+}
+
 func TestStopWithExpiredContextLeavesLeasesThenRetries(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	store := newStore(t, 4)
-	d := newDispatcher(t, store, outboxtest.NewRecorder(), workerConfig("w"))
+	stuck := stuckTransport{entered: make(chan struct{}, 1)}
+	d := newDispatcher(t, store, stuck, workerConfig("w"))
 	require.NoError(t, d.Start(ctx))
 	waitFor(t, "buckets", func() bool { return len(d.Owned()) == 4 })
+	enqueue(t, store, []byte("k"), 1)
+	<-stuck.entered // a batch is in flight, so the worker cannot end on its own
 
 	expired, cancel := context.WithCancel(ctx)
 	cancel()
 	require.ErrorIs(t, d.Stop(expired), context.Canceled)
 	<-d.Stopped() // the worker ended even though the release did not happen
+	view, err := store.ReadCoordination(ctx)
+	require.NoError(t, err)
+	require.Len(t, view.Leases, 4)
+	for _, l := range view.Leases {
+		require.Equal(t, "w", l.Owner, "leases are left to lapse, as after a crash")
+	}
 
 	require.NoError(t, d.Stop(ctx), "a retried Stop releases")
-	view, err := store.ReadCoordination(ctx)
+	view, err = store.ReadCoordination(ctx)
 	require.NoError(t, err)
 	for _, l := range view.Leases {
 		require.Empty(t, l.Owner)
