@@ -2,6 +2,7 @@ package sqlstore
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -159,9 +160,12 @@ func scanEnvelopes(rs rows) ([]*outbox.Envelope, error) {
 	return out, rs.Err()
 }
 
-// truncateError keeps stored causes bounded, cutting on a rune boundary.
+// truncateError makes a cause storable in a text column on every dialect (valid
+// UTF-8, no NUL byte, which PostgreSQL refuses) and keeps it bounded, cutting on a
+// rune boundary. A cause the column refused would leave its message unparkable.
 func truncateError(s string) string {
 	const max = 2000
+	s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "")
 	if len(s) <= max {
 		return s
 	}

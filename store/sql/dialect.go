@@ -55,8 +55,8 @@ func newStatements(d Dialect, c Config) statements {
 	s.fetch = "SELECT " + selectColumns + " FROM " + m + " WHERE status = 0 AND bucket = ? ORDER BY seq LIMIT ?"
 	s.find = "SELECT " + selectColumns + " FROM " + m + " WHERE id = ? ORDER BY seq LIMIT 1"
 	s.list = "SELECT " + selectColumns + " FROM " + m + " WHERE status = ? AND (bucket > ? OR (bucket = ? AND seq > ?)) ORDER BY bucket, seq LIMIT ?"
-	s.reschedule = "UPDATE " + m + " SET attempts = attempts + 1, next_attempt_at = ?, last_error = ? WHERE id = ?"
-	s.park = "UPDATE " + m + " SET attempts = attempts + 1, status = 1, dispatched_at = 0, last_error = ? WHERE id = ?"
+	s.reschedule = "UPDATE " + m + " SET attempts = attempts + 1, next_attempt_at = ?, last_error = ? WHERE id = ? AND status = 0"
+	s.park = "UPDATE " + m + " SET attempts = attempts + 1, status = 1, dispatched_at = 0, last_error = ? WHERE id = ? AND status = 0"
 	if d == MySQL {
 		// MySQL refuses LIMIT inside IN (subquery) but takes it on a single-table DELETE.
 		s.deleteDispatched = "DELETE FROM " + m + " WHERE status = 2 AND dispatched_at < ? ORDER BY seq LIMIT ?"
@@ -95,12 +95,13 @@ func newStatements(d Dialect, c Config) statements {
 // insertIgnore inserts a row unless its key exists; the affected-row count says
 // which happened (1 inserted, 0 present) on every dialect.
 func insertIgnore(d Dialect, table, cols, values, key string) string {
-	q := "INSERT INTO " + table + " (" + cols + ") VALUES (" + values + ")"
 	if d == MySQL {
-		// INSERT IGNORE would also swallow data errors; a no-op update reports 0 rows.
-		return q + " ON DUPLICATE KEY UPDATE " + key + " = " + key
+		// Not "ON DUPLICATE KEY UPDATE k = k": a client with the found-rows flag
+		// counts that no-op as 1 row, so a refused claim would look granted. IGNORE has
+		// no data error to swallow here: relay ids are length-checked first.
+		return "INSERT IGNORE INTO " + table + " (" + cols + ") VALUES (" + values + ")"
 	}
-	return q + " ON CONFLICT (" + key + ") DO NOTHING"
+	return "INSERT INTO " + table + " (" + cols + ") VALUES (" + values + ") ON CONFLICT (" + key + ") DO NOTHING"
 }
 
 // rebind turns '?' placeholders into PostgreSQL's $n.

@@ -2,8 +2,10 @@ package sqlstore
 
 import (
 	"context"
+	"fmt"
 	"sort"
 	"time"
+	"unicode/utf8"
 
 	"github.com/outboxkit/outbox"
 )
@@ -51,6 +53,9 @@ func (s *Store) Heartbeat(ctx context.Context, relay string, at time.Time) (bool
 	if err := s.begin(ctx); err != nil {
 		return false, err
 	}
+	if err := checkRelayID(relay); err != nil {
+		return false, err
+	}
 	at64 := micros(at)
 	n, err := s.db.exec(ctx, s.stmts.heartbeatUpdate, at64, relay, at64)
 	if err != nil || n > 0 {
@@ -64,6 +69,9 @@ func (s *Store) Heartbeat(ctx context.Context, relay string, at time.Time) (bool
 // StopRelay implements [outbox.Leaser].
 func (s *Store) StopRelay(ctx context.Context, relay string, at time.Time) error {
 	if err := s.begin(ctx); err != nil {
+		return err
+	}
+	if err := checkRelayID(relay); err != nil {
 		return err
 	}
 	at64 := micros(at)
@@ -89,6 +97,9 @@ func (s *Store) DeleteRelay(ctx context.Context, relay string, lastSeen time.Tim
 // Claim implements [outbox.Leaser].
 func (s *Store) Claim(ctx context.Context, bucket int, owner string, now, expiresAt time.Time) (bool, error) {
 	if err := s.begin(ctx); err != nil {
+		return false, err
+	}
+	if err := checkRelayID(owner); err != nil {
 		return false, err
 	}
 	exp := micros(expiresAt)
@@ -118,4 +129,16 @@ func (s *Store) Release(ctx context.Context, held outbox.Lease) (bool, error) {
 	}
 	n, err := s.db.exec(ctx, s.stmts.release, held.Bucket, held.Owner, micros(held.ExpiresAt))
 	return n > 0, s.wrap(ctx, "release", err)
+}
+
+// maxRelayID is the width of the owner and relay id columns, in characters.
+const maxRelayID = 255
+
+// checkRelayID refuses ids the columns cannot hold exactly: an empty owner would read
+// as a free lease, and a long one could be cut short and collide with another.
+func checkRelayID(id string) error {
+	if id == "" || utf8.RuneCountInString(id) > maxRelayID {
+		return fmt.Errorf("%w: sqlstore: relay id %q must be 1 to %d characters", outbox.ErrMisconfigured, id, maxRelayID)
+	}
+	return nil
 }

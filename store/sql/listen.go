@@ -103,7 +103,6 @@ func (s *Store) withListenConn(ctx context.Context, fn func(*pgx.Conn) error) er
 	if err != nil {
 		return err
 	}
-	defer c.Close()
 	var fnErr error
 	_ = c.Raw(func(dc any) error {
 		pc, ok := dc.(interface{ Conn() *pgx.Conn })
@@ -115,7 +114,9 @@ func (s *Store) withListenConn(ctx context.Context, fn func(*pgx.Conn) error) er
 		// Discard the connection rather than return it, still listening, to the pool.
 		return driver.ErrBadConn
 	})
+	_ = c.Close()
 	if errors.Is(fnErr, errNotPgx) {
+		// Another driver: give the connection back and wait idle; polling still works.
 		s.cfg.Logger.Warn(fnErr.Error())
 		<-ctx.Done()
 	}

@@ -1,0 +1,78 @@
+package sqlstore_test
+
+import (
+	"database/sql"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxkit/outbox"
+	sqlstore "github.com/outboxkit/outbox/store/sql"
+)
+
+// A MySQL client with the found-rows flag counts a matched-but-unchanged row as
+// affected; a claim of a bucket another relay holds must still be refused.
+func TestClaimRefusedWithFoundRowsClient(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	mysqlDB(t) // skips, or fails under CI, when the server is down
+	dsn := mysqlDSN()
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	db, err := sql.Open("mysql", dsn+sep+"clientFoundRows=true")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	s, err := sqlstore.NewDB(db, sqlstore.MySQL, withTable(sqlstore.Config{BucketCount: 2}))
+	s = migrated(t, s, err)
+
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	won, err := s.Claim(ctx, 1, "a", now, now.Add(time.Minute))
+	require.NoError(t, err)
+	require.True(t, won)
+	won, err = s.Claim(ctx, 1, "b", now, now.Add(time.Minute))
+	require.NoError(t, err)
+	require.False(t, won, "a held lease is not granted to a second relay")
+
+	ok, err := s.Heartbeat(ctx, "a", now)
+	require.NoError(t, err)
+	require.True(t, ok)
+	ok, err = s.Heartbeat(ctx, "a", now)
+	require.NoError(t, err)
+	require.False(t, ok, "a heartbeat that does not move forward is refused")
+}
+
+// A failure cause with a NUL byte or invalid UTF-8 (a custom transport's error text)
+// must not make Park or Reschedule fail, or the message could never be parked.
+func TestCauseWithAnyBytesIsStored(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b backend) {
+		ctx := testContext(t)
+		s := b.open(t, sqlstore.Config{BucketCount: 1})
+		env := newEnvelope(t, s, "k", "v")
+		require.NoError(t, s.Enqueue(ctx, env))
+		cause := "broker said \x00\xff\xfe" + strings.Repeat("é", 3000)
+		require.NoError(t, s.Reschedule(ctx, env, time.Now(), cause))
+		require.NoError(t, s.Park(ctx, env, cause))
+		parked, err := s.List(ctx, outbox.Parked, outbox.Cursor{}, 10)
+		require.NoError(t, err)
+		require.Len(t, parked, 1)
+		require.Equal(t, 2, parked[0].Attempts)
+		require.True(t, utf8.ValidString(parked[0].LastError))
+		require.True(t, strings.HasPrefix(parked[0].LastError, "broker said \uFFFD"), parked[0].LastError)
+	})
+}
+
+func TestRelayIDsTheColumnsCannotHoldAreRefused(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	s := backends[len(backends)-2].open(t, sqlstore.Config{BucketCount: 1}) // SQLite: no server needed
+	now := time.Now()
+	_, err := s.Claim(ctx, 0, "", now, now.Add(time.Minute))
+	require.ErrorIs(t, err, outbox.ErrMisconfigured)
+	_, err = s.Heartbeat(ctx, strings.Repeat("r", 256), now)
+	require.ErrorIs(t, err, outbox.ErrMisconfigured)
+}
