@@ -196,6 +196,21 @@ func (d *Dispatcher) valid(l outbox.Lease, now time.Time) bool {
 	return now.Before(l.ExpiresAt.Add(-d.margin()))
 }
 
+// errLeaseRanOut: a publish was still in flight when its bucket's lease lapsed.
+var errLeaseRanOut = errors.New("dispatcher: publish outlasted the bucket's lease")
+
+// leaseLeft reports whether bucket's lease covers a publish starting now, and how long
+// the lease has left.
+func (d *Dispatcher) leaseLeft(bucket int, now time.Time) (time.Duration, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	l, ok := d.leases[bucket]
+	if !ok || !d.valid(l, now) {
+		return 0, false
+	}
+	return l.ExpiresAt.Sub(now), true
+}
+
 // publishable reports whether bucket's lease covers a publish starting now.
 func (d *Dispatcher) publishable(bucket int, now time.Time) bool {
 	d.mu.Lock()
@@ -240,8 +255,13 @@ func (d *Dispatcher) running() bool {
 // the buckets the fair-share plan gives it, drains every due envelope of those buckets,
 // runs retention cleanup if it holds bucket 0, then stamps the relay stopped and
 // releases its leases. It refuses to run while the worker runs; overlapping calls run
-// one after the other. Every relay of a fleet
-// sharing a store must use its own RelayID.
+// one after the other. Every relay of a fleet sharing a store must use its own
+// RelayID.
+//
+// A sweep does not renew the leases it took: it drains for at most LeaseDuration less
+// half a LeaseRenewInterval, then stops and returns what it did, without an error.
+// What it left is due for the next sweep; schedule sweeps more often than that, or
+// use the worker for a backlog that takes longer.
 func (d *Dispatcher) RunOnce(ctx context.Context) (Result, error) {
 	if d.running() {
 		return Result{}, errors.New("dispatcher: RunOnce while the worker runs; use one or the other")
@@ -535,11 +555,16 @@ func (d *Dispatcher) drainOnce(ctx context.Context, b int, upTo int64) (pass, er
 		if len(wave) == 0 {
 			break
 		}
-		if !d.publishable(b, d.now()) {
+		left, ok := d.leaseLeft(b, d.now())
+		if !ok {
 			return p, nil
 		}
-		res, failedKeys, err := d.publish(ctx, wave)
+		res, failedKeys, err := d.publish(ctx, wave, left)
 		p.add(res)
+		if errors.Is(err, errLeaseRanOut) {
+			d.log.Warn("dispatcher: a publish outlasted the bucket's lease and was abandoned; its messages go out again", "bucket", b)
+			return p, nil
+		}
 		if err != nil {
 			return p, err
 		}
@@ -561,12 +586,23 @@ func (d *Dispatcher) drainOnce(ctx context.Context, b int, upTo int64) (pass, er
 // publish sends one batch and records every outcome: one Complete (or MarkDispatched)
 // for the acknowledged envelopes, a Reschedule or Park per key's first failed one. It
 // returns the keys that failed.
-func (d *Dispatcher) publish(ctx context.Context, batch []*outbox.Envelope) (Result, map[string]bool, error) {
+//
+// The publish may take at most leaseLeft: a peer can claim the bucket once the lease
+// lapses, so a batch still in flight then is abandoned (errLeaseRanOut), with nothing
+// assumed sent and no attempt charged.
+func (d *Dispatcher) publish(ctx context.Context, batch []*outbox.Envelope, leaseLeft time.Duration) (Result, map[string]bool, error) {
 	var res Result
-	err := d.transport.Publish(ctx, batch)
-	if err != nil && ctx.Err() != nil {
-		// Shutting down: nothing is assumed sent and nothing counts as an attempt.
-		return res, nil, ctx.Err()
+	pctx, cancel := context.WithTimeout(ctx, leaseLeft)
+	err := d.transport.Publish(pctx, batch)
+	cancel()
+	if err != nil && pctx.Err() != nil {
+		if ctx.Err() != nil {
+			// Shutting down: nothing is assumed sent and nothing counts as an attempt.
+			return res, nil, ctx.Err()
+		}
+		if errors.Is(pctx.Err(), context.DeadlineExceeded) {
+			return res, nil, errLeaseRanOut
+		}
 	}
 	failed := make(map[uuid.UUID]error)
 	if err != nil {

@@ -126,8 +126,10 @@ func (d *Dispatcher) run(ctx context.Context) error {
 			return ctx.Err() != nil
 		}
 	}
-	// pause waits for d, a stop, or a wake-up; it reports false on a stop.
-	pause := func(wait time.Duration) bool {
+	// pause waits for d, a stop, or (when wakeable) a wake-up; it reports false on a
+	// stop. An error backoff is not wakeable: commits keep coming while the store
+	// fails, and each would otherwise cut the backoff short.
+	pause := func(wait time.Duration, wakeable bool) bool {
 		timer := time.NewTimer(wait)
 		defer timer.Stop()
 		for {
@@ -145,7 +147,9 @@ func (d *Dispatcher) run(ctx context.Context) error {
 					continue
 				}
 				woken[b] = true
-				return true
+				if wakeable {
+					return true
+				}
 			}
 		}
 	}
@@ -156,7 +160,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	failed := func(err error) bool {
 		errDelay = min(max(2*errDelay, 50*time.Millisecond), d.cfg.LeaseRenewInterval)
 		d.log.Warn("dispatcher: store or transport error; backing off", "error", err, "retry_in", errDelay)
-		return pause(errDelay)
+		return pause(errDelay, false)
 	}
 
 	for !stopping() {
@@ -230,7 +234,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 			continue
 		}
 		wait := min(d.cfg.PollInterval, time.Until(nextRound))
-		if !pause(max(wait, time.Millisecond)) {
+		if !pause(max(wait, time.Millisecond), true) {
 			return nil
 		}
 	}

@@ -409,3 +409,50 @@ func TestFleetUnderFaultsKeepsOrderAndLosesNothing(t *testing.T) {
 	requireKeyOrder(t, rec)
 	require.Zero(t, pending(t, store))
 }
+
+// Commits keep announcing wake-ups while the store fails: the error backoff must not
+// be cut short by them.
+func TestWakeUpsDoNotCutTheErrorBackoffShort(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := newStore(t, 2)
+	flaky := &flakyStore{Store: store}
+	rec := outboxtest.NewRecorder()
+	d := newDispatcher(t, flaky, rec, workerConfig("w"))
+	require.NoError(t, d.Start(ctx))
+	defer func() { require.NoError(t, d.Stop(ctx)) }()
+	waitFor(t, "buckets", func() bool { return len(d.Owned()) == 2 })
+
+	flaky.down.Store(true)
+	for range 250 { // ~500 ms of commits, each announced to the worker
+		enqueue(t, store, nil, 1)
+		time.Sleep(2 * time.Millisecond)
+	}
+	require.Less(t, flaky.calls.Load(), int64(30), "wake-ups cut the backoff short")
+
+	flaky.down.Store(false)
+	waitCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, rec.WaitFor(waitCtx, 250), "the worker recovers by itself")
+}
+
+// A publish still in flight when its bucket's lease lapses is abandoned: a peer may
+// own the bucket by then. Nothing is assumed sent and no attempt is charged.
+func TestPublishIsAbandonedWhenTheLeaseRunsOut(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := newStore(t, 1)
+	cfg := workerConfig("r")
+	cfg.LeaseDuration = 600 * time.Millisecond
+	cfg.LeaseRenewInterval = 200 * time.Millisecond
+	d := newDispatcher(t, store, stuckTransport{entered: make(chan struct{}, 1)}, cfg)
+	envs := enqueue(t, store, []byte("k"), 1)
+
+	res, err := d.RunOnce(ctx) // would block for good if the publish were not cut
+	require.NoError(t, err)
+	require.Zero(t, res.Published+res.Retried+res.Parked)
+	env, err := store.Find(ctx, envs[0].ID)
+	require.NoError(t, err)
+	require.Equal(t, outbox.Pending, env.Status)
+	require.Zero(t, env.Attempts, "an abandoned publish is not an attempt")
+}
