@@ -61,6 +61,10 @@ func (s *Scope) Len() int {
 // calls it inside its transaction: if the transaction rolls back, the envelopes are
 // gone with it, just as the application's own write is. An application that retries
 // its transaction sends again in the retried attempt.
+//
+// Units of work do not nest on one scope: an inner one would take, and commit, what
+// the outer one staged, even if the outer transaction later rolls back. Give a nested
+// transaction its own scope (NewScope on its context) or send only from the outer one.
 func (s *Scope) Take() []*Envelope {
 	s.mu.Lock()
 	defer s.mu.Unlock()
