@@ -1,29 +1,24 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
-	"cmp"
 	"context"
 	"database/sql"
-	"errors"
-	"fmt"
-	"io"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxkit/outbox/internal/sqsemulator"
+	"github.com/outboxkit/outbox/internal/testenv"
 )
 
 // checkStory runs the walkthrough with opts and checks the outcome of each story.
@@ -81,7 +76,7 @@ func TestWalkthrough(t *testing.T) {
 
 func TestWalkthroughOnPostgres(t *testing.T) {
 	t.Parallel()
-	url := cmp.Or(os.Getenv("OUTBOX_TEST_POSTGRES_URL"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+	url := testenv.PostgresURL()
 	db := connect(t, "PostgreSQL", "pgx", url)
 
 	before := exampleTables(t, db, "SELECT count(*) FROM information_schema.tables WHERE table_name LIKE 'example\\_%'")
@@ -93,7 +88,7 @@ func TestWalkthroughOnPostgres(t *testing.T) {
 
 func TestWalkthroughOnMySQL(t *testing.T) {
 	t.Parallel()
-	dsn := cmp.Or(os.Getenv("OUTBOX_TEST_MYSQL_DSN"), "root@tcp(127.0.0.1:3306)/test?parseTime=true&loc=UTC")
+	dsn := testenv.MySQLDSN()
 	db := connect(t, "MySQL/MariaDB", "mysql", dsn)
 
 	query := "SELECT count(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name LIKE 'example\\_%'"
@@ -137,12 +132,9 @@ func TestWalkthroughOnKafkaRefusesAMissingTopic(t *testing.T) {
 // finds the queue and counts only its own messages.
 func TestWalkthroughOnSQS(t *testing.T) {
 	t.Parallel()
-	endpoint := startSQSEmulator(t)
-	client := sqs.New(sqs.Options{
-		Region:       "us-east-1",
-		BaseEndpoint: aws.String(endpoint),
-		Credentials:  credentials.NewStaticCredentialsProvider("test", "test", ""),
-	})
+	emulator := sqsemulator.Start(t)
+	endpoint := emulator.URL
+	client := emulator.Client()
 	queue, err := client.CreateQueue(t.Context(), &sqs.CreateQueueInput{QueueName: aws.String("example-orders")})
 	require.NoError(t, err)
 	_, err = client.SendMessage(t.Context(), &sqs.SendMessageInput{QueueUrl: queue.QueueUrl, MessageBody: aws.String("left over")})
@@ -196,7 +188,7 @@ func connect(t *testing.T, name, driver, dsn string) *sql.DB {
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
 	if err := db.PingContext(ctx); err != nil {
-		unavailable(t, name, err)
+		testenv.Unavailable(t, name, err)
 	}
 	return db
 }
@@ -206,62 +198,4 @@ func exampleTables(t *testing.T, db *sql.DB, query string) int {
 	var n int
 	require.NoError(t, db.QueryRowContext(t.Context(), query).Scan(&n))
 	return n
-}
-
-func unavailable(t *testing.T, name string, err error) {
-	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("%s is required under CI=true: %v", name, err)
-	}
-	t.Skipf("%s not available: %v", name, err)
-}
-
-// startSQSEmulator runs the repository's pinned SQS emulator (installed in
-// testdata/sqs by npm ci) on a free port until the test ends, and returns its endpoint.
-func startSQSEmulator(t *testing.T) string {
-	t.Helper()
-	dir := filepath.Join("..", "..", "testdata", "sqs")
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "local-aws-sqs")); err != nil {
-		unavailable(t, "the SQS emulator (run npm ci in testdata/sqs)", err)
-	}
-	node, err := exec.LookPath("node")
-	if err != nil {
-		unavailable(t, "node, for the SQS emulator,", err)
-	}
-	cmd := exec.Command(node, "start.js", "0")
-	cmd.Dir = dir
-	stdin, err := cmd.StdinPipe() // the emulator exits when its stdin closes
-	require.NoError(t, err)
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() {
-		_ = stdin.Close()
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-	})
-
-	line := make(chan string, 1)
-	go func() {
-		r := bufio.NewReader(stdout)
-		l, _ := r.ReadString('\n')
-		line <- strings.TrimSpace(l)
-		_, _ = r.WriteTo(io.Discard) // keep the pipe drained until the emulator exits
-	}()
-	select {
-	case endpoint := <-line:
-		if !strings.HasPrefix(endpoint, "http://") {
-			unavailable(t, "the SQS emulator", fmt.Errorf("it printed %q instead of its endpoint", endpoint))
-		}
-		return endpoint
-	case <-time.After(30 * time.Second):
-		unavailable(t, "the SQS emulator", errors.New("no endpoint printed within 30s"))
-		return ""
-	}
 }

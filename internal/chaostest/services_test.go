@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -14,30 +13,15 @@ import (
 	_ "github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+
+	"github.com/outboxkit/outbox/internal/testenv"
 )
 
-func postgresURL() string {
-	if u := os.Getenv("OUTBOX_TEST_POSTGRES_URL"); u != "" {
-		return u
-	}
-	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-}
-
-func mysqlDSN() string {
-	if d := os.Getenv("OUTBOX_TEST_MYSQL_DSN"); d != "" {
-		return d
-	}
-	return "root@tcp(127.0.0.1:3306)/test?parseTime=true&loc=UTC"
-}
-
-// unavailable fails under CI=true and skips otherwise.
-func unavailable(t testing.TB, what string, err error) {
-	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("%s is required under CI=true: %v", what, err)
-	}
-	t.Skipf("%s is not reachable (%v); start it as the testing guide describes to run this test", what, err)
-}
+var (
+	postgresURL = testenv.PostgresURL
+	mysqlDSN    = testenv.MySQLDSN
+	unavailable = testenv.Unavailable
+)
 
 func postgresPool(t testing.TB, maxConns int32) *pgxpool.Pool {
 	t.Helper()

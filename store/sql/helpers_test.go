@@ -6,7 +6,6 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"runtime"
 	"sync"
@@ -26,30 +25,15 @@ import (
 
 	"github.com/outboxkit/outbox"
 	sqlstore "github.com/outboxkit/outbox/store/sql"
+
+	"github.com/outboxkit/outbox/internal/testenv"
 )
 
-func postgresURL() string {
-	if u := os.Getenv("OUTBOX_TEST_POSTGRES_URL"); u != "" {
-		return u
-	}
-	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-}
-
-func mysqlDSN() string {
-	if d := os.Getenv("OUTBOX_TEST_MYSQL_DSN"); d != "" {
-		return d
-	}
-	return "root@tcp(127.0.0.1:3306)/test?parseTime=true&loc=UTC"
-}
-
-// unavailable fails under CI=true and skips otherwise.
-func unavailable(t testing.TB, what string, err error) {
-	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("%s is required under CI=true: %v", what, err)
-	}
-	t.Skipf("%s is not reachable (%v); start it, or point OUTBOX_TEST_POSTGRES_URL or OUTBOX_TEST_MYSQL_DSN at one, to run this test", what, err)
-}
+var (
+	postgresURL = testenv.PostgresURL
+	mysqlDSN    = testenv.MySQLDSN
+	unavailable = testenv.Unavailable
+)
 
 // Shared clients: one per server and client kind, opened on first use. Tests isolate
 // themselves by table names.

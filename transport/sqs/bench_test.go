@@ -14,8 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	emulator "github.com/outboxkit/outbox/internal/sqsemulator"
 	sqstransport "github.com/outboxkit/outbox/transport/sqs"
-	"github.com/outboxkit/outbox/transport/sqs/internal/emulator"
 )
 
 // rawPublish is what a hand-written relay would do with the SDK: the same

@@ -5,9 +5,9 @@ import (
 	"testing"
 
 	"github.com/outboxkit/outbox"
+	emulator "github.com/outboxkit/outbox/internal/sqsemulator"
 	"github.com/outboxkit/outbox/outboxtest"
 	sqstransport "github.com/outboxkit/outbox/transport/sqs"
-	"github.com/outboxkit/outbox/transport/sqs/internal/emulator"
 )
 
 // harness adapts the transport to the conformance suite: every topic gets a queue of

@@ -11,10 +11,10 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/dispatcher"
+	emulator "github.com/outboxkit/outbox/internal/sqsemulator"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/store/memory"
 	sqstransport "github.com/outboxkit/outbox/transport/sqs"
-	"github.com/outboxkit/outbox/transport/sqs/internal/emulator"
 )
 
 const e2eBuckets = 4

@@ -15,8 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	emulator "github.com/outboxkit/outbox/internal/sqsemulator"
 	sqstransport "github.com/outboxkit/outbox/transport/sqs"
-	"github.com/outboxkit/outbox/transport/sqs/internal/emulator"
 )
 
 // outage starts an emulator of the test's own with one queue, and a client that gives

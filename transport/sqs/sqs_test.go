@@ -20,8 +20,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	emulator "github.com/outboxkit/outbox/internal/sqsemulator"
 	sqstransport "github.com/outboxkit/outbox/transport/sqs"
-	"github.com/outboxkit/outbox/transport/sqs/internal/emulator"
 )
 
 func TestMain(m *testing.M) {

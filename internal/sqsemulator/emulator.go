@@ -1,11 +1,11 @@
-// Package emulator starts the SQS emulator the repository pins (testdata/sqs) for
+// Package sqsemulator starts the SQS emulator the repository pins (testdata/sqs) for
 // tests: it installs it with npm ci when node_modules is missing, runs it as a child
 // process on a free 127.0.0.1 port and stops it when the test ends. The child also
 // exits when its standard input closes, so it cannot outlive a killed test binary.
 //
 // Without node or npm, or when the emulator does not start, tests are skipped — and
 // fail under CI=true.
-package emulator
+package sqsemulator
 
 import (
 	"bufio"
@@ -25,6 +25,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
+
+	"github.com/outboxkit/outbox/internal/testenv"
 )
 
 // Server is one running emulator process.
@@ -51,10 +53,7 @@ var (
 // unavailable skips the test, or fails it under CI=true.
 func unavailable(tb testing.TB, format string, args ...any) {
 	tb.Helper()
-	if os.Getenv("CI") == "true" {
-		tb.Fatalf("SQS emulator required under CI=true: "+format, args...)
-	}
-	tb.Skipf("SQS emulator not available (install node and npm to run this test): "+format, args...)
+	testenv.Unavailable(tb, "the SQS emulator (it needs node and npm)", fmt.Errorf(format, args...))
 }
 
 // Shared returns the package's emulator, started on first use. Call [StopShared] from
