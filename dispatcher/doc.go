@@ -71,6 +71,12 @@
 //     single key drains at one round trip per envelope.
 //   - Lease expiry compares host clocks: keep relay hosts synchronised to well within
 //     LeaseDuration − LeaseRenewInterval.
+//   - The worker renews its leases between drain passes, not during one. A publish
+//     never outlives its bucket's lease (it is abandoned, uncharged, when the lease
+//     lapses), but a pass slowed by a broker that takes its full timeout on every
+//     bucket can delay the renewal until leases lapse and move to peers. Keep the
+//     transport's timeout (the Kafka transport's AckTimeout, for one) well under
+//     LeaseDuration − LeaseRenewInterval.
 //   - DispatchOne without a running worker claims a free bucket outside the
 //     fair-share plan for the length of one drain; racing a peer's round this can
 //     cost a refused write. It does nothing for a bucket another relay holds, so a
