@@ -59,13 +59,13 @@ func newTestDB(t testing.TB) *testDB {
 	target, err := url.Parse(backend.URL)
 	require.NoError(t, err)
 	p := &proxy{requests: map[string]int{}, loseResponses: map[string]int{}}
-	rp := httputil.NewSingleHostReverseProxy(target)
-	direct := rp.Director
-	rp.Director = func(r *http.Request) {
-		direct(r)
-		hideEmptyBinaries(r)
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(r *httputil.ProxyRequest) {
+			r.SetURL(target)
+			hideEmptyBinaries(r.Out)
+		},
+		ModifyResponse: p.inspect,
 	}
-	rp.ModifyResponse = p.inspect
 	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if p.serialised() {
 			p.serMu.Lock()
