@@ -11,17 +11,14 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/store/memory"
 )
 
 var errBroker = errors.New("broker unavailable")
 
 func TestRunOnceDrainsAndReleases(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	c := newClock()
-	store := newStore(t, 8)
-	rec := outboxtest.NewRecorder()
-	d := newDispatcher(t, store, rec, testConfig(c, "sweeper"))
+	ctx, _, store, rec, d := relay(t, 8, "sweeper", nil)
 
 	enqueue(t, store, []byte("a"), 30)
 	enqueue(t, store, []byte("b"), 30)
@@ -134,13 +131,9 @@ func TestPerKeyOrderUnderRandomFailures(t *testing.T) {
 
 func TestParkAfterMaxAttempts(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	c := newClock()
-	store := newStore(t, 1)
-	rec := outboxtest.NewRecorder()
-	cfg := testConfig(c, "r")
-	cfg.MaxAttempts = 3
-	d := newDispatcher(t, store, rec, cfg)
+	ctx, c, store, rec, d := relay(t, 1, "r", func(cfg *Config) {
+		cfg.MaxAttempts = 3
+	})
 
 	a := enqueue(t, store, []byte("a"), 2)
 	rec.FailID(a[0].ID, errBroker, -1)
@@ -169,11 +162,7 @@ func TestParkAfterMaxAttempts(t *testing.T) {
 
 func TestPermanentFailureParksAtOnce(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	c := newClock()
-	store := newStore(t, 1)
-	rec := outboxtest.NewRecorder()
-	d := newDispatcher(t, store, rec, testConfig(c, "r"))
+	ctx, _, store, rec, d := relay(t, 1, "r", nil)
 
 	a := enqueue(t, store, []byte("a"), 2)
 	rec.FailID(a[0].ID, outbox.Permanent(errors.New("message too large")), -1)
@@ -258,13 +247,9 @@ func TestBackoffGrowsAndIsCapped(t *testing.T) {
 
 func TestRetentionKeepsThenCleans(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	c := newClock()
-	store := newStore(t, 4)
-	rec := outboxtest.NewRecorder()
-	cfg := testConfig(c, "r")
-	cfg.Retention = time.Hour
-	d := newDispatcher(t, store, rec, cfg)
+	ctx, c, store, rec, d := relay(t, 4, "r", func(cfg *Config) {
+		cfg.Retention = time.Hour
+	})
 	envs := enqueue(t, store, nil, 20)
 
 	res, err := d.RunOnce(ctx)
@@ -307,13 +292,9 @@ func TestRetentionNeedsARetainer(t *testing.T) {
 
 func TestUnorderedDoesNotHoldTheKey(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	c := newClock()
-	store := newStore(t, 1)
-	rec := outboxtest.NewRecorder()
-	cfg := testConfig(c, "r")
-	cfg.Unordered = true
-	d := newDispatcher(t, store, rec, cfg)
+	ctx, c, store, rec, d := relay(t, 1, "r", func(cfg *Config) {
+		cfg.Unordered = true
+	})
 	a := enqueue(t, store, []byte("a"), 3)
 	rec.FailID(a[0].ID, errBroker, 1)
 
@@ -329,11 +310,7 @@ func TestUnorderedDoesNotHoldTheKey(t *testing.T) {
 
 func TestSameKeyMessagesGoOutInWaves(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	c := newClock()
-	store := newStore(t, 1)
-	rec := outboxtest.NewRecorder()
-	d := newDispatcher(t, store, rec, testConfig(c, "r"))
+	ctx, _, store, rec, d := relay(t, 1, "r", nil)
 	a := enqueue(t, store, []byte("a"), 3)
 	b := enqueue(t, store, []byte("b"), 1)
 	rec.FailID(a[1].ID, errBroker, 1)
@@ -347,11 +324,7 @@ func TestSameKeyMessagesGoOutInWaves(t *testing.T) {
 
 func TestKeylessMessagesNeverBlockEachOther(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	c := newClock()
-	store := newStore(t, 1)
-	rec := outboxtest.NewRecorder()
-	d := newDispatcher(t, store, rec, testConfig(c, "r"))
+	ctx, _, store, rec, d := relay(t, 1, "r", nil)
 	envs := enqueue(t, store, nil, 5)
 	rec.FailID(envs[0].ID, errBroker, 1)
 	res, err := d.RunOnce(ctx)
@@ -362,11 +335,7 @@ func TestKeylessMessagesNeverBlockEachOther(t *testing.T) {
 
 func TestDispatchOneDrainsTheBucketUpToTheMessage(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	c := newClock()
-	store := newStore(t, 1)
-	rec := outboxtest.NewRecorder()
-	d := newDispatcher(t, store, rec, testConfig(c, "stream"))
+	ctx, c, store, rec, d := relay(t, 1, "stream", nil)
 	a := enqueue(t, store, []byte("a"), 3)
 	b := enqueue(t, store, []byte("b"), 1)
 
@@ -471,4 +440,18 @@ func TestHeldBackMessagesCostNoAttempts(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, idsOf(a), idsOf(rec.ByKey()["a"]), "in order, none parked")
 	require.Zero(t, d.Stats().Parked)
+}
+
+// relay builds one relay on the fake clock over a fresh memory store with buckets
+// buckets, publishing to a Recorder; tune adjusts its test config.
+func relay(t *testing.T, buckets int, id string, tune func(*Config)) (context.Context, *clock, *memory.Store, *outboxtest.Recorder, *Dispatcher) {
+	t.Helper()
+	c := newClock()
+	store := newStore(t, buckets)
+	rec := outboxtest.NewRecorder()
+	cfg := testConfig(c, id)
+	if tune != nil {
+		tune(&cfg)
+	}
+	return context.Background(), c, store, rec, newDispatcher(t, store, rec, cfg)
 }
