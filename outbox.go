@@ -264,7 +264,7 @@ var (
 )
 
 // Store is the minimum every store offers: a writer that the capture middleware uses.
-// Relays need [RelayStore]. Optional capabilities ([Admin], [Notifier], [Finder],
+// Relays need [DispatchStore]. Optional capabilities ([Admin], [Notifier], [Finder],
 // [Retainer], [Prober], [SizeLimiter]) are found by type assertion.
 type Store interface {
 	// BucketCount is the store's configured bucket count. Envelopes written to it must
@@ -279,8 +279,9 @@ type Store interface {
 	Close() error
 }
 
-// Relay is what a dispatcher needs to drain a bucket.
-type Relay interface {
+// Queue is the store side of draining a bucket: fetch its head, then complete,
+// reschedule or park what was published.
+type Queue interface {
 	// Fetch returns up to limit pending envelopes of one bucket in Seq order, including
 	// envelopes that are not yet due (the dispatcher needs them to hold back later
 	// messages of a blocked key). Parked and dispatched envelopes are not returned.
@@ -356,10 +357,10 @@ type Leaser interface {
 	Release(ctx context.Context, held Lease) (bool, error)
 }
 
-// RelayStore is everything a dispatcher needs.
-type RelayStore interface {
+// DispatchStore is everything a dispatcher needs.
+type DispatchStore interface {
 	Store
-	Relay
+	Queue
 	Leaser
 }
 

@@ -280,7 +280,7 @@ func TestRetentionKeepsThenCleans(t *testing.T) {
 }
 
 // noRetainer hides every optional capability of a store.
-type noRetainer struct{ outbox.RelayStore }
+type noRetainer struct{ outbox.DispatchStore }
 
 func TestRetentionNeedsARetainer(t *testing.T) {
 	t.Parallel()

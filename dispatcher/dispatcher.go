@@ -21,7 +21,7 @@ import (
 // [Dispatcher.RunOnce] from a scheduler, and [Dispatcher.DispatchOne] from a change
 // stream.
 type Dispatcher struct {
-	store     outbox.RelayStore
+	store     outbox.DispatchStore
 	transport outbox.Transport
 	cfg       Config
 	log       *slog.Logger
@@ -108,7 +108,7 @@ func (r *Result) add(o Result) {
 // nothing. The store's bucket count must equal cfg.BucketCount, and Retention needs a
 // store that implements [outbox.Retainer]; otherwise New returns an error wrapping
 // [outbox.ErrMisconfigured].
-func New(store outbox.RelayStore, transport outbox.Transport, cfg Config) (*Dispatcher, error) {
+func New(store outbox.DispatchStore, transport outbox.Transport, cfg Config) (*Dispatcher, error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: dispatcher: store is nil", outbox.ErrMisconfigured)
 	}

@@ -67,7 +67,7 @@ func testConfig(c *clock, id string) Config {
 	}
 }
 
-func newDispatcher(t *testing.T, store outbox.RelayStore, tr outbox.Transport, cfg Config) *Dispatcher {
+func newDispatcher(t *testing.T, store outbox.DispatchStore, tr outbox.Transport, cfg Config) *Dispatcher {
 	t.Helper()
 	if cfg.BucketCount == 0 {
 		cfg.BucketCount = store.BucketCount()

@@ -15,7 +15,7 @@ import (
 // probingStore answers the idle probe with a switch and counts probes and fetches.
 // Embedding the interface hides the memory store's notifier: only polls drain.
 type probingStore struct {
-	outbox.RelayStore
+	outbox.DispatchStore
 	pending         atomic.Bool
 	probes, fetches atomic.Int64
 }
@@ -27,13 +27,13 @@ func (s *probingStore) HasPending(ctx context.Context, bucket int) (bool, error)
 
 func (s *probingStore) Fetch(ctx context.Context, bucket, limit int) ([]*outbox.Envelope, error) {
 	s.fetches.Add(1)
-	return s.RelayStore.Fetch(ctx, bucket, limit)
+	return s.DispatchStore.Fetch(ctx, bucket, limit)
 }
 
 func TestPollAsksTheIdleProbeBeforeFetching(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	store := &probingStore{RelayStore: newStore(t, 4)}
+	store := &probingStore{DispatchStore: newStore(t, 4)}
 	enqueue(t, store, []byte("k"), 3)
 	rec := outboxtest.NewRecorder()
 	d := newDispatcher(t, store, rec, workerConfig("w"))

@@ -43,12 +43,12 @@ type StoreHarness struct {
 	// New returns a fresh, empty store with bucketCount buckets, isolated from every
 	// other store New returned (its own tables, key prefix or instance). The suite
 	// closes it; New registers any other cleanup with t.Cleanup.
-	New func(t *testing.T, bucketCount int) outbox.RelayStore
+	New func(t *testing.T, bucketCount int) outbox.DispatchStore
 	// Transact runs fn inside the store's unit of work. ctx carries an [outbox.Scope];
 	// fn stages envelopes on it. If fn returns nil, every staged envelope commits in
 	// one transaction; if fn returns an error, nothing is written and Transact returns
 	// that error.
-	Transact func(ctx context.Context, s outbox.RelayStore, fn func(ctx context.Context) error) error
+	Transact func(ctx context.Context, s outbox.DispatchStore, fn func(ctx context.Context) error) error
 	// Sequential runs the suite's subtests one at a time, for stores whose New cannot
 	// run concurrently. By default they run in parallel.
 	Sequential bool

@@ -21,7 +21,7 @@ import (
 const suiteTimeout = 30 * time.Second
 
 // RunStoreTests runs the store conformance suite: every behaviour of
-// [outbox.RelayStore] and of the optional capabilities the store implements
+// [outbox.DispatchStore] and of the optional capabilities the store implements
 // ([outbox.Admin], [outbox.Finder], [outbox.Retainer], [outbox.Notifier]). Subtests
 // for a capability the store lacks are skipped with a message saying so, as are the
 // unit-of-work subtests when the harness has no Transact.
@@ -111,7 +111,7 @@ func testContext(t *testing.T) context.Context {
 }
 
 // store returns a fresh store the test closes at its end.
-func (s storeSuite) store(t *testing.T, buckets int) outbox.RelayStore {
+func (s storeSuite) store(t *testing.T, buckets int) outbox.DispatchStore {
 	t.Helper()
 	st := s.h.New(t, buckets)
 	require.NotNil(t, st, "StoreHarness.New returned nil")
@@ -136,7 +136,7 @@ func msg(t *testing.T, st outbox.Store, bucket int, payload string) *outbox.Enve
 	return env
 }
 
-func fetch(t *testing.T, st outbox.RelayStore, bucket int) []*outbox.Envelope {
+func fetch(t *testing.T, st outbox.DispatchStore, bucket int) []*outbox.Envelope {
 	t.Helper()
 	envs, err := st.Fetch(testContext(t), bucket, 1000)
 	require.NoError(t, err)
@@ -360,7 +360,7 @@ func (s storeSuite) bucketCountMismatch(t *testing.T) {
 	require.Empty(t, fetch(t, st, 0))
 }
 
-func (s storeSuite) transact(t *testing.T) func(ctx context.Context, st outbox.RelayStore, fn func(context.Context) error) error {
+func (s storeSuite) transact(t *testing.T) func(ctx context.Context, st outbox.DispatchStore, fn func(context.Context) error) error {
 	t.Helper()
 	if s.h.Transact == nil {
 		t.Skip("StoreHarness.Transact is nil: the store's unit of work is not exercised")
@@ -505,7 +505,7 @@ func (s storeSuite) park(t *testing.T) {
 	require.Equal(t, 2, parked[0].Attempts, "parking records the failed attempt")
 }
 
-func (s storeSuite) admin(t *testing.T, st outbox.RelayStore) outbox.Admin {
+func (s storeSuite) admin(t *testing.T, st outbox.DispatchStore) outbox.Admin {
 	t.Helper()
 	admin, ok := st.(outbox.Admin)
 	if !ok {
@@ -1013,7 +1013,7 @@ func (s storeSuite) coordinationSorted(t *testing.T) {
 }
 
 // storeCalls lists one call of every store method, for the lifecycle tests.
-func storeCalls(st outbox.RelayStore, env *outbox.Envelope) map[string]func(ctx context.Context) error {
+func storeCalls(st outbox.DispatchStore, env *outbox.Envelope) map[string]func(ctx context.Context) error {
 	lease := outbox.Lease{Bucket: 0, Owner: "a", ExpiresAt: base.Add(time.Minute)}
 	calls := map[string]func(ctx context.Context) error{
 		"Enqueue":          func(ctx context.Context) error { return st.Enqueue(ctx, env.Clone()) },

@@ -151,7 +151,7 @@ func immediateMode(ctx context.Context, n *narrator, db *database, br broker) er
 
 	n.say("   Its relay publishes. The broker acknowledges, and the process crashes again\n")
 	n.say("   before the relay can delete the message from the outbox. It restarts.\n")
-	relay, err := newRelay(&crashAfterPublish{RelayStore: db.store}, br)
+	relay, err := newRelay(&crashAfterPublish{DispatchStore: db.store}, br)
 	if err != nil {
 		return err
 	}
@@ -302,7 +302,7 @@ func orderPlaced(id string) outbox.Message {
 }
 
 // newRelay builds the dispatcher the stories run one sweep at a time.
-func newRelay(store outbox.RelayStore, broker outbox.Transport) (*dispatcher.Dispatcher, error) {
+func newRelay(store outbox.DispatchStore, broker outbox.Transport) (*dispatcher.Dispatcher, error) {
 	return dispatcher.New(store, broker, dispatcher.Config{
 		RelayID:     relayID,
 		BucketCount: store.BucketCount(),
@@ -350,7 +350,7 @@ func showDeliveries(n *narrator, received []delivery) {
 // the broker acknowledged a batch: the Complete that would delete the batch never
 // happens, and nothing the dead process tries afterwards reaches the store.
 type crashAfterPublish struct {
-	outbox.RelayStore
+	outbox.DispatchStore
 	dead atomic.Bool // buckets drain in parallel
 }
 
@@ -363,14 +363,14 @@ func (c *crashAfterPublish) Release(ctx context.Context, held outbox.Lease) (boo
 	if c.dead.Load() {
 		return false, errCrash
 	}
-	return c.RelayStore.Release(ctx, held)
+	return c.DispatchStore.Release(ctx, held)
 }
 
 func (c *crashAfterPublish) StopRelay(ctx context.Context, relay string, at time.Time) error {
 	if c.dead.Load() {
 		return errCrash
 	}
-	return c.RelayStore.StopRelay(ctx, relay, at)
+	return c.DispatchStore.StopRelay(ctx, relay, at)
 }
 
 // narrator writes the story and keeps the first write error.

@@ -29,7 +29,7 @@ import (
 )
 
 // pendingCount counts what a store holds in any status.
-func pendingCount(t *testing.T, s outbox.RelayStore) int {
+func pendingCount(t *testing.T, s outbox.DispatchStore) int {
 	t.Helper()
 	n := 0
 	for b := range s.BucketCount() {
@@ -302,26 +302,26 @@ func TestHeadersOfEveryByteValue(t *testing.T) {
 	for i := range 256 {
 		headers = append(headers, outbox.Header{Key: "b" + string(rune('0'+i%10)) + string([]byte{byte(i)}), Value: []byte{byte(i), byte(255 - i)}})
 	}
-	stores := map[string]func(t *testing.T) (outbox.RelayStore, func(ctx context.Context, fn func(ctx context.Context) error) error){
-		"memory": func(t *testing.T) (outbox.RelayStore, func(context.Context, func(context.Context) error) error) {
+	stores := map[string]func(t *testing.T) (outbox.DispatchStore, func(ctx context.Context, fn func(ctx context.Context) error) error){
+		"memory": func(t *testing.T) (outbox.DispatchStore, func(context.Context, func(context.Context) error) error) {
 			s, err := memory.New(memory.Config{BucketCount: 1})
 			require.NoError(t, err)
 			return s, s.Transact
 		},
-		"sqlite": func(t *testing.T) (outbox.RelayStore, func(context.Context, func(context.Context) error) error) {
+		"sqlite": func(t *testing.T) (outbox.DispatchStore, func(context.Context, func(context.Context) error) error) {
 			s := sqliteStore(t, sqlstore.Config{BucketCount: 1})
 			return s, func(ctx context.Context, fn func(context.Context) error) error {
 				return s.Transact(ctx, nil, func(ctx context.Context, _ *sql.Tx) error { return fn(ctx) })
 			}
 		},
-		"postgres": func(t *testing.T) (outbox.RelayStore, func(context.Context, func(context.Context) error) error) {
+		"postgres": func(t *testing.T) (outbox.DispatchStore, func(context.Context, func(context.Context) error) error) {
 			s, err := sqlstore.NewPgx(postgresPool(t, 2), sqlstore.Config{Table: uniqueTable("bytes"), BucketCount: 1})
 			s = migrated(t, s, err)
 			return s, func(ctx context.Context, fn func(context.Context) error) error {
 				return s.TransactPgx(ctx, func(ctx context.Context, _ pgx.Tx) error { return fn(ctx) })
 			}
 		},
-		"mariadb": func(t *testing.T) (outbox.RelayStore, func(context.Context, func(context.Context) error) error) {
+		"mariadb": func(t *testing.T) (outbox.DispatchStore, func(context.Context, func(context.Context) error) error) {
 			s, err := sqlstore.NewDB(mysqlDB(t), sqlstore.MySQL, sqlstore.Config{Table: uniqueTable("bytes"), BucketCount: 1})
 			s = migrated(t, s, err)
 			return s, func(ctx context.Context, fn func(context.Context) error) error {

@@ -25,10 +25,10 @@ import (
 var errStoreDown = errors.New("store unreachable")
 
 // faultyStore wraps a real store, counts the calls a relay makes, and fails every
-// one of them while it is down. It exposes only outbox.RelayStore, so the
+// one of them while it is down. It exposes only outbox.DispatchStore, so the
 // dispatcher polls instead of waiting for wake-ups.
 type faultyStore struct {
-	outbox.RelayStore
+	outbox.DispatchStore
 	down  atomic.Bool
 	calls atomic.Int64
 }
@@ -45,77 +45,77 @@ func (f *faultyStore) Fetch(ctx context.Context, bucket, limit int) ([]*outbox.E
 	if err := f.enter(); err != nil {
 		return nil, err
 	}
-	return f.RelayStore.Fetch(ctx, bucket, limit)
+	return f.DispatchStore.Fetch(ctx, bucket, limit)
 }
 
 func (f *faultyStore) Complete(ctx context.Context, envs []*outbox.Envelope) error {
 	if err := f.enter(); err != nil {
 		return err
 	}
-	return f.RelayStore.Complete(ctx, envs)
+	return f.DispatchStore.Complete(ctx, envs)
 }
 
 func (f *faultyStore) Reschedule(ctx context.Context, env *outbox.Envelope, next time.Time, cause string) error {
 	if err := f.enter(); err != nil {
 		return err
 	}
-	return f.RelayStore.Reschedule(ctx, env, next, cause)
+	return f.DispatchStore.Reschedule(ctx, env, next, cause)
 }
 
 func (f *faultyStore) Park(ctx context.Context, env *outbox.Envelope, cause string) error {
 	if err := f.enter(); err != nil {
 		return err
 	}
-	return f.RelayStore.Park(ctx, env, cause)
+	return f.DispatchStore.Park(ctx, env, cause)
 }
 
 func (f *faultyStore) ReadCoordination(ctx context.Context) (outbox.Coordination, error) {
 	if err := f.enter(); err != nil {
 		return outbox.Coordination{}, err
 	}
-	return f.RelayStore.ReadCoordination(ctx)
+	return f.DispatchStore.ReadCoordination(ctx)
 }
 
 func (f *faultyStore) Heartbeat(ctx context.Context, relay string, at time.Time) (bool, error) {
 	if err := f.enter(); err != nil {
 		return false, err
 	}
-	return f.RelayStore.Heartbeat(ctx, relay, at)
+	return f.DispatchStore.Heartbeat(ctx, relay, at)
 }
 
 func (f *faultyStore) Claim(ctx context.Context, bucket int, owner string, now, expiresAt time.Time) (bool, error) {
 	if err := f.enter(); err != nil {
 		return false, err
 	}
-	return f.RelayStore.Claim(ctx, bucket, owner, now, expiresAt)
+	return f.DispatchStore.Claim(ctx, bucket, owner, now, expiresAt)
 }
 
 func (f *faultyStore) Renew(ctx context.Context, held outbox.Lease, now, expiresAt time.Time) (bool, error) {
 	if err := f.enter(); err != nil {
 		return false, err
 	}
-	return f.RelayStore.Renew(ctx, held, now, expiresAt)
+	return f.DispatchStore.Renew(ctx, held, now, expiresAt)
 }
 
 func (f *faultyStore) Release(ctx context.Context, held outbox.Lease) (bool, error) {
 	if err := f.enter(); err != nil {
 		return false, err
 	}
-	return f.RelayStore.Release(ctx, held)
+	return f.DispatchStore.Release(ctx, held)
 }
 
 func (f *faultyStore) StopRelay(ctx context.Context, relay string, at time.Time) error {
 	if err := f.enter(); err != nil {
 		return err
 	}
-	return f.RelayStore.StopRelay(ctx, relay, at)
+	return f.DispatchStore.StopRelay(ctx, relay, at)
 }
 
 func (f *faultyStore) DeleteRelay(ctx context.Context, relay string, lastSeen time.Time) (bool, error) {
 	if err := f.enter(); err != nil {
 		return false, err
 	}
-	return f.RelayStore.DeleteRelay(ctx, relay, lastSeen)
+	return f.DispatchStore.DeleteRelay(ctx, relay, lastSeen)
 }
 
 func enqueueN(t testing.TB, s outbox.Store, n, from int) {
@@ -147,7 +147,7 @@ func enqueueN(t testing.TB, s outbox.Store, n, from int) {
 func TestStoreOutageBacksOffAndRecovers(t *testing.T) {
 	inner, err := memory.New(memory.Config{BucketCount: 4})
 	require.NoError(t, err)
-	store := &faultyStore{RelayStore: inner}
+	store := &faultyStore{DispatchStore: inner}
 	rec := outboxtest.NewRecorder()
 	const renew = 200 * time.Millisecond
 	d, err := dispatcher.New(store, rec, dispatcher.Config{

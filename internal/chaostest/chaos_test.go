@@ -57,12 +57,12 @@ func verify(t *testing.T, rep chaos.Report, cfg chaos.Config) {
 
 func TestChaosMemory(t *testing.T) {
 	rep := chaos.Run(t, outboxtest.StoreHarness{
-		New: func(t *testing.T, bucketCount int) outbox.RelayStore {
+		New: func(t *testing.T, bucketCount int) outbox.DispatchStore {
 			s, err := memory.New(memory.Config{BucketCount: bucketCount})
 			require.NoError(t, err)
 			return s
 		},
-		Transact: func(ctx context.Context, s outbox.RelayStore, fn func(ctx context.Context) error) error {
+		Transact: func(ctx context.Context, s outbox.DispatchStore, fn func(ctx context.Context) error) error {
 			return s.(*memory.Store).Transact(ctx, fn)
 		},
 	}, chaosConfig())
@@ -83,11 +83,11 @@ func TestChaosPostgresPgx(t *testing.T) {
 	cfg := chaosConfig()
 	cfg.Reopen = reopenSQL
 	rep := chaos.Run(t, outboxtest.StoreHarness{
-		New: func(t *testing.T, bucketCount int) outbox.RelayStore {
+		New: func(t *testing.T, bucketCount int) outbox.DispatchStore {
 			s, err := sqlstore.NewPgx(pool, sqlstore.Config{Table: uniqueTable("chaos"), BucketCount: bucketCount})
 			return migrated(t, s, err)
 		},
-		Transact: func(ctx context.Context, s outbox.RelayStore, fn func(ctx context.Context) error) error {
+		Transact: func(ctx context.Context, s outbox.DispatchStore, fn func(ctx context.Context) error) error {
 			return s.(*sqlstore.Store).TransactPgx(ctx, func(ctx context.Context, tx pgx.Tx) error {
 				// The application's own write, in the same transaction.
 				if _, err := tx.Exec(ctx, "select 1"); err != nil {
@@ -102,7 +102,7 @@ func TestChaosPostgresPgx(t *testing.T) {
 
 // reopenSQL opens another store on the same client and tables, as a relay in another
 // process would.
-func reopenSQL(t *testing.T, s outbox.RelayStore) outbox.RelayStore {
+func reopenSQL(t *testing.T, s outbox.DispatchStore) outbox.DispatchStore {
 	st := s.(*sqlstore.Store)
 	cfg := st.Config()
 	var (
@@ -125,11 +125,11 @@ func reopenSQL(t *testing.T, s outbox.RelayStore) outbox.RelayStore {
 
 func sqlHarness(db func(t *testing.T) *sql.DB, dialect sqlstore.Dialect) outboxtest.StoreHarness {
 	return outboxtest.StoreHarness{
-		New: func(t *testing.T, bucketCount int) outbox.RelayStore {
+		New: func(t *testing.T, bucketCount int) outbox.DispatchStore {
 			s, err := sqlstore.NewDB(db(t), dialect, sqlstore.Config{Table: uniqueTable("chaos"), BucketCount: bucketCount})
 			return migrated(t, s, err)
 		},
-		Transact: func(ctx context.Context, s outbox.RelayStore, fn func(ctx context.Context) error) error {
+		Transact: func(ctx context.Context, s outbox.DispatchStore, fn func(ctx context.Context) error) error {
 			return s.(*sqlstore.Store).Transact(ctx, nil, func(ctx context.Context, tx *sql.Tx) error {
 				if _, err := tx.ExecContext(ctx, "select 1"); err != nil {
 					return err

@@ -49,7 +49,7 @@ func dynamoConfig() chaos.Config {
 
 func TestChaosDynamoDB(t *testing.T) {
 	cfg := dynamoConfig()
-	cfg.Reopen = func(t *testing.T, s outbox.RelayStore) outbox.RelayStore {
+	cfg.Reopen = func(t *testing.T, s outbox.DispatchStore) outbox.DispatchStore {
 		st := s.(*dynamodb.Store)
 		var client *ddb.Client
 		require.True(t, st.As(&client))
@@ -58,7 +58,7 @@ func TestChaosDynamoDB(t *testing.T) {
 		return other
 	}
 	rep := chaos.Run(t, outboxtest.StoreHarness{
-		New: func(t *testing.T, bucketCount int) outbox.RelayStore {
+		New: func(t *testing.T, bucketCount int) outbox.DispatchStore {
 			client := dynamoClient(t)
 			opts := dynamodb.Options{TableName: "outbox", BucketCount: bucketCount}
 			// The table exists before any concurrent work starts.
@@ -67,7 +67,7 @@ func TestChaosDynamoDB(t *testing.T) {
 			require.NoError(t, err)
 			return s
 		},
-		Transact: func(ctx context.Context, s outbox.RelayStore, fn func(ctx context.Context) error) error {
+		Transact: func(ctx context.Context, s outbox.DispatchStore, fn func(ctx context.Context) error) error {
 			return s.(*dynamodb.Store).Transact(ctx, func(ctx context.Context) ([]types.TransactWriteItem, error) {
 				return nil, fn(ctx)
 			})

@@ -15,12 +15,12 @@ import (
 
 func memoryHarness() outboxtest.StoreHarness {
 	return outboxtest.StoreHarness{
-		New: func(t *testing.T, bucketCount int) outbox.RelayStore {
+		New: func(t *testing.T, bucketCount int) outbox.DispatchStore {
 			s, err := memory.New(memory.Config{BucketCount: bucketCount})
 			require.NoError(t, err)
 			return s
 		},
-		Transact: func(ctx context.Context, s outbox.RelayStore, fn func(ctx context.Context) error) error {
+		Transact: func(ctx context.Context, s outbox.DispatchStore, fn func(ctx context.Context) error) error {
 			return s.(*memory.Store).Transact(ctx, fn)
 		},
 	}
@@ -49,7 +49,7 @@ func TestCheckerCatchesLoss(t *testing.T) {
 	h := memoryHarness()
 	inner := h.Transact
 	n := 0
-	h.Transact = func(ctx context.Context, s outbox.RelayStore, fn func(ctx context.Context) error) error {
+	h.Transact = func(ctx context.Context, s outbox.DispatchStore, fn func(ctx context.Context) error) error {
 		return inner(ctx, s, func(ctx context.Context) error {
 			if err := fn(ctx); err != nil {
 				return err
@@ -72,7 +72,7 @@ func TestCheckerCatchesLoss(t *testing.T) {
 func TestCheckerCatchesRolledBackDeliveries(t *testing.T) {
 	h := memoryHarness()
 	inner := h.Transact
-	h.Transact = func(ctx context.Context, s outbox.RelayStore, fn func(ctx context.Context) error) error {
+	h.Transact = func(ctx context.Context, s outbox.DispatchStore, fn func(ctx context.Context) error) error {
 		var fnErr error
 		err := inner(ctx, s, func(ctx context.Context) error {
 			fnErr = fn(ctx)

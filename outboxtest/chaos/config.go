@@ -59,7 +59,7 @@ type Config struct {
 	// keeps in memory (caches, wake-ups) is shared between writers and relays that a
 	// real deployment runs apart. The run closes the handles. Defaults to nil: every
 	// relay uses the harness's store, as for a store that lives in one process.
-	Reopen func(t *testing.T, s outbox.RelayStore) outbox.RelayStore
+	Reopen func(t *testing.T, s outbox.DispatchStore) outbox.DispatchStore
 	// Logger receives the dispatchers' logs. Defaults to a logger that drops
 	// everything below error level: faults make the dispatchers warn a lot.
 	Logger *slog.Logger

@@ -61,7 +61,7 @@ func Execute(t *testing.T, h outboxtest.StoreHarness, cfg Config) (Report, error
 type runner struct {
 	t     *testing.T
 	cfg   Config
-	store outbox.RelayStore
+	store outbox.DispatchStore
 	h     outboxtest.StoreHarness
 	rec   *outboxtest.Recorder
 
@@ -87,7 +87,7 @@ type relay struct {
 	d        *dispatcher.Dispatcher
 	cancel   context.CancelFunc
 	inflight *atomic.Int32     // publishes under way
-	handle   outbox.RelayStore // the relay's own store handle, if reopened
+	handle   outbox.DispatchStore // the relay's own store handle, if reopened
 }
 
 // msgID identifies a message by key and sequence number, as its payload carries them.
@@ -287,7 +287,7 @@ func (r *runner) start(ctx context.Context, slot int) error {
 	if slot == 0 {
 		dcfg.Now = func() time.Time { return time.Now().Add(-time.Duration(r.skew.Load())) }
 	}
-	store, handle := r.store, outbox.RelayStore(nil)
+	store, handle := r.store, outbox.DispatchStore(nil)
 	if r.cfg.Reopen != nil {
 		handle = r.cfg.Reopen(r.t, r.store)
 		store = handle

@@ -15,10 +15,10 @@ import (
 
 func harness() outboxtest.StoreHarness {
 	return outboxtest.StoreHarness{
-		New: func(t *testing.T, bucketCount int) outbox.RelayStore {
+		New: func(t *testing.T, bucketCount int) outbox.DispatchStore {
 			return newTestDB(t).newStore(t, dynamodb.Options{BucketCount: bucketCount})
 		},
-		Transact: func(ctx context.Context, s outbox.RelayStore, fn func(ctx context.Context) error) error {
+		Transact: func(ctx context.Context, s outbox.DispatchStore, fn func(ctx context.Context) error) error {
 			scope := outbox.ScopeFrom(ctx)
 			if err := fn(ctx); err != nil {
 				scope.Take()

@@ -8,7 +8,7 @@
 // application's own items, or with [Store.CreateTransactWriteItems] for a request the
 // application assembles itself. [Store.Enqueue] writes messages that have no business
 // write. Relays ([github.com/outboxkit/outbox/dispatcher]) drain buckets through the
-// [outbox.RelayStore] methods and share the buckets with the lease protocol.
+// [outbox.DispatchStore] methods and share the buckets with the lease protocol.
 //
 // # Item schema
 //

@@ -30,7 +30,7 @@ type Client interface {
 
 var _ Client = (*ddb.Client)(nil)
 
-// Store is the DynamoDB outbox store. It implements [outbox.RelayStore],
+// Store is the DynamoDB outbox store. It implements [outbox.DispatchStore],
 // [outbox.Admin], [outbox.Notifier] and [outbox.SizeLimiter], and offers the
 // TransactWriteItems unit of work ([Store.Commit]) and the writer calls for an
 // application's own transactions ([Store.CreateTransactWriteItems]).
@@ -54,7 +54,7 @@ type Store struct {
 }
 
 var (
-	_ outbox.RelayStore  = (*Store)(nil)
+	_ outbox.DispatchStore  = (*Store)(nil)
 	_ outbox.Admin       = (*Store)(nil)
 	_ outbox.Notifier    = (*Store)(nil)
 	_ outbox.SizeLimiter = (*Store)(nil)

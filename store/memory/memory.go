@@ -87,7 +87,7 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Store is an in-memory [outbox.RelayStore]. It also implements [outbox.Admin],
+// Store is an in-memory [outbox.DispatchStore]. It also implements [outbox.Admin],
 // [outbox.Notifier], [outbox.Finder], [outbox.Retainer] and [outbox.SizeLimiter].
 type Store struct {
 	bucketCount int
@@ -142,7 +142,7 @@ func New(cfg Config) (*Store, error) {
 }
 
 var (
-	_ outbox.RelayStore  = (*Store)(nil)
+	_ outbox.DispatchStore  = (*Store)(nil)
 	_ outbox.Admin       = (*Store)(nil)
 	_ outbox.Notifier    = (*Store)(nil)
 	_ outbox.Finder      = (*Store)(nil)

@@ -309,12 +309,12 @@ func BenchmarkFetchComplete(b *testing.B) {
 
 func TestConformance(t *testing.T) {
 	outboxtest.RunStoreTests(t, outboxtest.StoreHarness{
-		New: func(t *testing.T, buckets int) outbox.RelayStore {
+		New: func(t *testing.T, buckets int) outbox.DispatchStore {
 			s, err := memory.New(memory.Config{BucketCount: buckets})
 			require.NoError(t, err)
 			return s
 		},
-		Transact: func(ctx context.Context, s outbox.RelayStore, fn func(context.Context) error) error {
+		Transact: func(ctx context.Context, s outbox.DispatchStore, fn func(context.Context) error) error {
 			return s.(*memory.Store).Transact(ctx, fn)
 		},
 	})

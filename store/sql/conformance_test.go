@@ -15,10 +15,10 @@ func TestConformance(t *testing.T) {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
 			outboxtest.RunStoreTests(t, outboxtest.StoreHarness{
-				New: func(t *testing.T, bucketCount int) outbox.RelayStore {
+				New: func(t *testing.T, bucketCount int) outbox.DispatchStore {
 					return b.open(t, sqlstore.Config{BucketCount: bucketCount})
 				},
-				Transact: func(ctx context.Context, s outbox.RelayStore, fn func(ctx context.Context) error) error {
+				Transact: func(ctx context.Context, s outbox.DispatchStore, fn func(ctx context.Context) error) error {
 					return b.transact(ctx, s.(*sqlstore.Store), func(ctx context.Context, _ execFunc) error { return fn(ctx) })
 				},
 			})

@@ -6,7 +6,7 @@
 // A [Store] keeps messages in one table and coordination in two more (leases and
 // relay heartbeats), named by [Config] and created by [Store.Migrate] (or by the DDL
 // in docs/stores/sql.md, also returned by [Store.DDL]). It implements
-// [outbox.RelayStore] and every optional capability: [outbox.Admin],
+// [outbox.DispatchStore] and every optional capability: [outbox.Admin],
 // [outbox.Notifier], [outbox.Finder], [outbox.Retainer], [outbox.SizeLimiter].
 //
 // Units of work write the envelopes staged on the context's [outbox.Scope] inside

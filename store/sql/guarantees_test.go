@@ -164,7 +164,7 @@ func TestUnitOfWorkRollbackLeavesNoRow(t *testing.T) {
 }
 
 // drain runs one dispatcher sweep over every bucket.
-func drain(t *testing.T, ctx context.Context, s outbox.RelayStore, rec outbox.Transport) dispatcher.Result {
+func drain(t *testing.T, ctx context.Context, s outbox.DispatchStore, rec outbox.Transport) dispatcher.Result {
 	t.Helper()
 	d, err := dispatcher.New(s, rec, dispatcher.Config{BucketCount: s.BucketCount(), RelayID: "sweeper", Logger: quietLog})
 	require.NoError(t, err)

@@ -19,7 +19,7 @@ import (
 )
 
 // Store is an outbox store on one set of SQL tables. It implements
-// [outbox.RelayStore], [outbox.Admin], [outbox.Notifier], [outbox.Finder],
+// [outbox.DispatchStore], [outbox.Admin], [outbox.Notifier], [outbox.Finder],
 // [outbox.Retainer] and [outbox.SizeLimiter]. It is safe for concurrent use.
 type Store struct {
 	cfg     Config
@@ -42,7 +42,7 @@ type Store struct {
 }
 
 var (
-	_ outbox.RelayStore  = (*Store)(nil)
+	_ outbox.DispatchStore  = (*Store)(nil)
 	_ outbox.Admin       = (*Store)(nil)
 	_ outbox.Notifier    = (*Store)(nil)
 	_ outbox.Finder      = (*Store)(nil)
@@ -403,7 +403,7 @@ func (s *Store) NotifyCommitted(envs ...*outbox.Envelope) {
 	}
 }
 
-// Fetch implements [outbox.Relay]: one index range scan on (status, bucket, seq).
+// Fetch implements [outbox.Queue]: one index range scan on (status, bucket, seq).
 //
 // The scan always starts at the bucket's beginning. Starting where the previous
 // fetch left off would skip the index entries of completed rows faster, but a
@@ -430,7 +430,7 @@ func (s *Store) Fetch(ctx context.Context, bucket, limit int) ([]*outbox.Envelop
 	return envs, nil
 }
 
-// Complete implements [outbox.Relay]: one DELETE per batch.
+// Complete implements [outbox.Queue]: one DELETE per batch.
 func (s *Store) Complete(ctx context.Context, envs []*outbox.Envelope) error {
 	if err := s.begin(ctx); err != nil {
 		return err
@@ -501,7 +501,7 @@ func (s *Store) DeleteDispatched(ctx context.Context, before time.Time, limit in
 	return int(n), s.wrap(ctx, "delete dispatched", err)
 }
 
-// Reschedule implements [outbox.Relay]. A message that is no longer pending
+// Reschedule implements [outbox.Queue]. A message that is no longer pending
 // (completed, parked or purged meanwhile) is left alone.
 func (s *Store) Reschedule(ctx context.Context, env *outbox.Envelope, next time.Time, cause string) error {
 	if err := s.begin(ctx); err != nil {
@@ -511,7 +511,7 @@ func (s *Store) Reschedule(ctx context.Context, env *outbox.Envelope, next time.
 	return s.wrap(ctx, "reschedule", err)
 }
 
-// Park implements [outbox.Relay].
+// Park implements [outbox.Queue].
 func (s *Store) Park(ctx context.Context, env *outbox.Envelope, cause string) error {
 	if err := s.begin(ctx); err != nil {
 		return err
