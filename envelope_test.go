@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,51 +17,6 @@ func newEnvelope(t *testing.T, topic string) *outbox.Envelope {
 	env, err := outbox.NewEnvelope(outbox.Message{Topic: topic, Key: []byte("k")}, 8)
 	require.NoError(t, err)
 	return env
-}
-
-func TestScopeStageTakeRelease(t *testing.T) {
-	t.Parallel()
-	ctx, scope := outbox.NewScope(context.Background())
-	require.Same(t, scope, outbox.ScopeFrom(ctx))
-	require.Nil(t, outbox.ScopeFrom(context.Background()))
-
-	a, b := newEnvelope(t, "a"), newEnvelope(t, "b")
-	require.NoError(t, scope.Stage(a))
-	require.NoError(t, scope.Stage(b))
-	require.Equal(t, 2, scope.Len())
-	require.Equal(t, []*outbox.Envelope{a, b}, scope.Take(), "staging order kept")
-	require.Zero(t, scope.Len(), "take empties the buffer")
-
-	before := outbox.AbandonedEnvelopes()
-	require.Zero(t, scope.Release(), "releasing an empty scope is quiet")
-	require.Equal(t, before, outbox.AbandonedEnvelopes())
-	require.ErrorIs(t, scope.Stage(a), outbox.ErrClosed)
-}
-
-func TestScopeReleaseReportsUncommitted(t *testing.T) {
-	// Not parallel: reads the process-wide counter.
-	_, scope := outbox.NewScope(context.Background())
-	require.NoError(t, scope.Stage(newEnvelope(t, "a"), newEnvelope(t, "b")))
-	before := outbox.AbandonedEnvelopes()
-	require.Equal(t, 2, scope.Release())
-	require.Equal(t, before+2, outbox.AbandonedEnvelopes())
-	require.Zero(t, scope.Release(), "second release is harmless")
-}
-
-func TestScopeConcurrentStage(t *testing.T) {
-	t.Parallel()
-	_, scope := outbox.NewScope(context.Background())
-	env := newEnvelope(t, "a")
-	var wg sync.WaitGroup
-	for range 8 {
-		wg.Go(func() {
-			for range 100 {
-				require.NoError(t, scope.Stage(env))
-			}
-		})
-	}
-	wg.Wait()
-	require.Len(t, scope.Take(), 800)
 }
 
 func TestNewEnvelope(t *testing.T) {
@@ -86,6 +40,14 @@ func TestNewEnvelope(t *testing.T) {
 	require.ErrorIs(t, err, outbox.ErrInvalidMessage)
 	_, err = outbox.NewEnvelope(outbox.Message{Topic: "t"}, 0)
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
+	for _, bad := range []string{"a\x00b", "\xff\xfe"} {
+		_, err = outbox.NewEnvelope(outbox.Message{Topic: bad}, 8)
+		require.ErrorIs(t, err, outbox.ErrInvalidMessage, "topic %q", bad)
+		_, err = outbox.NewEnvelope(outbox.Message{Topic: "t", Headers: []outbox.Header{{Key: bad}}}, 8)
+		require.ErrorIs(t, err, outbox.ErrInvalidMessage, "header key %q", bad)
+	}
+	require.ErrorIs(t, outbox.ErrTooLarge, outbox.ErrInvalidMessage, "a message too large is an invalid message")
+	require.NotErrorIs(t, outbox.ErrInvalidMessage, outbox.ErrTooLarge)
 }
 
 func TestEnvelopeCloneIsDeep(t *testing.T) {

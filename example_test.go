@@ -2,11 +2,13 @@ package outbox_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/google/uuid"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/store/memory"
 )
 
 // Messages with one key always land in one bucket: the bucket Kafka's default
@@ -17,16 +19,52 @@ func ExampleBucketOf() {
 	// Output: 7 7
 }
 
-// A scope carries Transactional sends to the unit of work that writes them.
+// A send joins the unit of work whose ctx it is made with: it is written when the
+// function returns nil, and not at all when it fails.
+func ExampleNewSender() {
+	ctx := context.Background()
+	store, _ := memory.New(memory.Config{BucketCount: 1})
+	defer store.Close()
+	sender, _ := outbox.NewSender(store, outbox.SenderConfig{})
+
+	placeOrder := func(id string, declined bool) error {
+		return store.Transact(ctx, func(ctx context.Context) error {
+			// ... the order row is written here, through the store's transaction ...
+			if err := sender.Send(ctx, outbox.Message{Topic: "order-placed", Key: []byte(id)}); err != nil {
+				return err
+			}
+			if declined {
+				return errors.New("card declined")
+			}
+			return nil
+		})
+	}
+	fmt.Println(placeOrder("order-1", false))
+	fmt.Println(placeOrder("order-2", true))
+	fmt.Println(errors.Is(sender.Send(ctx, outbox.Message{Topic: "order-placed"}), outbox.ErrNoTransaction))
+
+	pending, _ := store.Fetch(ctx, 0, 10)
+	fmt.Println(len(pending), string(pending[0].Key))
+	// Output:
+	// <nil>
+	// card declined
+	// true
+	// 1 order-1
+}
+
+// An application that runs its own transaction stages sends on a scope and writes
+// them with the store's EnqueueTx-style call inside that transaction.
 func ExampleNewScope() {
-	ctx, scope := outbox.NewScope(context.Background())
+	ctx := context.Background()
+	store, _ := memory.New(memory.Config{})
+	defer store.Close()
+	sender, _ := outbox.NewSender(store, outbox.SenderConfig{})
+
+	ctx, scope := outbox.NewScope(ctx)
 	defer scope.Release()
+	_ = sender.Send(ctx, outbox.Message{Topic: "orders", Payload: []byte("placed")})
 
-	env, _ := outbox.NewEnvelope(outbox.Message{Topic: "orders", Payload: []byte("placed")}, outbox.DefaultBucketCount)
-	_ = outbox.ScopeFrom(ctx).Stage(env)
-
-	// A store's unit of work takes the staged envelopes inside its transaction.
-	staged := scope.Take()
+	staged := scope.Take() // inside the application's transaction
 	fmt.Println(len(staged), staged[0].Topic, scope.Len())
 	// Output: 1 orders 0
 }

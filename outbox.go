@@ -1,16 +1,25 @@
-// Package outbox is a storage-agnostic transactional outbox.
+// Package outbox is a storage-agnostic transactional outbox: an application's state
+// change and the messages it sends commit together, and a dispatcher
+// ([github.com/outboxkit/outbox/dispatcher]) relays the messages to a broker afterwards.
 //
-// An application sends messages through a [github.com/outboxkit/outbox/middleware.Sender].
-// Middleware on the route captures each send into an [Envelope] instead of calling the
-// broker. The envelope is written to a [Store] — straight away ([Immediate] mode) or, in
-// [Transactional] mode, staged on a [Scope] carried by the context and written by the
-// store's unit of work in the same transaction as the application's own write. A
-// dispatcher ([github.com/outboxkit/outbox/dispatcher]) then relays envelopes to a broker
-// through a [Transport].
+// An application holds two small interfaces: a [Transactor] (every store is one) and
+// a [Sender] ([NewSender] captures into a store):
 //
-// This package holds the vocabulary every other package shares: messages and envelopes,
-// the store and transport contracts, write modes, the scope, bucket hashing and the
-// sentinel errors.
+//	err := store.Transact(ctx, func(ctx context.Context) error {
+//		if err := saveOrder(ctx, order); err != nil { // reaches the store's tx from ctx
+//			return err
+//		}
+//		return sender.Send(ctx, outbox.Message{Topic: "order-placed", Key: key, Payload: body})
+//	})
+//
+// A send made with fn's ctx is staged on the unit's [Scope] and written in the same
+// transaction when fn returns nil; if fn fails or panics, nothing is written. A send
+// made outside any unit of work fails with [ErrNoTransaction], unless the sender's
+// mode is [Immediate].
+//
+// This package holds the vocabulary every other package shares: messages and
+// envelopes, the sender, the unit of work, the store and transport contracts, bucket
+// hashing and the sentinel errors.
 //
 // # Semantics
 //
@@ -26,9 +35,8 @@
 //
 // # Limitations
 //
-//   - Immediate mode is durable but not atomic with the application's own write: the
-//     envelope and the state are two writes. Use Transactional mode with a store's unit
-//     of work for atomicity.
+//   - An Immediate send outside a unit of work is durable but not atomic with any
+//     write of the application's: the envelope and the state are two writes.
 //   - Two uncoordinated transactions that write the same key have no defined order.
 //   - Lease expiry compares host clocks; keep relay hosts synchronised to well within the
 //     lease duration.
@@ -38,7 +46,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 )
@@ -105,6 +115,9 @@ func (m *Message) Validate() error {
 	if m.Topic == "" {
 		return fmt.Errorf("%w: message has no topic", ErrInvalidMessage)
 	}
+	if !validText(m.Topic) {
+		return fmt.Errorf("%w: topic %q is not valid UTF-8 or holds a NUL byte", ErrInvalidMessage, m.Topic)
+	}
 	if m.Partition != nil && *m.Partition < 0 {
 		return fmt.Errorf("%w: partition %d is negative", ErrInvalidMessage, *m.Partition)
 	}
@@ -112,8 +125,17 @@ func (m *Message) Validate() error {
 		if h.Key == "" {
 			return fmt.Errorf("%w: header %d has an empty key", ErrInvalidMessage, i)
 		}
+		if !validText(h.Key) {
+			return fmt.Errorf("%w: header key %q is not valid UTF-8 or holds a NUL byte", ErrInvalidMessage, h.Key)
+		}
 	}
 	return nil
+}
+
+// validText reports whether s can be stored as text by every store: valid UTF-8
+// with no NUL byte (PostgreSQL refuses both).
+func validText(s string) bool {
+	return utf8.ValidString(s) && !strings.ContainsRune(s, 0)
 }
 
 // Status is where an envelope is in its life.
@@ -222,16 +244,20 @@ func cloneBytes(b []byte) []byte {
 	return append(make([]byte, 0, len(b)), b...)
 }
 
-// WriteMode says how a captured send reaches the store.
+// WriteMode says what a send made outside any unit of work does. Inside a unit of
+// work ([Transactor.Transact]) every send joins the transaction, whatever the mode.
 type WriteMode int
 
 const (
-	// Immediate writes the envelope straight to the store: durable, not atomic with the
-	// application's own write. The default.
-	Immediate WriteMode = iota
-	// Transactional stages the envelope on the context's [Scope]; a store's unit of work
-	// writes it in the application's transaction.
-	Transactional
+	// Transactional refuses a send made outside a unit of work with [ErrNoTransaction]:
+	// a message is written only together with the application's own write, so a
+	// forgotten Transact is an error at Send, never a silent non-atomic write. The
+	// default.
+	Transactional WriteMode = iota
+	// Immediate writes a send made outside a unit of work straight to the store with
+	// [Store.Enqueue]: durable before Send returns, but not atomic with any write of
+	// the application's. For sends that have no state change to go with.
+	Immediate
 )
 
 func (m WriteMode) String() string {
@@ -246,27 +272,36 @@ func (m WriteMode) String() string {
 
 // Sentinel errors. Adapters wrap them with %w; test with errors.Is.
 var (
-	// ErrNoScope: a Transactional send found no scope on its context.
-	ErrNoScope = errors.New("outbox: transactional send without a scope: open one with outbox.NewScope (or the HTTP middleware) and commit through a store's unit of work")
-	// ErrMisconfigured: settings disagree (bucket counts, options); the relay stops.
+	// ErrNoTransaction: a Transactional send was made outside any unit of work.
+	ErrNoTransaction = errors.New("outbox: transactional send outside a unit of work: send with the ctx that Transact passes to its function (not the ctx Transact was called with), or use outbox.Immediate for sends that need no transaction")
+	// ErrMisconfigured: settings disagree (bucket counts, options, missing tables); the
+	// relay stops.
 	ErrMisconfigured = errors.New("outbox: misconfigured")
 	// ErrNotFound: no envelope has the requested ID.
 	ErrNotFound = errors.New("outbox: not found")
-	// ErrClosed: the store, scope or dispatcher was closed.
+	// ErrClosed: the store, scope, unit of work or dispatcher was closed or has ended.
 	ErrClosed = errors.New("outbox: closed")
-	// ErrInvalidMessage: the message cannot be captured (no topic, too large, ...).
+	// ErrInvalidMessage: the message cannot be captured (no topic, a topic or header
+	// key that is not valid UTF-8 or holds NUL, too large, ...). Nothing was written.
 	ErrInvalidMessage = errors.New("outbox: invalid message")
-	// ErrTooLarge: a message or unit of work exceeds a store or transport limit. It
-	// wraps ErrInvalidMessage's meaning: nothing was written.
-	ErrTooLarge = errors.New("outbox: too large")
+	// ErrTooLarge: a message or unit of work exceeds a store or transport limit.
+	// errors.Is(err, ErrInvalidMessage) holds for it too. Nothing was written.
+	ErrTooLarge error = tooLarge{}
 	// ErrNoRoute: no route is registered for the topic.
 	ErrNoRoute = errors.New("outbox: no route for topic")
 )
 
-// Store is the minimum every store offers: a writer that the capture middleware uses.
-// Relays need [DispatchStore]. Optional capabilities ([Admin], [Notifier], [Finder],
-// [Retainer], [Prober], [SizeLimiter]) are found by type assertion.
+type tooLarge struct{}
+
+func (tooLarge) Error() string { return "outbox: too large" }
+func (tooLarge) Unwrap() error { return ErrInvalidMessage }
+
+// Store is what every store offers applications: a unit of work and a writer, both
+// used by [Capture]. Dispatchers need [DispatchStore]. Further capabilities
+// ([Admin], [Notifier], [Finder], [Retainer], [Prober], [SizeLimiter]) are optional
+// and found by type assertion.
 type Store interface {
+	Transactor
 	// BucketCount is the store's configured bucket count. Envelopes written to it must
 	// carry the same count.
 	BucketCount() int

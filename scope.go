@@ -3,48 +3,60 @@ package outbox
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"sync"
-	"sync/atomic"
 )
 
-// Scope is the buffer that carries Transactional sends from capture to a store's unit
-// of work. It lives on a context: open one per request or per unit of work with
-// [NewScope]; the capture middleware stages envelopes on it; the unit of work takes
-// them and writes them in the application's transaction.
+// Scope is the buffer that carries sends from capture to the transaction that writes
+// them. Every unit of work ([Transactor.Transact]) opens one for its function's ctx;
+// sends made with that ctx stage their envelopes on it, and the store writes them in
+// its transaction when the function returns nil.
 //
-// A Scope is safe for concurrent use.
+// Applications meet a Scope only when they run their own transaction instead of a
+// store's Transact (see [NewScope]). A Scope is safe for concurrent use.
 type Scope struct {
-	mu       sync.Mutex
-	staged   []*Envelope
-	released bool
+	owner any // the store whose unit of work opened the scope; nil for NewScope
+
+	mu     sync.Mutex
+	staged []*Envelope
+	ended  bool
+	// report is told about envelopes a manual scope discards at Release; it is set
+	// by the first capture that stages on the scope.
+	report func(n int)
 }
 
 type scopeKey struct{}
 
-// abandoned counts envelopes discarded by Release without a commit, process-wide.
-var abandoned atomic.Int64
-
-// NewScope returns a context carrying a new, empty scope, and the scope. Release it
-// when the request ends (defer scope.Release()).
+// NewScope returns a context carrying a new, empty scope, for an application that
+// commits its own transaction: send with the returned ctx, write the staged envelopes
+// into the transaction with the store's EnqueueTx-style call (which takes them from
+// the scope), commit, then Release the scope. Inside a store's [Transactor.Transact]
+// no scope is needed: the unit of work opens its own.
+//
+// Release reports envelopes that were staged and never taken through the logger of
+// the [Capture] that staged them.
 func NewScope(ctx context.Context) (context.Context, *Scope) {
 	s := &Scope{}
 	return context.WithValue(ctx, scopeKey{}, s), s
 }
 
-// ScopeFrom returns the scope on ctx, or nil.
+// ScopeFrom returns the innermost scope on ctx, or nil.
 func ScopeFrom(ctx context.Context) *Scope {
 	s, _ := ctx.Value(scopeKey{}).(*Scope)
 	return s
 }
 
-// Stage buffers envelopes for the next unit of work. It fails with [ErrClosed] after
-// Release.
-func (s *Scope) Stage(envs ...*Envelope) error {
+// stage buffers envelopes for the transaction. It fails once the scope ended.
+func (s *Scope) stage(report func(int), envs ...*Envelope) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.released {
-		return fmt.Errorf("%w: stage on a released scope", ErrClosed)
+	if s.ended {
+		if s.owner != nil {
+			return fmt.Errorf("%w: the unit of work this ctx belongs to has ended; send inside the function given to Transact, before it returns", ErrClosed)
+		}
+		return fmt.Errorf("%w: send on a released scope", ErrClosed)
+	}
+	if s.report == nil {
+		s.report = report
 	}
 	s.staged = append(s.staged, envs...)
 	return nil
@@ -57,14 +69,10 @@ func (s *Scope) Len() int {
 	return len(s.staged)
 }
 
-// Take removes and returns every staged envelope, in staging order. A unit of work
-// calls it inside its transaction: if the transaction rolls back, the envelopes are
-// gone with it, just as the application's own write is. An application that retries
-// its transaction sends again in the retried attempt.
-//
-// Units of work do not nest on one scope: an inner one would take, and commit, what
-// the outer one staged, even if the outer transaction later rolls back. Give a nested
-// transaction its own scope (NewScope on its context) or send only from the outer one.
+// Take removes and returns every staged envelope, in staging order. A store calls it
+// inside the transaction that writes them: if the transaction rolls back, the
+// envelopes are gone with it, as the application's own write is. An application that
+// retries its transaction sends again in the retried attempt.
 func (s *Scope) Take() []*Envelope {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -73,26 +81,24 @@ func (s *Scope) Take() []*Envelope {
 	return envs
 }
 
-// Release closes the scope. Envelopes still staged were never committed by any unit of
-// work — a send was captured in Transactional mode but nothing wrote it — so they are
-// discarded, logged at warning level and counted ([AbandonedEnvelopes]). Releasing an
-// empty scope, or a scope whose unit of work failed, is quiet. Release returns the
-// number discarded; calling it twice is harmless.
+// Release ends the scope: later sends on it fail with [ErrClosed]. Envelopes still
+// staged were never taken by any transaction; they are discarded, reported through
+// the logger of the capture that staged them, and counted ([Capture.Abandoned]).
+// Release returns how many it discarded; calling it twice is harmless.
 func (s *Scope) Release() int {
-	s.mu.Lock()
-	n := len(s.staged)
-	s.staged = nil
-	s.released = true
-	s.mu.Unlock()
-	if n > 0 {
-		abandoned.Add(int64(n))
-		slog.Warn("outbox: scope released with staged envelopes that no unit of work committed; they are discarded",
-			"envelopes", n)
+	envs, report := s.end()
+	if n := len(envs); n > 0 && report != nil {
+		report(n)
 	}
-	return n
+	return len(envs)
 }
 
-// AbandonedEnvelopes is the process-wide count of staged envelopes discarded by
-// [Scope.Release] without a commit. A growing value means a Transactional route whose
-// handler never commits through a unit of work.
-func AbandonedEnvelopes() int64 { return abandoned.Load() }
+// end closes the scope and returns what it still held.
+func (s *Scope) end() ([]*Envelope, func(int)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	envs := s.staged
+	s.staged = nil
+	s.ended = true
+	return envs, s.report
+}

@@ -16,8 +16,8 @@ import (
 // still counts; with none installed it writes nothing. A header the propagator
 // writes replaces one of the same name.
 func TraceContext(p propagation.TextMapPropagator) Middleware {
-	return func(next Sender) Sender {
-		return SenderFunc(func(ctx context.Context, msg outbox.Message) error {
+	return func(next outbox.Sender) outbox.Sender {
+		return outbox.SenderFunc(func(ctx context.Context, msg outbox.Message) error {
 			prop := p
 			if prop == nil {
 				prop = otel.GetTextMapPropagator()
@@ -87,8 +87,8 @@ func CorrelationIDFrom(ctx context.Context) (string, bool) {
 // application set is kept; otherwise the id from [WithCorrelationID] on the context;
 // otherwise a new random id, so every message can be followed across hops.
 func CorrelationID() Middleware {
-	return func(next Sender) Sender {
-		return SenderFunc(func(ctx context.Context, msg outbox.Message) error {
+	return func(next outbox.Sender) outbox.Sender {
+		return outbox.SenderFunc(func(ctx context.Context, msg outbox.Message) error {
 			if _, ok := msg.Header(outbox.HeaderCorrelationID); !ok {
 				id, ok := CorrelationIDFrom(ctx)
 				if !ok {
@@ -99,4 +99,12 @@ func CorrelationID() Middleware {
 			return next.Send(ctx, msg)
 		})
 	}
+}
+
+// withHeader returns headers plus one more, always in a new backing array so the
+// caller's slice is never written to.
+func withHeader(headers []outbox.Header, key string, value []byte) []outbox.Header {
+	out := make([]outbox.Header, len(headers), len(headers)+1)
+	copy(out, headers)
+	return append(out, outbox.Header{Key: key, Value: value})
 }

@@ -10,62 +10,45 @@ import (
 	"github.com/outboxkit/outbox"
 )
 
-// Sender sends one message. Handlers call it; routes, middleware and terminals
-// implement it.
-type Sender interface {
-	Send(ctx context.Context, msg outbox.Message) error
-}
-
-// SenderFunc adapts a function to [Sender].
-type SenderFunc func(ctx context.Context, msg outbox.Message) error
-
-// Send calls f.
-func (f SenderFunc) Send(ctx context.Context, msg outbox.Message) error { return f(ctx, msg) }
-
 // Middleware wraps a Sender with behaviour of its own. It may change the message (on a
 // copy), call next, or answer without calling next (as capture does).
-type Middleware func(next Sender) Sender
+type Middleware func(next outbox.Sender) outbox.Sender
 
 // Chain wraps terminal in mws. The first middleware is the outermost: it sees a send
-// first. A nil terminal fails every send that reaches it.
-func Chain(terminal Sender, mws ...Middleware) Sender {
-	s := terminal
-	if s == nil {
-		s = noTerminal{}
+// first. Chain panics on a nil terminal: a route that ends nowhere is a programming
+// error found at start-up.
+func Chain(terminal outbox.Sender, mws ...Middleware) outbox.Sender {
+	if terminal == nil {
+		panic("middleware: Chain with a nil terminal: end the route with the outbox.Sender from outbox.NewSender, or an Inline transport")
 	}
+	s := terminal
 	for i := len(mws) - 1; i >= 0; i-- {
 		s = mws[i](s)
 	}
 	return s
 }
 
-// noTerminal ends a route that registered no terminal.
-type noTerminal struct{}
-
-func (noTerminal) Send(_ context.Context, msg outbox.Message) error {
-	return fmt.Errorf("middleware: route %q reached its end without a terminal: add UseOutbox or an Inline transport to the route", msg.Topic)
-}
-
-// Router sends each message through the route registered for its topic. It is itself a
-// Sender, so handlers depend on Sender alone. Register routes before the first send;
+// Router sends each message through the route registered for its topic. It is itself
+// an [outbox.Sender], so handlers depend on Sender alone. Register routes before the first send;
 // Handle and Send are safe for concurrent use.
 type Router struct {
 	shared []Middleware
 	mu     sync.RWMutex
-	routes map[string]Sender
+	routes map[string]outbox.Sender
 }
 
 // NewRouter returns a router whose routes all start with the shared middleware, outermost
 // first, followed by each route's own.
 func NewRouter(shared ...Middleware) *Router {
-	return &Router{shared: shared, routes: make(map[string]Sender)}
+	return &Router{shared: shared, routes: make(map[string]outbox.Sender)}
 }
 
 // Handle registers the route for topic: the router's shared middleware, then mws, then
-// terminal. terminal may be nil when a middleware answers every send (as
-// [Outbox.UseOutbox] does). Handle panics on an empty topic or a topic registered
-// twice, like http.ServeMux: both are programming errors found at start-up.
-func (r *Router) Handle(topic string, terminal Sender, mws ...Middleware) {
+// terminal — usually the outbox's capture ([outbox.NewSender]), or [Inline] for a
+// route that needs no outbox. Handle panics on an empty topic, a nil terminal or a
+// topic registered twice, like http.ServeMux: all are programming errors found at
+// start-up.
+func (r *Router) Handle(topic string, terminal outbox.Sender, mws ...Middleware) {
 	if topic == "" {
 		panic("middleware: Router.Handle with an empty topic")
 	}

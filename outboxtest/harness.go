@@ -21,8 +21,9 @@
 //
 // # Limitations
 //
-//   - The store suite cannot see a store's transaction from outside: it checks a unit
-//     of work through the harness's Transact only.
+//   - The store suite cannot see a store's transaction from outside: it checks that
+//     the messages of a unit of work commit or roll back together, not the
+//     application's own writes (each store's tests do that).
 //   - The transport suite reads back through the harness's Read; what a transport
 //     cannot express (an empty key next to a nil one, on some brokers) is declared in
 //     the harness, not discovered.
@@ -37,17 +38,15 @@ import (
 	"github.com/outboxkit/outbox"
 )
 
-// StoreHarness adapts one store (and one way of holding its transaction) to
-// [RunStoreTests].
+// StoreHarness adapts one store to [RunStoreTests].
 type StoreHarness struct {
 	// New returns a fresh, empty store with bucketCount buckets, isolated from every
 	// other store New returned (its own tables, key prefix or instance). The suite
 	// closes it; New registers any other cleanup with t.Cleanup.
 	New func(t *testing.T, bucketCount int) outbox.DispatchStore
-	// Transact runs fn inside the store's unit of work. ctx carries an [outbox.Scope];
-	// fn stages envelopes on it. If fn returns nil, every staged envelope commits in
-	// one transaction; if fn returns an error, nothing is written and Transact returns
-	// that error.
+	// Transact, if set, runs fn in the store's unit of work instead of the store's own
+	// [outbox.Transactor.Transact]: a harness uses it to hold the transaction another
+	// way, or to inject faults. Defaults to s.Transact.
 	Transact func(ctx context.Context, s outbox.DispatchStore, fn func(ctx context.Context) error) error
 	// Sequential runs the suite's subtests one at a time, for stores whose New cannot
 	// run concurrently. By default they run in parallel.

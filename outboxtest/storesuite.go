@@ -23,8 +23,8 @@ const suiteTimeout = 30 * time.Second
 // RunStoreTests runs the store conformance suite: every behaviour of
 // [outbox.DispatchStore] and of the optional capabilities the store implements
 // ([outbox.Admin], [outbox.Finder], [outbox.Retainer], [outbox.Notifier]). Subtests
-// for a capability the store lacks are skipped with a message saying so, as are the
-// unit-of-work subtests when the harness has no Transact.
+// for a capability the store lacks are skipped with a message saying so. The
+// unit-of-work subtests send through [outbox.NewSender] in both write modes.
 //
 // Every subtest gets its own store from h.New. Subtests run in parallel unless
 // h.Sequential is set.
@@ -47,7 +47,10 @@ func RunStoreTests(t *testing.T, h StoreHarness) {
 		}},
 		{"UnitOfWork", []storeTest{
 			{"CommitMakesAllVisible", s.unitOfWorkCommit},
-			{"RollbackLeavesNothing", s.unitOfWorkRollback},
+			{"RollbackLeavesNothingInEveryMode", s.unitOfWorkRollback},
+			{"PanicRollsBackQuietly", s.unitOfWorkPanic},
+			{"NestedJoinsOuter", s.unitOfWorkNested},
+			{"SendOutsideOrAfterFails", s.unitOfWorkEnded},
 			{"NothingStaged", s.unitOfWorkEmpty},
 			{"BucketCountMismatch", s.unitOfWorkMismatch},
 		}},
@@ -360,86 +363,177 @@ func (s storeSuite) bucketCountMismatch(t *testing.T) {
 	require.Empty(t, fetch(t, st, 0))
 }
 
-func (s storeSuite) transact(t *testing.T) func(ctx context.Context, st outbox.DispatchStore, fn func(context.Context) error) error {
-	t.Helper()
-	if s.h.Transact == nil {
-		t.Skip("StoreHarness.Transact is nil: the store's unit of work is not exercised")
+// transact runs fn in st's unit of work: through the harness's Transact if it has
+// one, else the store's own.
+func (s storeSuite) transact(ctx context.Context, st outbox.DispatchStore, fn func(context.Context) error) error {
+	if s.h.Transact != nil {
+		return s.h.Transact(ctx, st, fn)
 	}
-	return s.h.Transact
+	return st.Transact(ctx, fn)
 }
 
-func stage(t *testing.T, ctx context.Context, envs ...*outbox.Envelope) error {
+// sender returns a capture on st with the given mode.
+func sender(t *testing.T, st outbox.Store, mode outbox.WriteMode) *outbox.Capture {
 	t.Helper()
-	scope := outbox.ScopeFrom(ctx)
-	require.NotNil(t, scope, "Transact must pass fn a context carrying a scope")
-	return scope.Stage(envs...)
+	c, err := outbox.NewSender(st, outbox.SenderConfig{Mode: mode})
+	require.NoError(t, err)
+	return c
 }
+
+// partitioned is a message for bucket (an explicit partition picks the bucket as
+// partition modulo the count).
+func partitioned(bucket int, payload string) outbox.Message {
+	p := int32(bucket)
+	return outbox.Message{Topic: "conformance", Key: []byte("key"), Payload: []byte(payload), Partition: &p}
+}
+
+var modes = []outbox.WriteMode{outbox.Transactional, outbox.Immediate}
 
 func (s storeSuite) unitOfWorkCommit(t *testing.T) {
-	transact := s.transact(t)
-	ctx, scope := outbox.NewScope(testContext(t))
-	defer scope.Release()
-	st := s.store(t, 3)
-	want := map[int][]uuid.UUID{}
-	err := transact(ctx, st, func(ctx context.Context) error {
-		for i := range 6 {
-			env := msg(t, st, i%3, fmt.Sprint(i))
-			want[env.Bucket] = append(want[env.Bucket], env.ID)
-			if err := stage(t, ctx, env); err != nil {
-				return err
+	for _, mode := range modes {
+		ctx := testContext(t)
+		st := s.store(t, 3)
+		send := sender(t, st, mode)
+		want := map[int][]string{}
+		err := s.transact(ctx, st, func(ctx context.Context) error {
+			for i := range 6 {
+				want[i%3] = append(want[i%3], fmt.Sprint(i))
+				if err := send.Send(ctx, partitioned(i%3, fmt.Sprint(i))); err != nil {
+					return err
+				}
 			}
+			for b := range 3 {
+				require.Empty(t, fetch(t, st, b), "%v: nothing is visible before the unit of work commits", mode)
+			}
+			return nil
+		})
+		require.NoError(t, err)
+		for b := range 3 {
+			require.Equal(t, want[b], payloads(fetch(t, st, b)), "%v: bucket %d holds every send in send order", mode, b)
 		}
-		return nil
-	})
-	require.NoError(t, err)
-	for b := range 3 {
-		require.Equal(t, want[b], ids(fetch(t, st, b)), "bucket %d holds every staged envelope in staging order", b)
 	}
-	require.Zero(t, scope.Len(), "the unit of work takes what it wrote off the scope")
 }
 
+// unitOfWorkRollback: whatever the mode, a send made inside a unit of work that fails
+// is not written.
 func (s storeSuite) unitOfWorkRollback(t *testing.T) {
-	transact := s.transact(t)
-	ctx, scope := outbox.NewScope(testContext(t))
-	defer scope.Release()
-	st := s.store(t, 2)
-	boom := errors.New("application write failed")
-	err := transact(ctx, st, func(ctx context.Context) error {
-		if err := stage(t, ctx, msg(t, st, 0, "a"), msg(t, st, 1, "b")); err != nil {
-			return err
-		}
+	for _, mode := range modes {
+		ctx := testContext(t)
+		st := s.store(t, 2)
+		send := sender(t, st, mode)
+		boom := errors.New("application write failed")
+		err := s.transact(ctx, st, func(ctx context.Context) error {
+			require.NoError(t, send.Send(ctx, partitioned(0, "a")))
+			require.NoError(t, send.Send(ctx, partitioned(1, "b")))
+			return boom
+		})
+		require.ErrorIs(t, err, boom, "Transact returns fn's error")
+		require.Empty(t, fetch(t, st, 0), "%v: a rolled-back unit of work writes nothing", mode)
+		require.Empty(t, fetch(t, st, 1))
+		require.Zero(t, send.Abandoned(), "a rollback is not an abandonment")
+
+		// The store is still usable and a later unit of work commits normally.
+		require.NoError(t, s.transact(ctx, st, func(ctx context.Context) error {
+			return send.Send(ctx, partitioned(0, "c"))
+		}))
+		require.Equal(t, []string{"c"}, payloads(fetch(t, st, 0)), "nothing of the rolled-back unit of work reappears")
+	}
+}
+
+// unitOfWorkPanic: a panic rolls back, goes on, and is not reported as abandoned.
+func (s storeSuite) unitOfWorkPanic(t *testing.T) {
+	ctx := testContext(t)
+	st := s.store(t, 1)
+	send := sender(t, st, outbox.Transactional)
+	recovered := func() (r any) {
+		defer func() { r = recover() }()
+		_ = s.transact(ctx, st, func(ctx context.Context) error {
+			require.NoError(t, send.Send(ctx, partitioned(0, "a")))
+			panic("handler bug")
+		})
+		return nil
+	}()
+	require.Equal(t, "handler bug", recovered, "Transact lets fn's panic go on")
+	require.Empty(t, fetch(t, st, 0), "a panicking unit of work writes nothing")
+	require.Zero(t, send.Abandoned(), "a panic is not an abandonment")
+	require.NoError(t, s.transact(ctx, st, func(ctx context.Context) error {
+		return send.Send(ctx, partitioned(0, "b"))
+	}), "the store is usable after a panic")
+	require.Equal(t, []string{"b"}, payloads(fetch(t, st, 0)))
+}
+
+// unitOfWorkNested: an inner Transact on the same store joins the outer unit: its
+// sends commit and roll back with the outer transaction, never earlier.
+func (s storeSuite) unitOfWorkNested(t *testing.T) {
+	ctx := testContext(t)
+	st := s.store(t, 1)
+	send := sender(t, st, outbox.Transactional)
+	boom := errors.New("outer failed")
+	err := s.transact(ctx, st, func(ctx context.Context) error {
+		require.NoError(t, send.Send(ctx, partitioned(0, "outer")))
+		require.NoError(t, s.transact(ctx, st, func(ctx context.Context) error {
+			return send.Send(ctx, partitioned(0, "inner"))
+		}))
+		require.Empty(t, fetch(t, st, 0), "the inner unit of work does not commit on its own")
 		return boom
 	})
-	require.ErrorIs(t, err, boom, "Transact returns fn's error")
-	require.Empty(t, fetch(t, st, 0), "a rolled-back unit of work writes nothing")
-	require.Empty(t, fetch(t, st, 1))
+	require.ErrorIs(t, err, boom)
+	require.Empty(t, fetch(t, st, 0), "the outer rollback takes the inner unit's sends with it")
 
-	// The store is still usable and a later unit of work commits normally.
-	require.NoError(t, transact(ctx, st, func(ctx context.Context) error {
-		return stage(t, ctx, msg(t, st, 0, "c"))
+	require.NoError(t, s.transact(ctx, st, func(ctx context.Context) error {
+		require.NoError(t, send.Send(ctx, partitioned(0, "outer")))
+		return s.transact(ctx, st, func(ctx context.Context) error {
+			return send.Send(ctx, partitioned(0, "inner"))
+		})
 	}))
-	require.Equal(t, []string{"c"}, payloads(fetch(t, st, 0)), "nothing of the rolled-back unit of work reappears")
+	require.Equal(t, []string{"outer", "inner"}, payloads(fetch(t, st, 0)), "the joined unit commits with the outer one")
 }
 
-func (s storeSuite) unitOfWorkEmpty(t *testing.T) {
-	transact := s.transact(t)
-	ctx, scope := outbox.NewScope(testContext(t))
-	defer scope.Release()
+// unitOfWorkEnded: a send with the ctx of a unit of work that has ended fails
+// instead of going nowhere; a Transactional send with a ctx outside any unit fails
+// at Send and names the fix.
+func (s storeSuite) unitOfWorkEnded(t *testing.T) {
+	outer := testContext(t)
 	st := s.store(t, 1)
-	require.NoError(t, transact(ctx, st, func(context.Context) error { return nil }))
+	send := sender(t, st, outbox.Transactional)
+	var leaked context.Context
+	require.NoError(t, s.transact(outer, st, func(ctx context.Context) error {
+		leaked = ctx
+		err := send.Send(outer, partitioned(0, "outer ctx"))
+		require.ErrorIs(t, err, outbox.ErrNoTransaction, "a send with the ctx Transact was called with is outside the unit")
+		require.Contains(t, err.Error(), "the ctx that Transact passes to its function")
+		return nil
+	}))
+	require.ErrorIs(t, send.Send(leaked, partitioned(0, "late")), outbox.ErrClosed, "a send after the unit of work ended")
+	require.ErrorIs(t, sender(t, st, outbox.Immediate).Send(leaked, partitioned(0, "late")), outbox.ErrClosed, "in any mode")
 	require.Empty(t, fetch(t, st, 0))
 }
 
+func (s storeSuite) unitOfWorkEmpty(t *testing.T) {
+	ctx := testContext(t)
+	st := s.store(t, 1)
+	require.NoError(t, s.transact(ctx, st, func(context.Context) error { return nil }), "an empty unit of work succeeds")
+	require.Empty(t, fetch(t, st, 0))
+}
+
+// otherCount reports another bucket count than the store it wraps.
+type otherCount struct {
+	outbox.Store
+	n int
+}
+
+func (o otherCount) BucketCount() int { return o.n }
+
 func (s storeSuite) unitOfWorkMismatch(t *testing.T) {
-	transact := s.transact(t)
-	ctx, scope := outbox.NewScope(testContext(t))
-	defer scope.Release()
+	ctx := testContext(t)
 	st := s.store(t, 2)
-	wrong, err := outbox.NewEnvelope(outbox.Message{Topic: "t", Payload: []byte("x")}, 5)
-	require.NoError(t, err)
-	wrong.Bucket = 1
-	err = transact(ctx, st, func(ctx context.Context) error {
-		return stage(t, ctx, msg(t, st, 0, "ok"), wrong)
+	right := sender(t, st, outbox.Transactional)
+	wrong := sender(t, otherCount{st, 5}, outbox.Transactional)
+	err := s.transact(ctx, st, func(ctx context.Context) error {
+		if err := right.Send(ctx, partitioned(0, "ok")); err != nil {
+			return err
+		}
+		return wrong.Send(ctx, partitioned(1, "wrong"))
 	})
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
 	require.Empty(t, fetch(t, st, 0), "nothing of a refused unit of work is written")
@@ -1065,12 +1159,10 @@ func (s storeSuite) cancelledContext(t *testing.T) {
 	for name, call := range storeCalls(st, msg(t, st, 0, "b")) {
 		require.ErrorIs(t, call(ctx), context.Canceled, "%s with a cancelled context", name)
 	}
-	if s.h.Transact != nil {
-		ctx, scope := outbox.NewScope(ctx)
-		defer scope.Release()
-		err := s.h.Transact(ctx, st, func(ctx context.Context) error { return stage(t, ctx, msg(t, st, 0, "c")) })
-		require.ErrorIs(t, err, context.Canceled, "Transact with a cancelled context")
-	}
+	err := s.transact(ctx, st, func(ctx context.Context) error {
+		return sender(t, st, outbox.Transactional).Send(ctx, partitioned(0, "c"))
+	})
+	require.ErrorIs(t, err, context.Canceled, "Transact with a cancelled context")
 	got := fetch(t, st, 0)
 	require.Equal(t, []uuid.UUID{env.ID}, ids(got), "calls with a cancelled context change nothing")
 	require.Zero(t, got[0].Attempts)
@@ -1085,12 +1177,10 @@ func (s storeSuite) closed(t *testing.T) {
 	for name, call := range storeCalls(st, msg(t, st, 0, "b")) {
 		require.ErrorIs(t, call(ctx), outbox.ErrClosed, "%s after Close", name)
 	}
-	if s.h.Transact != nil {
-		ctx, scope := outbox.NewScope(ctx)
-		defer scope.Release()
-		err := s.h.Transact(ctx, st, func(ctx context.Context) error { return stage(t, ctx, msg(t, st, 0, "c")) })
-		require.ErrorIs(t, err, outbox.ErrClosed, "Transact after Close")
-	}
+	err := s.transact(ctx, st, func(ctx context.Context) error {
+		return sender(t, st, outbox.Transactional).Send(ctx, partitioned(0, "c"))
+	})
+	require.ErrorIs(t, err, outbox.ErrClosed, "Transact after Close")
 	if n, ok := st.(outbox.Notifier); ok {
 		select {
 		case _, open := <-n.Subscribe(ctx):

@@ -86,7 +86,7 @@ type runner struct {
 type relay struct {
 	d        *dispatcher.Dispatcher
 	cancel   context.CancelFunc
-	inflight *atomic.Int32     // publishes under way
+	inflight *atomic.Int32        // publishes under way
 	handle   outbox.DispatchStore // the relay's own store handle, if reopened
 }
 

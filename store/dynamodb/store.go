@@ -54,10 +54,10 @@ type Store struct {
 }
 
 var (
-	_ outbox.DispatchStore  = (*Store)(nil)
-	_ outbox.Admin       = (*Store)(nil)
-	_ outbox.Notifier    = (*Store)(nil)
-	_ outbox.SizeLimiter = (*Store)(nil)
+	_ outbox.DispatchStore = (*Store)(nil)
+	_ outbox.Admin         = (*Store)(nil)
+	_ outbox.Notifier      = (*Store)(nil)
+	_ outbox.SizeLimiter   = (*Store)(nil)
 )
 
 // New returns a store on the table opts names, through client, which the caller built

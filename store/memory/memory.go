@@ -10,7 +10,7 @@
 // # Semantics
 //
 //   - Every call is safe for concurrent use. Writes are serialised by one lock, so each
-//     Enqueue, Commit and relay call is atomic and sees a single consistent state.
+//     Enqueue, Transact commit and relay call is atomic and sees a single consistent state.
 //   - Seq is strictly increasing within a bucket, in commit order.
 //   - An envelope ID is stored once: writing an ID the store still holds is refused
 //     with [outbox.ErrInvalidMessage], and the whole write with it.
@@ -142,12 +142,12 @@ func New(cfg Config) (*Store, error) {
 }
 
 var (
-	_ outbox.DispatchStore  = (*Store)(nil)
-	_ outbox.Admin       = (*Store)(nil)
-	_ outbox.Notifier    = (*Store)(nil)
-	_ outbox.Finder      = (*Store)(nil)
-	_ outbox.Retainer    = (*Store)(nil)
-	_ outbox.SizeLimiter = (*Store)(nil)
+	_ outbox.DispatchStore = (*Store)(nil)
+	_ outbox.Admin         = (*Store)(nil)
+	_ outbox.Notifier      = (*Store)(nil)
+	_ outbox.Finder        = (*Store)(nil)
+	_ outbox.Retainer      = (*Store)(nil)
+	_ outbox.SizeLimiter   = (*Store)(nil)
 )
 
 var errClosed = fmt.Errorf("memory: %w", outbox.ErrClosed)
@@ -192,43 +192,72 @@ func (s *Store) Enqueue(ctx context.Context, envs ...*outbox.Envelope) error {
 	return s.write(ctx, envs, nil)
 }
 
-// Commit is the store's unit of work. It takes every envelope staged on ctx's scope
-// and then, holding the store's lock, runs apply — the application's own state
-// change — and writes the envelopes only if apply returns nil. Either both happen or
-// neither does: if apply fails, Commit returns its error and the envelopes are
-// discarded; if the envelopes cannot be written (a bucket count mismatch, an oversized
-// message), apply is not run.
+// Transact runs fn as a unit of work (see [outbox.Transactor]): the sends made with
+// fn's ctx are written together, as one atomic write, when fn returns nil, and
+// discarded when it fails or panics. A Transact inside another on the same store
+// joins it.
 //
-// apply runs under the store's lock, so no relay sees the envelopes before the state
-// change is done; it must not call the store. apply may be nil. Commit returns
-// [outbox.ErrNoScope] if ctx carries no scope.
-func (s *Store) Commit(ctx context.Context, apply func() error) error {
-	scope := outbox.ScopeFrom(ctx)
-	if scope == nil {
-		return outbox.ErrNoScope
-	}
-	return s.write(ctx, scope.Take(), apply)
+// The memory store holds no application state, so the transaction covers the
+// messages only; in a service's tests that is what makes a failed unit of work
+// publish nothing, exactly as on a database.
+func (s *Store) Transact(ctx context.Context, fn func(ctx context.Context) error) error {
+	return outbox.RunTransaction(ctx, s, s.begin, fn)
 }
 
-// Transact runs fn with a scope on its context (ctx's own scope, or a new one) and
-// then commits what fn staged, as [Store.Commit] does with no state change. If fn
-// returns an error, the staged envelopes are discarded and Transact returns that
-// error: nothing is written.
-//
-// fn runs outside the store's lock. Application state that fn changes is not part of
-// the atomic write; change it in [Store.Commit]'s apply instead.
-func (s *Store) Transact(ctx context.Context, fn func(ctx context.Context) error) error {
-	scope := outbox.ScopeFrom(ctx)
-	if scope == nil {
-		ctx, scope = outbox.NewScope(ctx)
-		defer scope.Release()
+func (s *Store) begin(ctx context.Context) (context.Context, outbox.Tx, error) {
+	if err := s.lock(ctx); err != nil {
+		return ctx, nil, err
 	}
-	if err := fn(ctx); err != nil {
-		scope.Take() // a rolled-back unit of work takes its staged sends with it
-		return err
-	}
-	return s.write(ctx, scope.Take(), nil)
+	s.mu.Unlock()
+	t := &tx{s: s}
+	return context.WithValue(ctx, txKey{}, t), t, nil
 }
+
+// tx is a memory unit of work: everything happens at commit, under the store's lock.
+type tx struct {
+	s       *Store
+	mu      sync.Mutex
+	applies []func() error
+}
+
+type txKey struct{}
+
+// OnCommit registers apply, an application state change, with the unit of work on
+// ctx. At commit, apply runs under the store's lock, after the messages were checked
+// and before they are stored; if it returns an error the unit fails with that error
+// and nothing is stored (state changes that earlier applies of the unit made are the
+// caller's to undo). If the unit rolls back, apply never runs. apply must not call
+// the store.
+//
+// It lets a test double of the application's repository be as atomic with the
+// messages as the real database is. OnCommit fails with [outbox.ErrNoTransaction]
+// outside a unit of work of a memory store.
+func OnCommit(ctx context.Context, apply func() error) error {
+	t, ok := ctx.Value(txKey{}).(*tx)
+	if !ok {
+		return fmt.Errorf("memory.OnCommit: %w", outbox.ErrNoTransaction)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.applies = append(t.applies, apply)
+	return nil
+}
+
+func (t *tx) Commit(ctx context.Context, envs []*outbox.Envelope) error {
+	t.mu.Lock()
+	applies := t.applies
+	t.mu.Unlock()
+	return t.s.write(ctx, envs, func() error {
+		for _, apply := range applies {
+			if err := apply(); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+func (*tx) Rollback(context.Context) {}
 
 // write validates envs, runs apply and stores envs, all under the lock.
 func (s *Store) write(ctx context.Context, envs []*outbox.Envelope, apply func() error) error {

@@ -45,58 +45,66 @@ func TestConfigValidate(t *testing.T) {
 	require.Equal(t, memory.DefaultMaxMessageSize, s.MaxMessageSize())
 }
 
-func TestCommitWritesNothingWhenApplyFails(t *testing.T) {
+func sender(t testing.TB, s outbox.Store) *outbox.Capture {
+	t.Helper()
+	c, err := outbox.NewSender(s, outbox.SenderConfig{})
+	require.NoError(t, err)
+	return c
+}
+
+func TestOnCommitFailureWritesNothing(t *testing.T) {
 	t.Parallel()
 	s := newStore(t, 1)
-	ctx, scope := outbox.NewScope(context.Background())
-	defer scope.Release()
-	require.NoError(t, scope.Stage(newEnvelope(t, s, "k", "a"), newEnvelope(t, s, "k", "b")))
-
+	send := sender(t, s)
 	boom := errors.New("boom")
-	require.ErrorIs(t, s.Commit(ctx, func() error { return boom }), boom)
-	envs, err := s.Fetch(ctx, 0, 10)
+	err := s.Transact(context.Background(), func(ctx context.Context) error {
+		require.NoError(t, send.Send(ctx, outbox.Message{Topic: "t", Payload: []byte("a")}))
+		return memory.OnCommit(ctx, func() error { return boom })
+	})
+	require.ErrorIs(t, err, boom)
+	envs, err := s.Fetch(context.Background(), 0, 10)
 	require.NoError(t, err)
 	require.Empty(t, envs)
-	require.Zero(t, scope.Len(), "a failed unit of work takes its staged envelopes with it")
 }
 
-func TestCommitDoesNotApplyWhenEnvelopesAreRefused(t *testing.T) {
+func TestOnCommitRunsOnlyWhenTheMessagesAreWritten(t *testing.T) {
 	t.Parallel()
 	s := newStore(t, 2)
-	ctx, scope := outbox.NewScope(context.Background())
-	defer scope.Release()
-	wrong, err := outbox.NewEnvelope(outbox.Message{Topic: "t"}, 3)
-	require.NoError(t, err)
-	require.NoError(t, scope.Stage(newEnvelope(t, s, "k", "a"), wrong))
-
+	wrong := sender(t, otherCount{s, 3})
 	applied := false
-	err = s.Commit(ctx, func() error { applied = true; return nil })
+	err := s.Transact(context.Background(), func(ctx context.Context) error {
+		require.NoError(t, memory.OnCommit(ctx, func() error { applied = true; return nil }))
+		return wrong.Send(ctx, outbox.Message{Topic: "t"})
+	})
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
-	require.False(t, applied, "the state change must not happen when the envelopes cannot be written")
-	st, err := s.Stats(ctx)
-	require.NoError(t, err)
-	require.Equal(t, []int{0, 0}, st.Pending)
-}
+	require.False(t, applied, "the state change must not happen when the messages cannot be written")
 
-func TestCommitWithoutScope(t *testing.T) {
-	t.Parallel()
-	s := newStore(t, 1)
-	require.ErrorIs(t, s.Commit(context.Background(), nil), outbox.ErrNoScope)
-}
+	rolledBack := false
+	_ = s.Transact(context.Background(), func(ctx context.Context) error {
+		require.NoError(t, memory.OnCommit(ctx, func() error { rolledBack = true; return nil }))
+		return errors.New("handler failed")
+	})
+	require.False(t, rolledBack, "a rolled-back unit of work runs no state change")
 
-func TestTransactUsesTheCallersScope(t *testing.T) {
-	t.Parallel()
-	s := newStore(t, 1)
-	ctx, scope := outbox.NewScope(context.Background())
-	defer scope.Release()
-	require.NoError(t, s.Transact(ctx, func(inner context.Context) error {
-		require.Same(t, scope, outbox.ScopeFrom(inner))
-		return scope.Stage(newEnvelope(t, s, "k", "a"))
+	require.NoError(t, s.Transact(context.Background(), func(ctx context.Context) error {
+		return memory.OnCommit(ctx, func() error { applied = true; return nil })
 	}))
-	envs, err := s.Fetch(ctx, 0, 10)
-	require.NoError(t, err)
-	require.Len(t, envs, 1)
+	require.True(t, applied)
 }
+
+func TestOnCommitOutsideAUnitOfWork(t *testing.T) {
+	t.Parallel()
+	err := memory.OnCommit(context.Background(), func() error { return nil })
+	require.ErrorIs(t, err, outbox.ErrNoTransaction)
+}
+
+// otherCount reports another bucket count than the store it wraps.
+type otherCount struct {
+	outbox.Store
+	n int
+}
+
+func (o otherCount) BucketCount() int { return o.n }
 
 func TestTooLarge(t *testing.T) {
 	t.Parallel()
@@ -313,9 +321,6 @@ func TestConformance(t *testing.T) {
 			s, err := memory.New(memory.Config{BucketCount: buckets})
 			require.NoError(t, err)
 			return s
-		},
-		Transact: func(ctx context.Context, s outbox.DispatchStore, fn func(context.Context) error) error {
-			return s.(*memory.Store).Transact(ctx, fn)
 		},
 	})
 }

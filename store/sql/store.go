@@ -42,12 +42,12 @@ type Store struct {
 }
 
 var (
-	_ outbox.DispatchStore  = (*Store)(nil)
-	_ outbox.Admin       = (*Store)(nil)
-	_ outbox.Notifier    = (*Store)(nil)
-	_ outbox.Finder      = (*Store)(nil)
-	_ outbox.Retainer    = (*Store)(nil)
-	_ outbox.SizeLimiter = (*Store)(nil)
+	_ outbox.DispatchStore = (*Store)(nil)
+	_ outbox.Admin         = (*Store)(nil)
+	_ outbox.Notifier      = (*Store)(nil)
+	_ outbox.Finder        = (*Store)(nil)
+	_ outbox.Retainer      = (*Store)(nil)
+	_ outbox.SizeLimiter   = (*Store)(nil)
 )
 
 // NewPgx returns a PostgreSQL store on a pgx pool the caller built. Units of work

@@ -1,0 +1,166 @@
+package outbox_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/store/memory"
+)
+
+func newStore(t *testing.T, cfg memory.Config) *memory.Store {
+	t.Helper()
+	st, err := memory.New(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = st.Close() })
+	return st
+}
+
+func newSender(t *testing.T, st outbox.Store, cfg outbox.SenderConfig) *outbox.Capture {
+	t.Helper()
+	c, err := outbox.NewSender(st, cfg)
+	require.NoError(t, err)
+	return c
+}
+
+func pending(t *testing.T, st *memory.Store) int {
+	t.Helper()
+	stats, err := st.Stats(context.Background())
+	require.NoError(t, err)
+	n := 0
+	for _, p := range stats.Pending {
+		n += p
+	}
+	return n
+}
+
+func TestSenderConfigValidate(t *testing.T) {
+	t.Parallel()
+	st := newStore(t, memory.Config{})
+	_, err := outbox.NewSender(st, outbox.SenderConfig{Mode: 7})
+	require.ErrorIs(t, err, outbox.ErrMisconfigured)
+	require.ErrorContains(t, err, "SenderConfig.Mode")
+	_, err = outbox.NewSender(st, outbox.SenderConfig{MaxMessageSize: -1})
+	require.ErrorContains(t, err, "SenderConfig.MaxMessageSize")
+	_, err = outbox.NewSender(nil, outbox.SenderConfig{})
+	require.ErrorIs(t, err, outbox.ErrMisconfigured)
+	require.Equal(t, outbox.Transactional, newSender(t, st, outbox.SenderConfig{}).Mode(), "the default mode")
+}
+
+// Outside a unit of work the default mode fails at Send; Immediate writes at once.
+func TestSendOutsideAUnitOfWork(t *testing.T) {
+	t.Parallel()
+	st := newStore(t, memory.Config{})
+	ctx := context.Background()
+	send := newSender(t, st, outbox.SenderConfig{})
+	err := send.Send(ctx, outbox.Message{Topic: "orders"})
+	require.ErrorIs(t, err, outbox.ErrNoTransaction)
+	require.Contains(t, err.Error(), `"orders"`)
+	require.Zero(t, pending(t, st))
+
+	immediate, err := send.WithMode(outbox.Immediate)
+	require.NoError(t, err)
+	require.NoError(t, immediate.Send(ctx, outbox.Message{Topic: "orders"}))
+	require.Equal(t, 1, pending(t, st))
+	_, err = send.WithMode(9)
+	require.ErrorIs(t, err, outbox.ErrMisconfigured)
+}
+
+// Capture refuses what the store or the transport can never carry, before writing.
+func TestSendSizeLimits(t *testing.T) {
+	t.Parallel()
+	st := newStore(t, memory.Config{MaxMessageSize: 1000})
+	ctx := context.Background()
+	body := func(n int) outbox.Message { return outbox.Message{Topic: "t", Payload: make([]byte, n)} }
+
+	byStore := newSender(t, st, outbox.SenderConfig{Mode: outbox.Immediate})
+	require.Equal(t, 1000, byStore.MaxMessageSize())
+	require.ErrorIs(t, byStore.Send(ctx, body(1000)), outbox.ErrTooLarge)
+
+	transport := limited{outboxtest.NewRecorder(), 500}
+	byTransport := newSender(t, st, outbox.SenderConfig{Mode: outbox.Immediate, Transport: transport})
+	require.Equal(t, 500, byTransport.MaxMessageSize(), "the transport's smaller limit wins")
+	err := byTransport.Send(ctx, body(600))
+	require.ErrorIs(t, err, outbox.ErrTooLarge)
+	require.ErrorIs(t, err, outbox.ErrInvalidMessage)
+	require.NoError(t, byTransport.Send(ctx, body(400)))
+
+	byConfig := newSender(t, st, outbox.SenderConfig{Mode: outbox.Immediate, Transport: transport, MaxMessageSize: 100})
+	require.Equal(t, 100, byConfig.MaxMessageSize())
+	require.Equal(t, 1, pending(t, st), "only the message within every limit was written")
+}
+
+// limited gives a transport a per-message limit, as the Kafka and SQS transports have.
+type limited struct {
+	outbox.Transport
+	n int
+}
+
+func (l limited) MaxMessageSize() int { return l.n }
+
+func TestSendRefusesInvalidTopics(t *testing.T) {
+	t.Parallel()
+	st := newStore(t, memory.Config{})
+	send := newSender(t, st, outbox.SenderConfig{Mode: outbox.Immediate})
+	for _, topic := range []string{"", "nul\x00inside", "bad\xffutf8"} {
+		require.ErrorIs(t, send.Send(context.Background(), outbox.Message{Topic: topic}), outbox.ErrInvalidMessage, "topic %q", topic)
+	}
+	require.Zero(t, pending(t, st))
+}
+
+// An application that commits its own transaction stages on a scope of its own; what
+// no transaction took is reported through the sender's logger, not a global one.
+func TestScopeReleaseReportsAbandonedThroughTheSendersLogger(t *testing.T) {
+	t.Parallel()
+	st := newStore(t, memory.Config{})
+	var logs bytes.Buffer
+	send := newSender(t, st, outbox.SenderConfig{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+
+	ctx, scope := outbox.NewScope(context.Background())
+	require.NoError(t, send.Send(ctx, outbox.Message{Topic: "a"}))
+	require.NoError(t, send.Send(ctx, outbox.Message{Topic: "b"}))
+	require.Equal(t, 2, scope.Len())
+	require.Equal(t, 2, scope.Release())
+	require.EqualValues(t, 2, send.Abandoned())
+	require.Contains(t, logs.String(), "level=WARN")
+	require.Contains(t, logs.String(), "messages=2")
+	require.Zero(t, scope.Release(), "a second release is harmless")
+	require.ErrorIs(t, send.Send(ctx, outbox.Message{Topic: "c"}), outbox.ErrClosed)
+
+	// A scope whose envelopes a transaction took is released quietly.
+	ctx, scope = outbox.NewScope(context.Background())
+	require.NoError(t, send.Send(ctx, outbox.Message{Topic: "a"}))
+	require.NoError(t, st.Enqueue(ctx, scope.Take()...))
+	require.Zero(t, scope.Release())
+	require.EqualValues(t, 2, send.Abandoned())
+	require.Equal(t, 1, strings.Count(logs.String(), "level=WARN"))
+}
+
+// Units of work of different stores nest; a unit of the same store joins its outer
+// unit even with another store's unit in between.
+func TestNestedUnitsOfDifferentStores(t *testing.T) {
+	t.Parallel()
+	a, b := newStore(t, memory.Config{BucketCount: 1}), newStore(t, memory.Config{BucketCount: 1})
+	toA, toB := newSender(t, a, outbox.SenderConfig{}), newSender(t, b, outbox.SenderConfig{})
+	boom := errors.New("outer failed")
+	err := a.Transact(context.Background(), func(ctx context.Context) error {
+		require.NoError(t, b.Transact(ctx, func(ctx context.Context) error {
+			require.NoError(t, toB.Send(ctx, outbox.Message{Topic: "b"}))
+			return a.Transact(ctx, func(ctx context.Context) error {
+				return toA.Send(ctx, outbox.Message{Topic: "a"})
+			})
+		}))
+		require.Equal(t, 1, pending(t, b), "b's unit committed on its own")
+		require.Zero(t, pending(t, a), "a's inner unit joined the outer one")
+		return boom
+	})
+	require.ErrorIs(t, err, boom)
+	require.Zero(t, pending(t, a), "and rolled back with it")
+}
