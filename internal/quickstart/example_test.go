@@ -1,0 +1,65 @@
+package quickstart_test
+
+import (
+	"context"
+	"log"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/dispatcher"
+	sqlstore "github.com/outboxkit/outbox/store/sql"
+	"github.com/outboxkit/outbox/transport/kafka"
+)
+
+// The README's quick start: PostgreSQL + Kafka, one unit of work. (Compiled, not run:
+// TestQuickStart runs the same program against real servers.)
+func Example() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	check(err)
+	store, err := sqlstore.NewPgx(pool, sqlstore.Config{})
+	check(err)
+	check(store.Migrate(ctx)) // creates the outbox tables; run it at deploy time
+
+	client, err := kgo.NewClient(kgo.SeedBrokers(os.Getenv("KAFKA_BROKERS")))
+	check(err)
+	transport, err := kafka.New(client, kafka.Config{})
+	check(err)
+
+	// The relay: publishes what commits, with leases shared among every process.
+	relay, err := dispatcher.New(store, transport, dispatcher.Config{})
+	check(err)
+	check(relay.Start(ctx))
+	defer relay.Stop(ctx) // hands the leases back even after ctx is cancelled
+
+	// The sender: a send joins the transaction of the ctx it is made with.
+	sender, err := outbox.NewSender(store, outbox.SenderConfig{Transport: transport})
+	check(err)
+
+	err = store.Transact(ctx, func(ctx context.Context) error {
+		tx, _ := sqlstore.PgxTx(ctx) // the unit's transaction
+		if _, err := tx.Exec(ctx, `INSERT INTO orders (id) VALUES ($1)`, "order-7"); err != nil {
+			return err // rolls back: no order, no message
+		}
+		return sender.Send(ctx, outbox.Message{
+			Topic:   "order-placed",
+			Key:     []byte("order-7"),
+			Payload: []byte(`{"id":"order-7"}`),
+		})
+	})
+	check(err)
+	<-ctx.Done()
+}
+
+func check(err error) {
+	if err != nil {
+		log.Fatal(err)
+	}
+}
