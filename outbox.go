@@ -364,9 +364,9 @@ type Coordination struct {
 	Relays []RelayRecord
 }
 
-// Leaser is the lease and heartbeat protocol of reference design "000": every write is
-// conditional, and the returned bool says whether the condition held. A refused write
-// is not an error. Times are truncated to microseconds by the caller; stores must
+// Leaser is the lease and heartbeat protocol dispatchers coordinate through: every
+// write is conditional, and the returned bool says whether the condition held. A
+// refused write is not an error. Times are truncated to microseconds by the caller; stores must
 // round-trip them exactly.
 type Leaser interface {
 	// ReadCoordination reads every lease and relay record in one consistent read.
