@@ -7,85 +7,116 @@ import (
 	"net/http"
 	"net/http/httptest"
 
+	"go.opentelemetry.io/otel/propagation"
+
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/middleware"
 	"github.com/outboxkit/outbox/store/memory"
 )
 
-// A route that captures into the outbox: the send is stored, not published, and a
-// dispatcher relays it later.
-func ExampleOutbox_UseOutbox() {
+// A router whose route ends at the capture: the route stamps a correlation id, the
+// capture stages the message in the unit of work, and the store writes it when the
+// unit commits. Handlers depend on outbox.Sender alone; the router is one.
+func Example() {
 	ctx := context.Background()
 	store, _ := memory.New(memory.Config{})
 	defer store.Close()
 
-	ob, err := middleware.NewOutbox(store, middleware.Config{}) // Immediate mode
+	sender, err := outbox.NewSender(store, outbox.SenderConfig{}) // Transactional
 	if err != nil {
 		panic(err)
 	}
 	router := middleware.NewRouter(middleware.CorrelationID())
-	router.Handle("orders", nil, middleware.TraceContext(nil), ob.UseOutbox())
+	router.Handle("orders", sender, middleware.TraceContext(nil))
 
-	err = router.Send(middleware.WithCorrelationID(ctx, "req-1"),
-		outbox.Message{Topic: "orders", Key: []byte("order-7"), Payload: []byte(`{"id":7}`)})
-	fmt.Println("send:", err)
+	var send outbox.Sender = router
+	ctx = middleware.WithCorrelationID(ctx, "req-1")
+	err = store.Transact(ctx, func(ctx context.Context) error {
+		// The application's own write would go here, through ctx.
+		return send.Send(ctx, outbox.Message{Topic: "orders", Key: []byte("order-7"), Payload: []byte(`{"id":7}`)})
+	})
+	fmt.Println("unit of work:", err)
 
-	stats, _ := store.Stats(ctx)
-	pending := 0
-	for _, n := range stats.Pending {
-		pending += n
-	}
-	fmt.Println("pending in the outbox:", pending)
-
-	env, _ := store.List(ctx, outbox.Pending, outbox.Cursor{}, 1)
-	cid, _ := env[0].Header(outbox.HeaderCorrelationID)
-	key, _ := env[0].Header(outbox.HeaderIdempotencyKey)
+	envs, _ := store.List(ctx, outbox.Pending, outbox.Cursor{}, 10)
+	cid, _ := envs[0].Header(outbox.HeaderCorrelationID)
+	fmt.Println("stored:", len(envs), envs[0].Topic, string(envs[0].Key))
 	fmt.Println("correlation id:", string(cid))
-	fmt.Println("idempotency key is the message id:", string(key) == env[0].ID.String())
+
+	// Outside a unit of work the Transactional capture refuses the send.
+	err = send.Send(ctx, outbox.Message{Topic: "orders"})
+	fmt.Println("outside a unit of work:", errors.Is(err, outbox.ErrNoTransaction))
 	// Output:
-	// send: <nil>
-	// pending in the outbox: 1
+	// unit of work: <nil>
+	// stored: 1 orders order-7
 	// correlation id: req-1
-	// idempotency key is the message id: true
+	// outside a unit of work: true
 }
 
-// Transactional mode stages sends on the context's scope; the store's unit of work
-// writes them together with the application's own change, or not at all.
-func ExampleWithMode() {
+// A route that may send without a transaction ends at a capture whose mode is
+// overridden; the other routes keep refusing sends outside a unit of work.
+func Example_routeMode() {
 	ctx := context.Background()
 	store, _ := memory.New(memory.Config{})
 	defer store.Close()
-	ob, _ := middleware.NewOutbox(store, middleware.Config{})
+	sender, _ := outbox.NewSender(store, outbox.SenderConfig{})
+	immediate, _ := sender.WithMode(outbox.Immediate)
+
 	router := middleware.NewRouter()
-	router.Handle("payments", nil, ob.UseOutbox(middleware.WithMode(outbox.Transactional)))
+	router.Handle("payments", sender)
+	router.Handle("audit", immediate)
 
-	// Without a scope, a transactional send is refused rather than lost.
 	err := router.Send(ctx, outbox.Message{Topic: "payments"})
-	fmt.Println("no scope:", errors.Is(err, outbox.ErrNoScope))
-
-	balance := 100
-	ctx, scope := outbox.NewScope(ctx)
-	defer scope.Release()
-	_ = router.Send(ctx, outbox.Message{Topic: "payments", Payload: []byte("capture 30")})
-	err = store.Commit(ctx, func() error {
-		balance -= 30 // the application's state change, atomic with the envelope
-		return nil
-	})
-	fmt.Println("commit:", err, "balance:", balance)
-
-	_ = router.Send(ctx, outbox.Message{Topic: "payments", Payload: []byte("capture 500")})
-	err = store.Commit(ctx, func() error {
-		return errors.New("insufficient funds") // rolls back: the envelope is discarded
-	})
-	fmt.Println("rollback:", err, "balance:", balance)
+	fmt.Println("payments:", errors.Is(err, outbox.ErrNoTransaction))
+	fmt.Println("audit:", router.Send(ctx, outbox.Message{Topic: "audit"}))
 
 	envs, _ := store.List(ctx, outbox.Pending, outbox.Cursor{}, 10)
-	fmt.Println("envelopes stored:", len(envs))
+	fmt.Println("stored:", len(envs), envs[0].Topic)
 	// Output:
-	// no scope: true
-	// commit: <nil> balance: 70
-	// rollback: insufficient funds balance: 70
-	// envelopes stored: 1
+	// payments: true
+	// audit: <nil>
+	// stored: 1 audit
+}
+
+// HTTP carries an incoming request's W3C trace context and X-Request-ID to the
+// messages its handler sends through a route with TraceContext and CorrelationID.
+// With a nil propagator HTTP and TraceContext use the global one, installed at
+// start-up with otel.SetTextMapPropagator(propagation.TraceContext{}).
+func ExampleHTTP() {
+	store, _ := memory.New(memory.Config{})
+	defer store.Close()
+	sender, _ := outbox.NewSender(store, outbox.SenderConfig{})
+	w3c := propagation.TraceContext{}
+	router := middleware.NewRouter(middleware.TraceContext(w3c), middleware.CorrelationID())
+	router.Handle("orders", sender)
+
+	placeOrder := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		err := store.Transact(r.Context(), func(ctx context.Context) error {
+			return router.Send(ctx, outbox.Message{Topic: "orders", Key: []byte("order-7")})
+		})
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	handler := middleware.HTTP(w3c)(placeOrder)
+
+	req := httptest.NewRequest(http.MethodPost, "/orders", nil)
+	req.Header.Set("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+	req.Header.Set("X-Request-ID", "req-42")
+	rec := httptest.NewRecorder()
+	handler.ServeHTTP(rec, req)
+
+	envs, _ := store.List(context.Background(), outbox.Pending, outbox.Cursor{}, 10)
+	tp, _ := envs[0].Header("traceparent")
+	cid, _ := envs[0].Header(outbox.HeaderCorrelationID)
+	fmt.Println(rec.Code)
+	fmt.Println("traceparent:", string(tp))
+	fmt.Println("correlation id:", string(cid))
+	// Output:
+	// 201
+	// traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01
+	// correlation id: req-42
 }
 
 // An unknown topic is an error that says how to fix it.
@@ -97,38 +128,4 @@ func ExampleRouter_Send() {
 	// Output:
 	// true
 	// outbox: no route for topic "invoices": register a route for it with Router.Handle before sending
-}
-
-// ScopeHandler gives every request its own scope; the handler commits what it staged
-// through the store's unit of work.
-func ExampleScopeHandler() {
-	store, _ := memory.New(memory.Config{})
-	defer store.Close()
-	ob, _ := middleware.NewOutbox(store, middleware.Config{Mode: outbox.Transactional})
-
-	var orders []string
-	placeOrder := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id := r.URL.Query().Get("id")
-		if err := ob.Send(r.Context(), outbox.Message{Topic: "orders", Key: []byte(id)}); err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		err := store.Commit(r.Context(), func() error {
-			orders = append(orders, id)
-			return nil
-		})
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		w.WriteHeader(http.StatusCreated)
-	})
-	h := middleware.ScopeHandler(placeOrder)
-
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/orders?id=7", nil))
-	envs, _ := store.List(context.Background(), outbox.Pending, outbox.Cursor{}, 10)
-	fmt.Println(rec.Code, orders, len(envs), string(envs[0].Key))
-	// Output:
-	// 201 [7] 1 7
 }

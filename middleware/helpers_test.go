@@ -12,21 +12,18 @@ import (
 // newStore returns an empty memory store, closed when the test ends.
 func newStore(t *testing.T) *memory.Store {
 	t.Helper()
-	return newStoreWith(t, memory.Config{})
-}
-
-// newLimitedStore returns a memory store that refuses messages over limit bytes.
-func newLimitedStore(t *testing.T, limit int) *memory.Store {
-	t.Helper()
-	return newStoreWith(t, memory.Config{MaxMessageSize: limit})
-}
-
-func newStoreWith(t *testing.T, cfg memory.Config) *memory.Store {
-	t.Helper()
-	s, err := memory.New(cfg)
+	s, err := memory.New(memory.Config{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
 	return s
+}
+
+// newSender returns the capture into store with cfg.
+func newSender(t *testing.T, store outbox.Store, cfg outbox.SenderConfig) *outbox.Capture {
+	t.Helper()
+	c, err := outbox.NewSender(store, cfg)
+	require.NoError(t, err)
+	return c
 }
 
 // stored returns every pending envelope in the store, by bucket then Seq.
@@ -35,4 +32,15 @@ func stored(t *testing.T, s *memory.Store) []*outbox.Envelope {
 	envs, err := s.List(t.Context(), outbox.Pending, outbox.Cursor{}, 1000)
 	require.NoError(t, err)
 	return envs
+}
+
+// headerCount counts the headers named key.
+func headerCount(env *outbox.Envelope, key string) int {
+	n := 0
+	for _, h := range env.Headers {
+		if h.Key == key {
+			n++
+		}
+	}
+	return n
 }

@@ -1,17 +1,15 @@
 package middleware_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"net/http"
 	"net/http/httptest"
-	"strings"
-	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
@@ -20,278 +18,78 @@ import (
 	"github.com/outboxkit/outbox/outboxtest"
 )
 
-// countingTerminal records how many sends reached the end of a route.
-type countingTerminal struct{ calls atomic.Int64 }
-
-func (c *countingTerminal) Send(context.Context, outbox.Message) error {
-	c.calls.Add(1)
-	return nil
-}
-
-func newOutbox(t *testing.T, store outbox.Store, cfg middleware.Config) *middleware.Outbox {
-	t.Helper()
-	ob, err := middleware.NewOutbox(store, cfg)
-	require.NoError(t, err)
-	return ob
-}
-
-func TestCaptureShortCircuitsTheRoute(t *testing.T) {
-	t.Parallel()
-	store := newStore(t)
-	ob := newOutbox(t, store, middleware.Config{})
-	terminal := &countingTerminal{}
-	after := &countingTerminal{}
-	r := middleware.NewRouter()
-	r.Handle("orders", terminal, ob.UseOutbox(), func(next middleware.Sender) middleware.Sender {
-		return middleware.SenderFunc(func(ctx context.Context, msg outbox.Message) error {
-			after.calls.Add(1)
-			return next.Send(ctx, msg)
-		})
-	})
-
-	require.NoError(t, r.Send(t.Context(), outbox.Message{Topic: "orders", Payload: []byte("x")}))
-
-	assert.Zero(t, terminal.calls.Load(), "terminal must not be called on a captured route")
-	assert.Zero(t, after.calls.Load(), "middleware after capture must not be called")
-	assert.Len(t, stored(t, store), 1)
-}
-
-func TestImmediateWritesToTheStore(t *testing.T) {
-	t.Parallel()
-	store := newStore(t)
-	ob := newOutbox(t, store, middleware.Config{})
-	require.Equal(t, outbox.Immediate, ob.Mode())
-	r := middleware.NewRouter()
-	r.Handle("orders", nil, ob.UseOutbox())
-
-	msg := outbox.Message{
-		Topic:   "orders",
-		Key:     []byte("order-7"),
-		Payload: []byte(`{"id":7}`),
-		Headers: []outbox.Header{{Key: "content-type", Value: []byte("application/json")}},
-	}
-	require.NoError(t, r.Send(t.Context(), msg))
-
-	envs := stored(t, store)
-	require.Len(t, envs, 1)
-	env := envs[0]
-	assert.Equal(t, "orders", env.Topic)
-	assert.Equal(t, []byte("order-7"), env.Key)
-	assert.Equal(t, []byte(`{"id":7}`), env.Payload)
-	assert.Equal(t, store.BucketCount(), env.BucketCount)
-	assert.Equal(t, outbox.BucketOf(&msg, env.ID, store.BucketCount()), env.Bucket)
-	assert.Equal(t, outbox.Pending, env.Status)
-	assert.Equal(t, []outbox.Header{
-		{Key: "content-type", Value: []byte("application/json")},
-		{Key: outbox.HeaderIdempotencyKey, Value: []byte(env.ID.String())},
-	}, env.Headers)
-}
-
-func TestTransactionalStagesOnTheScope(t *testing.T) {
-	t.Parallel()
-	store := newStore(t)
-	ob := newOutbox(t, store, middleware.Config{Mode: outbox.Transactional})
-	r := middleware.NewRouter()
-	r.Handle("orders", nil, ob.UseOutbox())
-
-	ctx, scope := outbox.NewScope(t.Context())
-	defer scope.Release()
-	require.NoError(t, r.Send(ctx, outbox.Message{Topic: "orders", Key: []byte("k"), Payload: []byte("a")}))
-	require.NoError(t, r.Send(ctx, outbox.Message{Topic: "orders", Key: []byte("k"), Payload: []byte("b")}))
-
-	assert.Empty(t, stored(t, store), "a transactional send must not write before the unit of work commits")
-	staged := scope.Take()
-	require.Len(t, staged, 2)
-	assert.Equal(t, []byte("a"), staged[0].Payload)
-	assert.Equal(t, []byte("b"), staged[1].Payload)
-	assert.Equal(t, store.BucketCount(), staged[0].BucketCount)
-}
-
-func TestTransactionalWithoutScopeFails(t *testing.T) {
-	t.Parallel()
-	store := newStore(t)
-	ob := newOutbox(t, store, middleware.Config{Mode: outbox.Transactional})
-	r := middleware.NewRouter()
-	r.Handle("orders", nil, ob.UseOutbox())
-
-	err := r.Send(t.Context(), outbox.Message{Topic: "orders", Payload: []byte("x")})
-	require.ErrorIs(t, err, outbox.ErrNoScope)
-	assert.Contains(t, err.Error(), `"orders"`)
-	assert.Empty(t, stored(t, store))
-
-	err = ob.Send(t.Context(), outbox.Message{Topic: "orders", Payload: []byte("x")})
-	require.ErrorIs(t, err, outbox.ErrNoScope)
-}
-
-func TestStageOnReleasedScopeFails(t *testing.T) {
-	t.Parallel()
-	ob := newOutbox(t, newStore(t), middleware.Config{Mode: outbox.Transactional})
-	ctx, scope := outbox.NewScope(t.Context())
-	scope.Release()
-	err := ob.Send(ctx, outbox.Message{Topic: "orders"})
-	require.ErrorIs(t, err, outbox.ErrClosed)
-}
-
-func TestModeOverriddenPerRoute(t *testing.T) {
-	t.Parallel()
-	store := newStore(t)
-	ob := newOutbox(t, store, middleware.Config{}) // Immediate
-	r := middleware.NewRouter()
-	r.Handle("audit", nil, ob.UseOutbox())
-	r.Handle("orders", nil, ob.UseOutbox(middleware.WithMode(outbox.Transactional)))
-
-	ctx, scope := outbox.NewScope(t.Context())
-	defer scope.Release()
-	require.NoError(t, r.Send(ctx, outbox.Message{Topic: "audit", Payload: []byte("a")}))
-	require.NoError(t, r.Send(ctx, outbox.Message{Topic: "orders", Payload: []byte("o")}))
-
-	envs := stored(t, store)
-	require.Len(t, envs, 1)
-	assert.Equal(t, "audit", envs[0].Topic)
-	staged := scope.Take()
-	require.Len(t, staged, 1)
-	assert.Equal(t, "orders", staged[0].Topic)
-
-	// The override works the other way round too.
-	tx := newOutbox(t, store, middleware.Config{Mode: outbox.Transactional})
-	r2 := middleware.NewRouter()
-	r2.Handle("audit", nil, tx.UseOutbox(middleware.WithMode(outbox.Immediate)))
-	require.NoError(t, r2.Send(t.Context(), outbox.Message{Topic: "audit", Payload: []byte("b")}))
-	assert.Len(t, stored(t, store), 2)
-}
+// discard is a terminal that accepts every send.
+var discard = outbox.SenderFunc(func(context.Context, outbox.Message) error { return nil })
 
 func TestUnknownTopic(t *testing.T) {
 	t.Parallel()
 	r := middleware.NewRouter()
-	r.Handle("orders", &countingTerminal{})
+	r.Handle("orders", discard)
+	r.Handle("audit", discard)
+
 	err := r.Send(t.Context(), outbox.Message{Topic: "invoices"})
 	require.ErrorIs(t, err, outbox.ErrNoRoute)
 	assert.Contains(t, err.Error(), `"invoices"`)
 	assert.Contains(t, err.Error(), "Router.Handle")
-	assert.Equal(t, []string{"orders"}, r.Topics())
-}
-
-func TestRouteWithoutTerminal(t *testing.T) {
-	t.Parallel()
-	r := middleware.NewRouter()
-	r.Handle("orders", nil)
-	err := r.Send(t.Context(), outbox.Message{Topic: "orders"})
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "without a terminal")
+	assert.Equal(t, []string{"audit", "orders"}, r.Topics())
 }
 
 func TestHandlePanicsOnMisuse(t *testing.T) {
 	t.Parallel()
 	r := middleware.NewRouter()
-	r.Handle("orders", &countingTerminal{})
+	r.Handle("orders", discard)
 	assert.PanicsWithValue(t, `middleware: Router.Handle: topic "orders" is already registered`, func() {
-		r.Handle("orders", &countingTerminal{})
+		r.Handle("orders", discard)
 	})
-	assert.Panics(t, func() { r.Handle("", &countingTerminal{}) })
+	assert.PanicsWithValue(t, "middleware: Router.Handle with an empty topic", func() {
+		r.Handle("", discard)
+	})
+	assert.Panics(t, func() { r.Handle("invoices", nil) }, "a route needs a terminal")
+	assert.Equal(t, []string{"orders"}, r.Topics(), "a refused route is not registered")
+}
+
+func TestChainPanicsOnNilTerminal(t *testing.T) {
+	t.Parallel()
+	assert.Panics(t, func() { middleware.Chain(nil, middleware.CorrelationID()) })
+	assert.Panics(t, func() { middleware.Chain(nil) })
+	assert.Panics(t, func() { middleware.Inline(nil) })
 }
 
 func TestChainOrder(t *testing.T) {
 	t.Parallel()
 	var order []string
 	mark := func(name string) middleware.Middleware {
-		return func(next middleware.Sender) middleware.Sender {
-			return middleware.SenderFunc(func(ctx context.Context, msg outbox.Message) error {
+		return func(next outbox.Sender) outbox.Sender {
+			return outbox.SenderFunc(func(ctx context.Context, msg outbox.Message) error {
 				order = append(order, name)
 				return next.Send(ctx, msg)
 			})
 		}
 	}
-	r := middleware.NewRouter(mark("shared"))
-	r.Handle("t", middleware.SenderFunc(func(context.Context, outbox.Message) error {
+	terminal := outbox.SenderFunc(func(context.Context, outbox.Message) error {
 		order = append(order, "terminal")
 		return nil
-	}), mark("first"), mark("second"))
+	})
+
+	r := middleware.NewRouter(mark("shared"))
+	r.Handle("t", terminal, mark("first"), mark("second"))
 	require.NoError(t, r.Send(t.Context(), outbox.Message{Topic: "t"}))
 	assert.Equal(t, []string{"shared", "first", "second", "terminal"}, order)
+
+	order = nil
+	require.NoError(t, middleware.Chain(terminal, mark("a"), mark("b")).Send(t.Context(), outbox.Message{Topic: "t"}))
+	assert.Equal(t, []string{"a", "b", "terminal"}, order, "the first middleware is the outermost")
 }
 
-func TestOversizedMessageWritesNothing(t *testing.T) {
+// The terminal's error comes back through the route unchanged, so errors.Is works
+// at the call site.
+func TestRouteReturnsTheTerminalsError(t *testing.T) {
 	t.Parallel()
-	for _, mode := range []outbox.WriteMode{outbox.Immediate, outbox.Transactional} {
-		t.Run(mode.String()+"/config limit", func(t *testing.T) {
-			t.Parallel()
-			store := newStore(t)
-			ob := newOutbox(t, store, middleware.Config{Mode: mode, MaxMessageSize: 200})
-			ctx, scope := outbox.NewScope(t.Context())
-			defer scope.Release()
-
-			err := ob.Send(ctx, outbox.Message{Topic: "orders", Payload: bytes.Repeat([]byte("x"), 300)})
-			require.ErrorIs(t, err, outbox.ErrTooLarge)
-			assert.Contains(t, err.Error(), "200")
-			assert.Empty(t, stored(t, store))
-			assert.Zero(t, scope.Len())
-
-			// Just under the limit, counting the stamped idempotency key, is accepted.
-			require.NoError(t, ob.Send(ctx, outbox.Message{Topic: "orders", Payload: bytes.Repeat([]byte("x"), 100)}))
-		})
-	}
-	t.Run("store limit", func(t *testing.T) {
-		t.Parallel()
-		store := newLimitedStore(t, 64)
-		ob := newOutbox(t, store, middleware.Config{MaxMessageSize: 1 << 20})
-		assert.Equal(t, 64, ob.MaxMessageSize(), "the smaller limit applies")
-		err := ob.Send(t.Context(), outbox.Message{Topic: "orders", Payload: bytes.Repeat([]byte("x"), 65)})
-		require.ErrorIs(t, err, outbox.ErrTooLarge)
-		assert.Empty(t, stored(t, store))
-	})
-}
-
-func TestIdempotencyKey(t *testing.T) {
-	t.Parallel()
-	t.Run("stamped with the message id", func(t *testing.T) {
-		t.Parallel()
-		store := newStore(t)
-		ob := newOutbox(t, store, middleware.Config{})
-		require.NoError(t, ob.Send(t.Context(), outbox.Message{Topic: "orders"}))
-		env := stored(t, store)[0]
-		key, ok := env.Header(outbox.HeaderIdempotencyKey)
-		require.True(t, ok)
-		assert.Equal(t, env.ID.String(), string(key))
-	})
-	t.Run("kept when the application set one", func(t *testing.T) {
-		t.Parallel()
-		store := newStore(t)
-		ob := newOutbox(t, store, middleware.Config{})
-		headers := []outbox.Header{{Key: outbox.HeaderIdempotencyKey, Value: []byte("payment-42")}}
-		require.NoError(t, ob.Send(t.Context(), outbox.Message{Topic: "orders", Headers: headers}))
-		env := stored(t, store)[0]
-		assert.Equal(t, headers, env.Headers)
-	})
-	t.Run("disabled", func(t *testing.T) {
-		t.Parallel()
-		store := newStore(t)
-		ob := newOutbox(t, store, middleware.Config{DisableIdempotencyKey: true})
-		require.NoError(t, ob.Send(t.Context(), outbox.Message{Topic: "orders"}))
-		env := stored(t, store)[0]
-		_, ok := env.Header(outbox.HeaderIdempotencyKey)
-		assert.False(t, ok)
-	})
-}
-
-func TestCallerHeadersAreNeverModified(t *testing.T) {
-	t.Parallel()
-	store := newStore(t)
-	ob := newOutbox(t, store, middleware.Config{})
-	r := middleware.NewRouter(middleware.TraceContext(propagation.TraceContext{}), middleware.CorrelationID())
-	r.Handle("orders", nil, ob.UseOutbox())
-
-	// Spare capacity: an append in place would write into it unseen.
-	backing := make([]outbox.Header, 1, 8)
-	backing[0] = outbox.Header{Key: "a", Value: []byte("1")}
-	ctx := trace.ContextWithSpanContext(t.Context(), testSpanContext(t))
-	require.NoError(t, r.Send(ctx, outbox.Message{Topic: "orders", Headers: backing}))
-
-	full := backing[:cap(backing)]
-	assert.Equal(t, outbox.Header{Key: "a", Value: []byte("1")}, full[0])
-	for i := 1; i < len(full); i++ {
-		assert.Zero(t, full[i], "header slot %d of the caller's array was written", i)
-	}
-	assert.Len(t, stored(t, store)[0].Headers, 4) // a, traceparent, correlation, idempotency
+	broken := errors.New("terminal failed")
+	r := middleware.NewRouter(middleware.CorrelationID())
+	r.Handle("orders", outbox.SenderFunc(func(context.Context, outbox.Message) error { return broken }),
+		middleware.TraceContext(propagation.TraceContext{}))
+	require.ErrorIs(t, r.Send(t.Context(), outbox.Message{Topic: "orders"}), broken)
 }
 
 func testSpanContext(t *testing.T) trace.SpanContext {
@@ -305,191 +103,298 @@ func testSpanContext(t *testing.T) trace.SpanContext {
 	return sc
 }
 
-func TestTraceContextPropagated(t *testing.T) {
+// A route with TraceContext and CorrelationID that ends at the capture: the envelope
+// stored by the unit of work carries the stamped headers, and the caller's header
+// slice is never written to.
+func TestStampedHeadersReachTheStoredEnvelope(t *testing.T) {
 	t.Parallel()
 	store := newStore(t)
-	ob := newOutbox(t, store, middleware.Config{})
-	r := middleware.NewRouter()
-	r.Handle("orders", nil, middleware.TraceContext(propagation.TraceContext{}), ob.UseOutbox())
+	sender := newSender(t, store, outbox.SenderConfig{})
+	r := middleware.NewRouter(middleware.CorrelationID())
+	r.Handle("orders", sender, middleware.TraceContext(propagation.TraceContext{}))
 
 	ts, err := trace.ParseTraceState("vendor=abc")
 	require.NoError(t, err)
 	ctx := trace.ContextWithSpanContext(t.Context(), testSpanContext(t).WithTraceState(ts))
-	stale := []outbox.Header{{Key: "traceparent", Value: []byte("00-stale")}}
-	require.NoError(t, r.Send(ctx, outbox.Message{Topic: "orders", Headers: stale}))
+	ctx = middleware.WithCorrelationID(ctx, "req-123")
 
-	env := stored(t, store)[0]
-	tp, ok := env.Header("traceparent")
-	require.True(t, ok)
-	assert.Equal(t, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", string(tp))
-	tsHeader, ok := env.Header("tracestate")
-	require.True(t, ok)
-	assert.Equal(t, "vendor=abc", string(tsHeader))
-	n := 0
-	for _, h := range env.Headers {
-		if h.Key == "traceparent" {
-			n++
-		}
+	// Spare capacity: an append in place would write into it unseen. The stale
+	// traceparent must be replaced, in a copy.
+	backing := make([]outbox.Header, 2, 8)
+	backing[0] = outbox.Header{Key: "content-type", Value: []byte("application/json")}
+	backing[1] = outbox.Header{Key: "traceparent", Value: []byte("00-stale")}
+	want := append([]outbox.Header(nil), backing...)
+
+	err = store.Transact(ctx, func(ctx context.Context) error {
+		return r.Send(ctx, outbox.Message{Topic: "orders", Key: []byte("order-7"), Headers: backing})
+	})
+	require.NoError(t, err)
+
+	full := backing[:cap(backing)]
+	assert.Equal(t, want, full[:2], "the caller's headers are unchanged")
+	for i := 2; i < len(full); i++ {
+		assert.Zero(t, full[i], "slot %d of the caller's array was written", i)
 	}
-	assert.Equal(t, 1, n, "the propagated traceparent replaces the stale one")
 
-	// The header extracts back to the same span context on the consumer side.
-	carrier := propagation.MapCarrier{"traceparent": string(tp), "tracestate": string(tsHeader)}
-	got := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), carrier))
-	assert.Equal(t, testSpanContext(t).TraceID(), got.TraceID())
-	assert.Equal(t, testSpanContext(t).SpanID(), got.SpanID())
+	envs := stored(t, store)
+	require.Len(t, envs, 1)
+	env := envs[0]
+	// The application's header stays first; the stamped ones follow, each once (the
+	// propagator decides the order of its own).
+	require.NotEmpty(t, env.Headers)
+	assert.Equal(t, backing[0], env.Headers[0])
+	got := map[string]string{}
+	for _, h := range env.Headers {
+		require.Equal(t, 1, headerCount(env, h.Key), "header %s appears once", h.Key)
+		got[h.Key] = string(h.Value)
+	}
+	assert.Equal(t, map[string]string{
+		"content-type":             "application/json",
+		"traceparent":              "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+		"tracestate":               "vendor=abc",
+		outbox.HeaderCorrelationID: "req-123",
+	}, got)
+
+	// A consumer extracts the same span context from the stored headers.
+	carrier := propagation.MapCarrier{}
+	for _, h := range env.Headers {
+		carrier[h.Key] = string(h.Value)
+	}
+	sc := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), carrier))
+	assert.Equal(t, testSpanContext(t).TraceID(), sc.TraceID())
+	assert.Equal(t, testSpanContext(t).SpanID(), sc.SpanID())
+	assert.Equal(t, "vendor=abc", sc.TraceState().String())
 }
 
-func TestTraceContextWithoutPropagatorIsANoOp(t *testing.T) {
+// A unit of work that fails stores nothing, stamped or not: the route adds headers,
+// the unit decides what is written.
+func TestStampedSendsRollBackWithTheUnit(t *testing.T) {
 	t.Parallel()
 	store := newStore(t)
-	ob := newOutbox(t, store, middleware.Config{DisableIdempotencyKey: true})
-	r := middleware.NewRouter()
-	// nil: the global propagator, which is a no-op because this test binary installs none.
-	r.Handle("orders", nil, middleware.TraceContext(nil), ob.UseOutbox())
-	ctx := trace.ContextWithSpanContext(t.Context(), testSpanContext(t))
-	require.NoError(t, r.Send(ctx, outbox.Message{Topic: "orders"}))
-	assert.Empty(t, stored(t, store)[0].Headers)
+	r := middleware.NewRouter(middleware.TraceContext(propagation.TraceContext{}), middleware.CorrelationID())
+	r.Handle("orders", newSender(t, store, outbox.SenderConfig{}))
+	failed := errors.New("card declined")
+	err := store.Transact(t.Context(), func(ctx context.Context) error {
+		if err := r.Send(ctx, outbox.Message{Topic: "orders"}); err != nil {
+			return err
+		}
+		return failed
+	})
+	require.ErrorIs(t, err, failed)
+	assert.Empty(t, stored(t, store))
+}
 
-	// A real propagator without a span on the context writes nothing either.
-	store2 := newStore(t)
-	ob2 := newOutbox(t, store2, middleware.Config{DisableIdempotencyKey: true})
-	r2 := middleware.NewRouter()
-	r2.Handle("orders", nil, middleware.TraceContext(propagation.TraceContext{}), ob2.UseOutbox())
-	require.NoError(t, r2.Send(t.Context(), outbox.Message{Topic: "orders"}))
-	assert.Empty(t, stored(t, store2)[0].Headers)
+func TestTraceContextWithoutPropagatorOrSpanWritesNothing(t *testing.T) {
+	t.Parallel()
+	store := newStore(t)
+	sender := newSender(t, store, outbox.SenderConfig{Mode: outbox.Immediate})
+	r := middleware.NewRouter()
+	// nil: the global propagator, a no-op in this test binary when the parallel tests
+	// run (TestGlobalPropagatorIsLookedUpAtEachSend restores it).
+	r.Handle("no-propagator", sender, middleware.TraceContext(nil))
+	// A real propagator, but no span on the context.
+	r.Handle("no-span", sender, middleware.TraceContext(propagation.TraceContext{}))
+
+	spanCtx := trace.ContextWithSpanContext(t.Context(), testSpanContext(t))
+	require.NoError(t, r.Send(spanCtx, outbox.Message{Topic: "no-propagator"}))
+	require.NoError(t, r.Send(t.Context(), outbox.Message{Topic: "no-span"}))
+	envs := stored(t, store)
+	require.Len(t, envs, 2)
+	for _, env := range envs {
+		assert.Empty(t, env.Headers, "topic %s", env.Topic)
+	}
+}
+
+// TraceContext(nil) and HTTP(nil) use the global propagator as it is at each send or
+// request, so one installed after the routes were built still counts.
+func TestGlobalPropagatorIsLookedUpAtEachSend(t *testing.T) {
+	// Not parallel: it installs a process-wide propagator, then restores a no-op one
+	// before the parallel tests run.
+	store := newStore(t)
+	r := middleware.NewRouter(middleware.TraceContext(nil), middleware.CorrelationID())
+	r.Handle("orders", newSender(t, store, outbox.SenderConfig{}))
+	var sendErr error
+	h := middleware.HTTP(nil)(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		sendErr = store.Transact(req.Context(), func(ctx context.Context) error {
+			return r.Send(ctx, outbox.Message{Topic: "orders"})
+		})
+	}))
+
+	otel.SetTextMapPropagator(propagation.TraceContext{})
+	defer otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator())
+
+	req := httptest.NewRequest(http.MethodPost, "/orders", nil)
+	req.Header.Set("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+	h.ServeHTTP(httptest.NewRecorder(), req)
+	require.NoError(t, sendErr)
+
+	envs := stored(t, store)
+	require.Len(t, envs, 1)
+	tp, ok := envs[0].Header("traceparent")
+	require.True(t, ok, "the global propagator extracted and injected the trace context")
+	assert.Equal(t, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", string(tp))
 }
 
 func TestCorrelationID(t *testing.T) {
 	t.Parallel()
 	store := newStore(t)
-	ob := newOutbox(t, store, middleware.Config{DisableIdempotencyKey: true})
 	r := middleware.NewRouter(middleware.CorrelationID())
-	r.Handle("orders", nil, ob.UseOutbox())
+	r.Handle("orders", newSender(t, store, outbox.SenderConfig{}))
 
 	ctx := middleware.WithCorrelationID(t.Context(), "req-123")
 	id, ok := middleware.CorrelationIDFrom(ctx)
 	require.True(t, ok)
 	require.Equal(t, "req-123", id)
+	_, ok = middleware.CorrelationIDFrom(middleware.WithCorrelationID(t.Context(), ""))
+	require.False(t, ok, "an empty id is no id")
 
-	require.NoError(t, r.Send(ctx, outbox.Message{Topic: "orders", Key: []byte("from-context")}))
-	require.NoError(t, r.Send(ctx, outbox.Message{Topic: "orders", Key: []byte("app-set"),
-		Headers: []outbox.Header{{Key: outbox.HeaderCorrelationID, Value: []byte("mine")}}}))
-	require.NoError(t, r.Send(t.Context(), outbox.Message{Topic: "orders", Key: []byte("fresh-1")}))
-	require.NoError(t, r.Send(t.Context(), outbox.Message{Topic: "orders", Key: []byte("fresh-2")}))
+	err := store.Transact(ctx, func(ctx context.Context) error {
+		return errors.Join(
+			r.Send(ctx, outbox.Message{Topic: "orders", Key: []byte("from-context")}),
+			r.Send(ctx, outbox.Message{Topic: "orders", Key: []byte("app-set"),
+				Headers: []outbox.Header{{Key: outbox.HeaderCorrelationID, Value: []byte("mine")}}}),
+		)
+	})
+	require.NoError(t, err)
+	err = store.Transact(t.Context(), func(ctx context.Context) error { // no id on the context
+		return errors.Join(
+			r.Send(ctx, outbox.Message{Topic: "orders", Key: []byte("fresh-1")}),
+			r.Send(ctx, outbox.Message{Topic: "orders", Key: []byte("fresh-2")}),
+		)
+	})
+	require.NoError(t, err)
 
 	byKey := map[string]string{}
 	for _, env := range stored(t, store) {
 		v, ok := env.Header(outbox.HeaderCorrelationID)
 		require.True(t, ok, "message %s has no correlation id", env.Key)
+		require.Equal(t, 1, headerCount(env, outbox.HeaderCorrelationID), "message %s", env.Key)
 		byKey[string(env.Key)] = string(v)
 	}
+	require.Len(t, byKey, 4)
 	assert.Equal(t, "req-123", byKey["from-context"])
-	assert.Equal(t, "mine", byKey["app-set"])
+	assert.Equal(t, "mine", byKey["app-set"], "a correlation id the application set is kept")
 	assert.NotEmpty(t, byKey["fresh-1"])
 	assert.NotEqual(t, byKey["fresh-1"], byKey["fresh-2"], "each send without one gets a new id")
 }
 
-func TestScopeHandlerOpensAScopePerRequest(t *testing.T) {
-	// Not parallel: it reads the process-wide abandoned counter.
+// A route may override the capture's mode: Capture.WithMode(Immediate) lets one
+// route send outside a unit of work while the others refuse to. Inside a unit of work
+// both routes join it, whatever their mode.
+func TestRouteModeOverride(t *testing.T) {
+	t.Parallel()
 	store := newStore(t)
-	ob := newOutbox(t, store, middleware.Config{Mode: outbox.Transactional})
-	var scopes []*outbox.Scope
-	h := middleware.ScopeHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		scope := outbox.ScopeFrom(r.Context())
-		if scope == nil {
-			http.Error(w, "no scope", http.StatusInternalServerError)
-			return
-		}
-		scopes = append(scopes, scope)
-		if err := ob.Send(r.Context(), outbox.Message{Topic: "orders"}); err != nil {
+	sender := newSender(t, store, outbox.SenderConfig{}) // Transactional
+	immediate, err := sender.WithMode(outbox.Immediate)
+	require.NoError(t, err)
+	r := middleware.NewRouter(middleware.CorrelationID())
+	r.Handle("orders", sender)
+	r.Handle("audit", immediate)
+
+	// Outside a unit of work.
+	err = r.Send(t.Context(), outbox.Message{Topic: "orders", Key: []byte("outside")})
+	require.ErrorIs(t, err, outbox.ErrNoTransaction, "the Transactional route refuses")
+	assert.Contains(t, err.Error(), `"orders"`)
+	require.NoError(t, r.Send(t.Context(), outbox.Message{Topic: "audit", Key: []byte("outside")}))
+	envs := stored(t, store)
+	require.Len(t, envs, 1, "the Immediate route wrote at once")
+	assert.Equal(t, "audit", envs[0].Topic)
+	_, ok := envs[0].Header(outbox.HeaderCorrelationID)
+	assert.True(t, ok, "the shared middleware ran on the overridden route")
+
+	// Inside a unit of work that rolls back, neither route writes anything.
+	failed := errors.New("rolled back")
+	err = store.Transact(t.Context(), func(ctx context.Context) error {
+		require.NoError(t, r.Send(ctx, outbox.Message{Topic: "orders", Key: []byte("rolled-back")}))
+		require.NoError(t, r.Send(ctx, outbox.Message{Topic: "audit", Key: []byte("rolled-back")}))
+		return failed
+	})
+	require.ErrorIs(t, err, failed)
+	require.Len(t, stored(t, store), 1, "an Immediate route inside a unit of work rolls back with it")
+
+	// Inside a unit of work that commits, both write.
+	err = store.Transact(t.Context(), func(ctx context.Context) error {
+		return errors.Join(
+			r.Send(ctx, outbox.Message{Topic: "orders", Key: []byte("committed")}),
+			r.Send(ctx, outbox.Message{Topic: "audit", Key: []byte("committed")}),
+		)
+	})
+	require.NoError(t, err)
+	got := map[string]int{}
+	for _, env := range stored(t, store) {
+		got[env.Topic+"/"+string(env.Key)]++
+	}
+	assert.Equal(t, map[string]int{"audit/outside": 1, "orders/committed": 1, "audit/committed": 1}, got)
+}
+
+// HTTP extracts the incoming W3C trace context and X-Request-ID; a handler that
+// sends inside a unit of work through a route with TraceContext and CorrelationID
+// stores them on the message.
+func TestHTTPCarriesTraceContextAndRequestID(t *testing.T) {
+	t.Parallel()
+	const incoming = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	store := newStore(t)
+	r := middleware.NewRouter(middleware.TraceContext(propagation.TraceContext{}), middleware.CorrelationID())
+	r.Handle("orders", newSender(t, store, outbox.SenderConfig{}))
+
+	placeOrder := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		err := store.Transact(req.Context(), func(ctx context.Context) error {
+			return r.Send(ctx, outbox.Message{Topic: "orders", Key: []byte(req.URL.Query().Get("id"))})
+		})
+		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
-		if r.URL.Path == "/commit" {
-			scope.Take() // what a unit of work does inside its transaction
-		}
-		w.WriteHeader(http.StatusNoContent)
-	}))
-
-	before := outbox.AbandonedEnvelopes()
-	for _, path := range []string{"/commit", "/forgot-to-commit"} {
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, path, nil))
-		require.Equal(t, http.StatusNoContent, rec.Code, rec.Body.String())
-	}
-
-	require.Len(t, scopes, 2)
-	assert.NotSame(t, scopes[0], scopes[1], "each request gets its own scope")
-	for _, s := range scopes {
-		assert.ErrorIs(t, s.Stage(&outbox.Envelope{}), outbox.ErrClosed, "the scope is released when the handler returns")
-	}
-	assert.Equal(t, before+1, outbox.AbandonedEnvelopes(), "the uncommitted envelope is reported")
-}
-
-func TestScopeHandlerReleasesOnPanic(t *testing.T) {
-	t.Parallel()
-	var scope *outbox.Scope
-	h := middleware.ScopeHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		scope = outbox.ScopeFrom(r.Context())
-		panic("boom")
-	}))
-	assert.Panics(t, func() {
-		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/", nil))
+		w.WriteHeader(http.StatusCreated)
 	})
-	require.NotNil(t, scope)
-	assert.ErrorIs(t, scope.Stage(&outbox.Envelope{}), outbox.ErrClosed)
+	h := middleware.HTTP(propagation.TraceContext{})(placeOrder)
+
+	req := httptest.NewRequest(http.MethodPost, "/orders?id=with-headers", nil)
+	req.Header.Set("traceparent", incoming)
+	req.Header.Set("tracestate", "vendor=abc")
+	req.Header.Set(middleware.HeaderRequestID, "req-42")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	require.Equal(t, http.StatusCreated, rec.Code, rec.Body.String())
+
+	// A request with neither header: no trace context, a fresh correlation id.
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/orders?id=bare", nil))
+	require.Equal(t, http.StatusCreated, rec.Code, rec.Body.String())
+
+	byKey := map[string]*outbox.Envelope{}
+	for _, env := range stored(t, store) {
+		byKey[string(env.Key)] = env
+	}
+	require.Len(t, byKey, 2)
+
+	env := byKey["with-headers"]
+	tp, ok := env.Header("traceparent")
+	require.True(t, ok)
+	carrier := propagation.MapCarrier{"traceparent": string(tp)}
+	if ts, ok := env.Header("tracestate"); ok {
+		carrier["tracestate"] = string(ts)
+	}
+	got := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), carrier))
+	assert.Equal(t, "4bf92f3577b34da6a3ce929d0e0e4736", got.TraceID().String(), "the caller's trace id")
+	assert.True(t, got.IsSampled())
+	assert.Equal(t, "vendor=abc", got.TraceState().String())
+	cid, ok := env.Header(outbox.HeaderCorrelationID)
+	require.True(t, ok)
+	assert.Equal(t, "req-42", string(cid), "X-Request-ID becomes the correlation id")
+
+	bare := byKey["bare"]
+	_, ok = bare.Header("traceparent")
+	assert.False(t, ok, "no incoming trace context, none stamped")
+	cid, ok = bare.Header(outbox.HeaderCorrelationID)
+	require.True(t, ok)
+	assert.NotEmpty(t, cid)
+	assert.NotEqual(t, "req-42", string(cid))
 }
 
-func TestCancelledContext(t *testing.T) {
-	t.Parallel()
-	store := newStore(t)
-	ob := newOutbox(t, store, middleware.Config{})
-	ctx, cancel := context.WithCancel(t.Context())
-	cancel()
-	err := ob.Send(ctx, outbox.Message{Topic: "orders"})
-	assert.Equal(t, context.Canceled, err, "context errors come back unwrapped")
-	assert.Empty(t, stored(t, store))
-}
-
-func TestInvalidMessage(t *testing.T) {
-	t.Parallel()
-	store := newStore(t)
-	ob := newOutbox(t, store, middleware.Config{})
-	err := ob.Send(t.Context(), outbox.Message{})
-	require.ErrorIs(t, err, outbox.ErrInvalidMessage)
-	assert.Empty(t, stored(t, store))
-}
-
-func TestNewOutboxValidation(t *testing.T) {
-	t.Parallel()
-	_, err := middleware.NewOutbox(nil, middleware.Config{})
-	require.ErrorIs(t, err, outbox.ErrMisconfigured)
-	assert.Contains(t, err.Error(), "store")
-
-	_, err = middleware.NewOutbox(newStore(t), middleware.Config{Mode: outbox.WriteMode(9)})
-	require.ErrorIs(t, err, outbox.ErrMisconfigured)
-	assert.Contains(t, err.Error(), "Config.Mode")
-
-	_, err = middleware.NewOutbox(newStore(t), middleware.Config{MaxMessageSize: -1})
-	require.ErrorIs(t, err, outbox.ErrMisconfigured)
-	assert.Contains(t, err.Error(), "Config.MaxMessageSize")
-
-	ob := newOutbox(t, newStore(t), middleware.Config{})
-	assert.Panics(t, func() { ob.UseOutbox(middleware.WithMode(outbox.WriteMode(9))) })
-}
-
-func TestStoreErrorIsReturned(t *testing.T) {
-	t.Parallel()
-	store := newStore(t)
-	ob := newOutbox(t, store, middleware.Config{})
-	require.NoError(t, store.Close())
-	err := ob.Send(t.Context(), outbox.Message{Topic: "orders"})
-	require.ErrorIs(t, err, outbox.ErrClosed)
-	assert.True(t, strings.Contains(err.Error(), `"orders"`), err.Error())
-}
-
-func TestInlineRoutePublishesThroughTheTransport(t *testing.T) {
+// Inline is a terminal that publishes through a transport at once; the route's
+// middleware runs before it as before a capture.
+func TestInlinePublishesThroughTheTransport(t *testing.T) {
 	t.Parallel()
 	tr := outboxtest.NewRecorder()
 	r := middleware.NewRouter(middleware.CorrelationID())
@@ -497,18 +402,22 @@ func TestInlineRoutePublishesThroughTheTransport(t *testing.T) {
 	ctx := middleware.WithCorrelationID(t.Context(), "c-1")
 	require.NoError(t, r.Send(ctx, outbox.Message{Topic: "metrics", Key: []byte("k"), Payload: []byte("v")}))
 
-	got := tr.Messages()
+	got := tr.Received("metrics")
 	require.Len(t, got, 1)
-	assert.Equal(t, "metrics", got[0].Topic)
 	assert.Equal(t, []byte("k"), got[0].Key)
 	assert.Equal(t, []byte("v"), got[0].Payload)
-	cid, _ := got[0].Header(outbox.HeaderCorrelationID)
+	assert.NotEmpty(t, got[0].ID, "the message has an id, as a captured one would")
+	cid, ok := (&outbox.Message{Headers: got[0].Headers}).Header(outbox.HeaderCorrelationID)
+	require.True(t, ok)
 	assert.Equal(t, "c-1", string(cid))
-	key, _ := got[0].Header(outbox.HeaderIdempotencyKey)
-	assert.Equal(t, got[0].ID.String(), string(key))
+	assert.Equal(t, 1, tr.Batches(), "one publish per send")
+
+	err := r.Send(ctx, outbox.Message{Topic: "metrics", Key: []byte{0}, Headers: []outbox.Header{{Key: ""}}})
+	require.ErrorIs(t, err, outbox.ErrInvalidMessage, "an invalid message never reaches the transport")
+	assert.Equal(t, 1, tr.Batches())
 }
 
-func TestInlineRouteReturnsTheBrokersError(t *testing.T) {
+func TestInlineReturnsTheBrokersError(t *testing.T) {
 	t.Parallel()
 	broken := errors.New("broker unreachable")
 	tr := outboxtest.NewRecorder()
@@ -518,4 +427,9 @@ func TestInlineRouteReturnsTheBrokersError(t *testing.T) {
 	err := r.Send(t.Context(), outbox.Message{Topic: "metrics"})
 	require.ErrorIs(t, err, broken)
 	assert.Contains(t, err.Error(), `"metrics"`)
+	assert.Zero(t, tr.Len())
+
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	assert.Equal(t, context.Canceled, r.Send(ctx, outbox.Message{Topic: "metrics"}), "a context error comes back unwrapped")
 }
