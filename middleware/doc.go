@@ -1,40 +1,64 @@
-// Package middleware is the capture side of the outbox: the [Sender] an application
-// calls, [Middleware] that wraps it, a topic [Router], the [Outbox] capture that turns a
-// send into a stored envelope, header stamping (trace context, correlation id) and an
-// HTTP middleware that opens an [outbox.Scope] per request.
+// Package middleware routes an application's sends and stamps them on the way: a
+// topic [Router], [Middleware] and [Chain] over [outbox.Sender], header stamping
+// ([TraceContext], [CorrelationID]), an [HTTP] middleware that carries an incoming
+// request's trace context and request id to the messages its handler sends, and
+// [Inline] for routes that publish without the outbox.
 //
-// A typical route stamps headers, then captures:
+// A route ends at a terminal Sender, usually the capture that [outbox.NewSender]
+// returns:
 //
-//	ob, err := middleware.NewOutbox(store, middleware.Config{})
-//	router := middleware.NewRouter()
-//	router.Handle("orders", nil,
-//		middleware.TraceContext(nil), middleware.CorrelationID(), ob.UseOutbox())
-//	err = router.Send(ctx, outbox.Message{Topic: "orders", Key: key, Payload: body})
+//	sender, err := outbox.NewSender(store, outbox.SenderConfig{})
+//	router := middleware.NewRouter(middleware.TraceContext(nil), middleware.CorrelationID())
+//	router.Handle("orders", sender)
+//	router.Handle("metrics", middleware.Inline(transport))
 //
-// Routes without [Outbox.UseOutbox] send inline through a transport ([Inline]); the
-// call site is the same either way.
+//	err = store.Transact(ctx, func(ctx context.Context) error {
+//		return router.Send(ctx, outbox.Message{Topic: "orders", Key: key, Payload: body})
+//	})
+//
+// The router is itself an [outbox.Sender], so handlers depend on Sender alone and a
+// route moves between the outbox and an inline transport without touching them.
 //
 // # Semantics
 //
-//   - Capture short-circuits its route: the middleware and terminal after
-//     [Outbox.UseOutbox] are never called. Put stamping middleware before it so the
-//     stored envelope carries the headers.
-//   - [outbox.Immediate] (the default) writes the envelope with [outbox.Store.Enqueue]
-//     before Send returns: durable, but not atomic with the application's own write.
-//   - [outbox.Transactional] stages the envelope on the context's [outbox.Scope]; a
-//     store's unit of work writes it in the application's transaction. Without a scope
-//     Send fails with [outbox.ErrNoScope]; nothing is silently dropped.
-//   - Every captured message carries an idempotency-key header equal to its message
-//     id, unless the application set one or [Config.DisableIdempotencyKey] is set.
-//   - Middleware never changes the caller's header slice: a header is added to a copy.
-//   - A message larger than [Config.MaxMessageSize] or the store's
-//     [outbox.SizeLimiter] limit fails with [outbox.ErrTooLarge] and nothing is written.
+//   - A send runs the router's shared middleware, then the route's own, outermost
+//     first, then the terminal. Stamping happens before the capture, so the stored
+//     envelope carries the headers of the business operation, not of the relay.
+//   - What is written, and when, is the terminal's business: the capture stages the
+//     message in the unit of work on the ctx (whatever its mode), or, outside one,
+//     fails with [outbox.ErrNoTransaction] ([outbox.Transactional]) or writes at once
+//     ([outbox.Immediate]). A route that may send outside a unit of work ends at a
+//     capture with its mode overridden: capture.WithMode(outbox.Immediate).
+//   - The terminal's error comes back through the route as the terminal returned it.
+//     A topic with no route fails with an error wrapping [outbox.ErrNoRoute].
+//   - [TraceContext] writes what its propagator injects (for W3C: traceparent and
+//     tracestate), replacing headers of the same name. With a nil propagator it uses
+//     the global one at each send; until the application installs one
+//     (otel.SetTextMapPropagator), that writes nothing.
+//   - [CorrelationID] keeps an [outbox.HeaderCorrelationID] header the application
+//     set; otherwise it stamps the id on the ctx ([WithCorrelationID], or the
+//     X-Request-ID header through [HTTP]), otherwise a new random id.
+//   - [HTTP] extracts the trace context from the request's headers (through its
+//     propagator, or the global one at each request when it is nil) and takes
+//     X-Request-ID as the correlation id, on the request's ctx. It opens no unit of
+//     work: the handler does, with the store's Transact.
+//   - Middleware never writes into the caller's header slice: a header is added to a
+//     copy.
+//   - The idempotency-key header is not stamped here: the Kafka and SQS transports
+//     stamp it when they publish (their OmitIdempotencyKey turns it off), relayed and
+//     [Inline] messages alike.
+//   - Handle panics on an empty topic, a nil terminal or a topic registered twice,
+//     and Chain on a nil terminal: each is a programming error found at start-up.
 //
 // # Limitations
 //
-//   - Captured sends are fire-and-forget: there is no reply to wait for.
-//   - Capture does not copy the message's key, payload or header values. Do not change
-//     them after Send returns (in Transactional mode they are read again at commit).
-//   - An [Inline] route publishes synchronously with no retry and no durability: it is
-//     what the outbox exists to replace, kept for sends that do not need it.
+//   - Sends are fire-and-forget: there is no reply to wait for.
+//   - Neither the middleware nor the capture copies the message's key, payload or
+//     header values. Do not change them after Send returns: a staged message is read
+//     again when its unit of work commits.
+//   - An [Inline] route publishes synchronously, once, with no retry and no
+//     durability: it is the dual write the outbox exists to replace, kept for sends
+//     that do not need it.
+//   - [HTTP] reads only X-Request-ID for the correlation id; a service that uses
+//     another header sets the id itself with [WithCorrelationID].
 package middleware
