@@ -1,4 +1,4 @@
-package dynamodb
+package dynamostore
 
 import (
 	"context"
@@ -36,7 +36,7 @@ func (s *Store) List(ctx context.Context, status outbox.Status, after outbox.Cur
 		return nil, err
 	}
 	var out []*outbox.Envelope
-	for b := max(after.Bucket, 0); b < s.opts.BucketCount && len(out) < limit; b++ {
+	for b := max(after.Bucket, 0); b < s.cfg.BucketCount && len(out) < limit; b++ {
 		pk := s.partitionOf(status, b)
 		if pk == "" {
 			return nil, nil
@@ -48,7 +48,7 @@ func (s *Store) List(ctx context.Context, status outbox.Status, after outbox.Cur
 		var start map[string]types.AttributeValue
 		for len(out) < limit {
 			page, err := s.client.Query(ctx, &ddb.QueryInput{
-				TableName:                aws.String(s.opts.TableName),
+				TableName:                aws.String(s.cfg.TableName),
 				KeyConditionExpression:   aws.String("#pk = :pk AND #sk > :from"),
 				ExpressionAttributeNames: map[string]string{"#pk": s.keys.pk, "#sk": s.keys.sk},
 				ExpressionAttributeValues: map[string]types.AttributeValue{
@@ -89,7 +89,7 @@ func (s *Store) scanPartitions(ctx context.Context, op string, pks []string, pro
 		maps.Copy(allNames, names)
 		for {
 			page, err := s.client.Query(ctx, &ddb.QueryInput{
-				TableName:                 aws.String(s.opts.TableName),
+				TableName:                 aws.String(s.cfg.TableName),
 				KeyConditionExpression:    aws.String("#pk = :pk"),
 				ExpressionAttributeNames:  allNames,
 				ExpressionAttributeValues: map[string]types.AttributeValue{":pk": &types.AttributeValueMemberS{Value: pks[i]}},
@@ -102,7 +102,7 @@ func (s *Store) scanPartitions(ctx context.Context, op string, pks []string, pro
 			}
 			mu.Lock()
 			for _, item := range page.Items {
-				keep(i%s.opts.BucketCount, item)
+				keep(i%s.cfg.BucketCount, item)
 			}
 			mu.Unlock()
 			if len(page.LastEvaluatedKey) == 0 {
@@ -134,7 +134,7 @@ func (s *Store) Requeue(ctx context.Context, ids ...uuid.UUID) (int, error) {
 		return 0, nil
 	}
 	want := idSet(ids)
-	pks := make([]string, s.opts.BucketCount)
+	pks := make([]string, s.cfg.BucketCount)
 	for b := range pks {
 		pks[b] = s.keys.parked(b)
 	}
@@ -162,14 +162,14 @@ func (s *Store) Requeue(ctx context.Context, ids ...uuid.UUID) (int, error) {
 		pending[s.keys.pk] = &types.AttributeValueMemberS{Value: s.keys.messages(moves[i].bucket)}
 		_, err := s.client.TransactWriteItems(ctx, &ddb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{
 			{Delete: &types.Delete{
-				TableName:                 aws.String(s.opts.TableName),
+				TableName:                 aws.String(s.cfg.TableName),
 				Key:                       s.keys.key(s.keys.parked(moves[i].bucket), sk),
 				ConditionExpression:       aws.String("#id = :id"),
 				ExpressionAttributeNames:  map[string]string{"#id": attrMessageID},
 				ExpressionAttributeValues: map[string]types.AttributeValue{":id": parkedItem[attrMessageID]},
 			}},
 			{Put: &types.Put{
-				TableName:                aws.String(s.opts.TableName),
+				TableName:                aws.String(s.cfg.TableName),
 				Item:                     pending,
 				ConditionExpression:      aws.String("attribute_not_exists(#pk)"),
 				ExpressionAttributeNames: map[string]string{"#pk": s.keys.pk},
@@ -200,11 +200,11 @@ func (s *Store) Purge(ctx context.Context, ids ...uuid.UUID) (int, error) {
 		return 0, nil
 	}
 	want := idSet(ids)
-	pks := make([]string, 0, 2*s.opts.BucketCount)
-	for b := range s.opts.BucketCount {
+	pks := make([]string, 0, 2*s.cfg.BucketCount)
+	for b := range s.cfg.BucketCount {
 		pks = append(pks, s.keys.messages(b))
 	}
-	for b := range s.opts.BucketCount {
+	for b := range s.cfg.BucketCount {
 		pks = append(pks, s.keys.parked(b))
 	}
 	var deletes []types.WriteRequest
@@ -238,8 +238,8 @@ func (s *Store) Stats(ctx context.Context) (outbox.Stats, error) {
 	if err := s.enter(ctx); err != nil {
 		return outbox.Stats{}, err
 	}
-	n := s.opts.BucketCount
-	st := outbox.Stats{Pending: make([]int, n), PendingLimit: s.opts.PendingCountLimit}
+	n := s.cfg.BucketCount
+	st := outbox.Stats{Pending: make([]int, n), PendingLimit: s.cfg.PendingCountLimit}
 	heads := make([]time.Time, n)
 	parked := make([]int, n)
 	err := s.forEach(ctx, 3*n, func(ctx context.Context, i int) error {
@@ -255,7 +255,7 @@ func (s *Store) Stats(ctx context.Context) (outbox.Stats, error) {
 			return err
 		}
 		out, err := s.client.Query(ctx, &ddb.QueryInput{
-			TableName:                 aws.String(s.opts.TableName),
+			TableName:                 aws.String(s.cfg.TableName),
 			KeyConditionExpression:    aws.String("#pk = :pk"),
 			ExpressionAttributeNames:  map[string]string{"#pk": s.keys.pk, "#created": attrCreatedAt},
 			ExpressionAttributeValues: map[string]types.AttributeValue{":pk": &types.AttributeValueMemberS{Value: s.keys.messages(b)}},
@@ -288,12 +288,12 @@ func (s *Store) Stats(ctx context.Context) (outbox.Stats, error) {
 
 // count counts a partition's items up to PendingCountLimit.
 func (s *Store) count(ctx context.Context, pk string) (int, error) {
-	limit := s.opts.PendingCountLimit
+	limit := s.cfg.PendingCountLimit
 	total := 0
 	var start map[string]types.AttributeValue
 	for total < limit {
 		out, err := s.client.Query(ctx, &ddb.QueryInput{
-			TableName:                 aws.String(s.opts.TableName),
+			TableName:                 aws.String(s.cfg.TableName),
 			KeyConditionExpression:    aws.String("#pk = :pk"),
 			ExpressionAttributeNames:  map[string]string{"#pk": s.keys.pk},
 			ExpressionAttributeValues: map[string]types.AttributeValue{":pk": &types.AttributeValueMemberS{Value: pk}},

@@ -1,18 +1,22 @@
-// Package dynamodb is the DynamoDB outbox store: messages, sequence counters, leases and
-// relay heartbeats in one table with a string partition key and a string sort key,
-// through an AWS SDK v2 client the caller built.
+// Package dynamostore is the DynamoDB outbox store: messages, sequence counters,
+// leases and relay heartbeats in one table with a string partition key and a string
+// sort key, through an AWS SDK v2 client the caller built. Its import path ends in
+// store/dynamodb; its name differs from the SDK's service/dynamodb so that both can be
+// imported side by side.
 //
-// Writers put messages in the transaction that carries their business write: either
-// with [Store.Commit], the unit of work that drains the envelopes staged on the
-// context's [outbox.Scope] into ONE TransactWriteItems request together with the
-// application's own items, or with [Store.CreateTransactWriteItems] for a request the
-// application assembles itself. [Store.Enqueue] writes messages that have no business
-// write. Relays ([github.com/outboxkit/outbox/dispatcher]) drain buckets through the
+// Writers put messages in the transaction that carries their business write. The
+// unit of work is [Store.Transact]: inside its function, [AddItems] adds the
+// application's own TransactWriteItem values, and every send made with the
+// function's ctx is staged; when the function returns nil, all of it is written in
+// ONE TransactWriteItems request. An application that builds its own request appends
+// the items of [Store.CreateTransactWriteItems] to it instead. [Store.Enqueue]
+// writes messages that have no business write. Relays
+// ([github.com/outboxkit/outbox/dispatcher]) drain buckets through the
 // [outbox.DispatchStore] methods and share the buckets with the lease protocol.
 //
 // # Item schema
 //
-// Every item lives under Options.KeyPrefix (default OUTBOX); PK and SK stand for the
+// Every item lives under Config.KeyPrefix (default OUTBOX); PK and SK stand for the
 // configured key attribute names. {bucket} is the decimal bucket number, unpadded.
 // Times are UTC ticks: 100 ns units since 0001-01-01T00:00:00Z, as a number.
 //
@@ -35,15 +39,24 @@
 //
 // # Semantics
 //
+//   - Unit of work: [Store.Transact] gathers the application's items ([AddItems]) and
+//     the staged messages and writes them, application items first, in one
+//     TransactWriteItems request when its function returns nil; nothing is sent
+//     before. A function that fails or panics writes nothing, whatever the senders'
+//     write mode. A nested Transact on the same store joins the outer unit. A unit
+//     with nothing to write makes no request; one whose only write is a single
+//     message uses a conditional PutItem.
 //   - Order: a writer reserves sequence numbers from the bucket's counter with one
-//     UpdateItem (ADD) per distinct bucket before its transaction commits; messages of
-//     one bucket are relayed in sequence order, and messages sharing a bucket within
-//     one call keep their list order. A reservation that never commits leaves a
-//     harmless gap.
+//     UpdateItem (ADD) per distinct bucket just before its write (at commit, for a
+//     unit of work); messages of one bucket are relayed in sequence order, and
+//     messages sharing a bucket within one write keep their send order. A
+//     reservation that never commits leaves a harmless gap.
 //   - Atomicity: every message Put is conditional on attribute_not_exists, so a
 //     transaction never overwrites a pending message (a reset counter fails the
-//     transaction instead). Enqueue and Commit are safe under the SDK's retries: a
-//     retry that finds the items of its own first attempt reports success.
+//     transaction instead). A cancelled transaction is returned wrapped: errors.As
+//     finds *types.TransactionCanceledException and its CancellationReasons.
+//     Enqueue and the unit of work's commit are safe under the SDK's retries: a
+//     retry that finds the messages of its own first attempt reports success.
 //   - Fetch is a strongly consistent Query in sequence order, followed by gap probing:
 //     a Query is only read-committed against TransactWriteItems, so up to eight ranges
 //     of missing sequence numbers (between fetched messages, and from the last message
@@ -55,11 +68,13 @@
 //     duplicate, never a loss.
 //   - Parking moves a message into its bucket's parked partition, so fetches never
 //     read it again; requeueing moves it back under its original sequence number.
-//   - Leases follow the reference protocol: every write is one conditional request;
-//     renewals and releases are conditional on the expiry read (the lease's version),
-//     heartbeats only move forward, a stopping relay stamps its record instead of
-//     deleting it, and lease items beyond the bucket count are ignored. A fleet that
-//     agrees on its membership makes no refused conditional write.
+//   - Leases: every lease or heartbeat write is one conditional request. A claim
+//     succeeds only on a free or expired lease; renewals and releases are conditional
+//     on the owner and expiry the relay holds (the lease's version), so a relay whose
+//     lease was taken over cannot renew or release its successor's. Heartbeats only
+//     move forward, a stopping relay stamps its record instead of deleting it, and
+//     lease items beyond the bucket count are ignored. A fleet that agrees on its
+//     membership makes no refused conditional write.
 //   - [Store.HasPending] is the idle probe ([outbox.Prober]) the dispatcher sends before
 //     polling a bucket: one eventually consistent one-key query.
 //   - [Store.Stats] counts pending and parked messages up to PendingCountLimit per
@@ -70,9 +85,13 @@
 //
 // # Limitations
 //
-//   - An item is at most 400 KB and a transaction at most 100 items and 4 MB: Enqueue
-//     takes at most 100 envelopes, and Commit refuses a larger unit of work before it
-//     sends anything ([outbox.ErrTooLarge]). Keep large payloads elsewhere.
+//   - One transaction holds at most 100 items and 4 MB, and an item at most 400 KB. A
+//     unit of work counts the application's items and its messages together: the
+//     commit refuses a unit over a limit before it sends anything, and [AddItems]
+//     refuses items as soon as the unit can no longer fit ([outbox.ErrTooLarge]).
+//     Enqueue takes at most [MaxEnqueue] envelopes. Keep large payloads elsewhere.
+//   - Only Put items have a size the store can measure before sending; an Update that
+//     would grow an item past 400 KB is refused by DynamoDB at commit.
 //   - No retention: completed messages are deleted, so this store does not implement
 //     [outbox.Retainer] and a dispatcher configured with a retention period refuses to
 //     start with [outbox.ErrMisconfigured].
@@ -85,4 +104,4 @@
 //     between regions.
 //   - Lease expiry compares host clocks; keep relay hosts synchronised to well within
 //     the lease duration.
-package dynamodb
+package dynamostore

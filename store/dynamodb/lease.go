@@ -1,4 +1,4 @@
-package dynamodb
+package dynamostore
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 	"github.com/outboxkit/outbox"
 )
 
-var errNoRelayID = errors.New("dynamodb: relay id is empty")
+var errNoRelayID = errors.New("dynamostore: relay id is empty")
 
 // ReadCoordination reads every lease and relay heartbeat with one strongly consistent
 // Query of the coordination partition (paged if it passes 1 MB). Lease items of
@@ -31,7 +31,7 @@ func (s *Store) ReadCoordination(ctx context.Context) (outbox.Coordination, erro
 	)
 	for {
 		out, err := s.client.Query(ctx, &ddb.QueryInput{
-			TableName:                 aws.String(s.opts.TableName),
+			TableName:                 aws.String(s.cfg.TableName),
 			KeyConditionExpression:    aws.String("#pk = :pk"),
 			ExpressionAttributeNames:  map[string]string{"#pk": s.keys.pk},
 			ExpressionAttributeValues: map[string]types.AttributeValue{":pk": &types.AttributeValueMemberS{Value: s.keys.coordination()}},
@@ -62,24 +62,24 @@ func (s *Store) decodeCoordination(item map[string]types.AttributeValue, c *outb
 	case strings.HasPrefix(sk, leaseSKPrefix):
 		bucket, err := strconv.Atoi(strings.TrimPrefix(sk, leaseSKPrefix))
 		if err != nil {
-			return fmt.Errorf("dynamodb: lease item %q: %w", sk, err)
+			return fmt.Errorf("dynamostore: lease item %q: %w", sk, err)
 		}
-		if bucket < 0 || bucket >= s.opts.BucketCount {
+		if bucket < 0 || bucket >= s.cfg.BucketCount {
 			return nil // left by a fleet with more buckets
 		}
 		exp, err := ticksOf(item, attrExpiresAt)
 		if err != nil {
-			return fmt.Errorf("dynamodb: lease item %q: %w", sk, err)
+			return fmt.Errorf("dynamostore: lease item %q: %w", sk, err)
 		}
 		c.Leases = append(c.Leases, outbox.Lease{Bucket: bucket, Owner: stringAttr(item, attrOwner), ExpiresAt: exp})
 	case strings.HasPrefix(sk, relaySKPrefix):
 		seen, err := ticksOf(item, attrLastSeen)
 		if err != nil {
-			return fmt.Errorf("dynamodb: relay item %q: %w", sk, err)
+			return fmt.Errorf("dynamostore: relay item %q: %w", sk, err)
 		}
 		stopped, err := ticksOf(item, attrStoppedAt)
 		if err != nil {
-			return fmt.Errorf("dynamodb: relay item %q: %w", sk, err)
+			return fmt.Errorf("dynamostore: relay item %q: %w", sk, err)
 		}
 		c.Relays = append(c.Relays, outbox.RelayRecord{ID: strings.TrimPrefix(sk, relaySKPrefix), LastSeen: seen, StoppedAt: stopped})
 	}
@@ -88,7 +88,7 @@ func (s *Store) decodeCoordination(item map[string]types.AttributeValue, c *outb
 
 // conditional sends one conditional UpdateItem and reports whether its condition held.
 func (s *Store) conditional(ctx context.Context, op string, in *ddb.UpdateItemInput) (bool, error) {
-	in.TableName = aws.String(s.opts.TableName)
+	in.TableName = aws.String(s.cfg.TableName)
 	_, err := s.client.UpdateItem(ctx, in)
 	switch {
 	case err == nil:
@@ -122,7 +122,7 @@ func (s *Store) Heartbeat(ctx context.Context, relay string, at time.Time) (bool
 
 // conditionalPut sends one conditional PutItem and reports whether its condition held.
 func (s *Store) conditionalPut(ctx context.Context, op string, in *ddb.PutItemInput) (bool, error) {
-	in.TableName = aws.String(s.opts.TableName)
+	in.TableName = aws.String(s.cfg.TableName)
 	_, err := s.client.PutItem(ctx, in)
 	switch {
 	case err == nil:
@@ -156,7 +156,7 @@ func (s *Store) StopRelay(ctx context.Context, relay string, at time.Time) error
 	}
 	// The record already carries a later heartbeat: stamp the stop alone.
 	_, err = s.client.UpdateItem(ctx, &ddb.UpdateItemInput{
-		TableName:                 aws.String(s.opts.TableName),
+		TableName:                 aws.String(s.cfg.TableName),
 		Key:                       s.keys.key(s.keys.coordination(), relaySortKey(relay)),
 		UpdateExpression:          aws.String("SET #stopped = :at"),
 		ExpressionAttributeNames:  map[string]string{"#stopped": attrStoppedAt},
@@ -171,7 +171,7 @@ func (s *Store) DeleteRelay(ctx context.Context, relay string, lastSeen time.Tim
 		return false, err
 	}
 	_, err := s.client.DeleteItem(ctx, &ddb.DeleteItemInput{
-		TableName:                 aws.String(s.opts.TableName),
+		TableName:                 aws.String(s.cfg.TableName),
 		Key:                       s.keys.key(s.keys.coordination(), relaySortKey(relay)),
 		ConditionExpression:       aws.String("#seen = :seen"),
 		ExpressionAttributeNames:  map[string]string{"#seen": attrLastSeen},

@@ -1,4 +1,4 @@
-package dynamodb
+package dynamostore
 
 import (
 	"context"
@@ -81,7 +81,7 @@ func (s *Store) queryHead(ctx context.Context, bucket, limit int) ([]map[string]
 	)
 	for len(items) < limit {
 		out, err := s.client.Query(ctx, &ddb.QueryInput{
-			TableName:                 aws.String(s.opts.TableName),
+			TableName:                 aws.String(s.cfg.TableName),
 			KeyConditionExpression:    aws.String("#pk = :pk"),
 			ExpressionAttributeNames:  map[string]string{"#pk": s.keys.pk},
 			ExpressionAttributeValues: map[string]types.AttributeValue{":pk": &types.AttributeValueMemberS{Value: s.keys.messages(bucket)}},
@@ -109,10 +109,10 @@ func (s *Store) decodeBatch(items []map[string]types.AttributeValue, bucket int)
 			return nil, err
 		}
 		if env.BucketCount == 0 {
-			env.BucketCount = s.opts.BucketCount // an unstamped message is not checked
-		} else if env.BucketCount != s.opts.BucketCount {
-			return nil, fmt.Errorf("%w: dynamodb: message %s in bucket %d was written for %d buckets but this store has %d; drain the table before changing the bucket count",
-				outbox.ErrMisconfigured, env.ID, bucket, env.BucketCount, s.opts.BucketCount)
+			env.BucketCount = s.cfg.BucketCount // an unstamped message is not checked
+		} else if env.BucketCount != s.cfg.BucketCount {
+			return nil, fmt.Errorf("%w: dynamostore: message %s in bucket %d was written for %d buckets but this store has %d; drain the table before changing the bucket count",
+				outbox.ErrMisconfigured, env.ID, bucket, env.BucketCount, s.cfg.BucketCount)
 		}
 		envs = append(envs, env)
 	}
@@ -153,7 +153,7 @@ func (s *Store) probeGaps(ctx context.Context, bucket int, envs []*outbox.Envelo
 	var found atomic.Bool
 	err := s.forEach(ctx, len(ranges), func(ctx context.Context, i int) error {
 		out, err := s.client.Query(ctx, &ddb.QueryInput{
-			TableName:                aws.String(s.opts.TableName),
+			TableName:                aws.String(s.cfg.TableName),
 			KeyConditionExpression:   aws.String("#pk = :pk AND #sk BETWEEN :lo AND :hi"),
 			ExpressionAttributeNames: map[string]string{"#pk": s.keys.pk, "#sk": s.keys.sk},
 			ExpressionAttributeValues: map[string]types.AttributeValue{
@@ -188,7 +188,7 @@ func (s *Store) HasPending(ctx context.Context, bucket int) (bool, error) {
 		return false, err
 	}
 	out, err := s.client.Query(ctx, &ddb.QueryInput{
-		TableName:                 aws.String(s.opts.TableName),
+		TableName:                 aws.String(s.cfg.TableName),
 		KeyConditionExpression:    aws.String("#pk = :pk"),
 		ExpressionAttributeNames:  map[string]string{"#pk": s.keys.pk, "#sk": s.keys.sk},
 		ExpressionAttributeValues: map[string]types.AttributeValue{":pk": &types.AttributeValueMemberS{Value: s.keys.messages(bucket)}},
@@ -259,19 +259,19 @@ func (s *Store) batchWrite(ctx context.Context, op string, requests []types.Writ
 			}
 		}
 		out, err := s.client.BatchWriteItem(ctx, &ddb.BatchWriteItemInput{
-			RequestItems: map[string][]types.WriteRequest{s.opts.TableName: requests},
+			RequestItems: map[string][]types.WriteRequest{s.cfg.TableName: requests},
 		})
 		if err != nil {
 			return s.translate(ctx, op, err)
 		}
-		requests = out.UnprocessedItems[s.opts.TableName]
+		requests = out.UnprocessedItems[s.cfg.TableName]
 		if len(requests) == 0 {
 			return nil
 		}
 		if attempt+1 == maxBatchAttempts {
-			s.log.Warn("dynamodb outbox: writes left unprocessed after every retry; the messages stay and are published again",
+			s.log.Warn("dynamostore: writes left unprocessed after every retry; the messages stay and are published again",
 				"op", op, "unprocessed", len(requests))
-			return fmt.Errorf("dynamodb: %s: %d writes left unprocessed after %d attempts (throttled)", op, len(requests), maxBatchAttempts)
+			return fmt.Errorf("dynamostore: %s: %d writes left unprocessed after %d attempts (throttled)", op, len(requests), maxBatchAttempts)
 		}
 	}
 }
@@ -304,7 +304,7 @@ func (s *Store) Reschedule(ctx context.Context, env *outbox.Envelope, next time.
 		return err
 	}
 	_, err := s.client.UpdateItem(ctx, &ddb.UpdateItemInput{
-		TableName:        aws.String(s.opts.TableName),
+		TableName:        aws.String(s.cfg.TableName),
 		Key:              s.keys.key(s.keys.messages(env.Bucket), seqSortKey(env.Seq)),
 		UpdateExpression: aws.String("SET #next = :next, #err = :err ADD #att :one"),
 		// The condition also keeps the update from creating a stray item when the
@@ -342,7 +342,7 @@ func (s *Store) Park(ctx context.Context, env *outbox.Envelope, cause string) er
 	key := s.keys.key(s.keys.messages(env.Bucket), seqSortKey(env.Seq))
 	idCond := map[string]types.AttributeValue{":id": &types.AttributeValueMemberS{Value: env.ID.String()}}
 	out, err := s.client.UpdateItem(ctx, &ddb.UpdateItemInput{
-		TableName:                aws.String(s.opts.TableName),
+		TableName:                aws.String(s.cfg.TableName),
 		Key:                      key,
 		UpdateExpression:         aws.String("SET #err = :err ADD #att :one"),
 		ConditionExpression:      aws.String("#id = :id"),
@@ -365,13 +365,13 @@ func (s *Store) Park(ctx context.Context, env *outbox.Envelope, cause string) er
 	item[attrParkedAt] = ticksAttr(time.Now())
 	_, err = s.client.TransactWriteItems(ctx, &ddb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{
 		{Delete: &types.Delete{
-			TableName:                 aws.String(s.opts.TableName),
+			TableName:                 aws.String(s.cfg.TableName),
 			Key:                       key,
 			ConditionExpression:       aws.String("#id = :id"),
 			ExpressionAttributeNames:  map[string]string{"#id": attrMessageID},
 			ExpressionAttributeValues: idCond,
 		}},
-		{Put: &types.Put{TableName: aws.String(s.opts.TableName), Item: item}},
+		{Put: &types.Put{TableName: aws.String(s.cfg.TableName), Item: item}},
 	}})
 	if err != nil {
 		if tce, ok := errors.AsType[*types.TransactionCanceledException](err); ok && conditionFailed(tce) {

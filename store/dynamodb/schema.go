@@ -1,4 +1,4 @@
-package dynamodb
+package dynamostore
 
 import (
 	"fmt"
@@ -14,9 +14,10 @@ import (
 	"github.com/outboxkit/outbox"
 )
 
-// Attribute names of the items the store writes. The first block is the message item
-// of the reference layout; the second block holds this store's additions for retries
-// and parking; then the counter, lease and relay attributes.
+// Attribute names of the items the store writes. The first block is what every
+// writer puts in a message item; the second block is what the relay adds after a
+// failed publish or when it parks a message; then the counter, lease and relay
+// attributes.
 const (
 	attrMessageID   = "MessageId"
 	attrTopic       = "Topic"
@@ -80,8 +81,8 @@ func (k keys) key(pk, sk string) map[string]types.AttributeValue {
 	}
 }
 
-// Times are stored as UTC ticks: 100 ns units since 0001-01-01T00:00:00Z, as the
-// reference layout specifies. The zero time.Time is tick 0.
+// Times are stored as UTC ticks: 100 ns units since 0001-01-01T00:00:00Z (the
+// package documentation's item schema). The zero time.Time is tick 0.
 const unixEpochSeconds = 62135596800 // seconds from 0001-01-01 to 1970-01-01
 
 func toTicks(t time.Time) int64 {
@@ -134,7 +135,7 @@ func (k keys) decodeMessage(item map[string]types.AttributeValue, bucket int, st
 	env := &outbox.Envelope{Bucket: bucket, Status: status}
 	var err error
 	fail := func(attr string, cause error) error {
-		return fmt.Errorf("dynamodb: message item %s/%s: attribute %s: %w", stringAttr(item, k.pk), stringAttr(item, k.sk), attr, cause)
+		return fmt.Errorf("dynamostore: message item %s/%s: attribute %s: %w", stringAttr(item, k.pk), stringAttr(item, k.sk), attr, cause)
 	}
 	if env.Seq, err = strconv.ParseInt(stringAttr(item, k.sk), 10, 64); err != nil {
 		return nil, fail(k.sk, err)

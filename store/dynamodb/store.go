@@ -1,4 +1,4 @@
-package dynamodb
+package dynamostore
 
 import (
 	"context"
@@ -30,15 +30,16 @@ type Client interface {
 
 var _ Client = (*ddb.Client)(nil)
 
-// Store is the DynamoDB outbox store. It implements [outbox.DispatchStore],
-// [outbox.Admin], [outbox.Notifier] and [outbox.SizeLimiter], and offers the
-// TransactWriteItems unit of work ([Store.Commit]) and the writer calls for an
-// application's own transactions ([Store.CreateTransactWriteItems]).
+// Store is the DynamoDB outbox store. It implements [outbox.DispatchStore] (with its
+// unit of work, [Store.Transact]: one TransactWriteItems request), [outbox.Admin],
+// [outbox.Notifier] and [outbox.SizeLimiter], and offers the writer calls for an
+// application that builds its own TransactWriteItems request
+// ([Store.CreateTransactWriteItems], [Store.NotifyCommitted]).
 //
 // A Store is safe for concurrent use.
 type Store struct {
 	client Client
-	opts   Options
+	cfg    Config
 	keys   keys
 	log    *slog.Logger
 	hub    outbox.Hub
@@ -60,31 +61,31 @@ var (
 	_ outbox.SizeLimiter   = (*Store)(nil)
 )
 
-// New returns a store on the table opts names, through client, which the caller built
+// New returns a store on the table cfg names, through client, which the caller built
 // and keeps: Close does not close it. New makes no request; create the table with
 // [CreateIfNotExists] or provision it as the package documentation shows.
-func New(client Client, opts Options) (*Store, error) {
+func New(client Client, cfg Config) (*Store, error) {
 	if client == nil {
-		return nil, fmt.Errorf("%w: dynamodb: New needs a client", outbox.ErrMisconfigured)
+		return nil, fmt.Errorf("%w: dynamostore: New needs a client", outbox.ErrMisconfigured)
 	}
-	if err := opts.Validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	opts = opts.withDefaults()
+	cfg = cfg.withDefaults()
 	return &Store{
 		client:      client,
-		opts:        opts,
-		keys:        keys{prefix: opts.KeyPrefix, pk: opts.PartitionKeyAttributeName, sk: opts.SortKeyAttributeName},
-		log:         opts.Logger,
-		lastRemoved: make([]int64, opts.BucketCount),
+		cfg:         cfg,
+		keys:        keys{prefix: cfg.KeyPrefix, pk: cfg.PartitionKeyAttributeName, sk: cfg.SortKeyAttributeName},
+		log:         cfg.Logger,
+		lastRemoved: make([]int64, cfg.BucketCount),
 	}, nil
 }
 
 // BucketCount returns the configured bucket count.
-func (s *Store) BucketCount() int { return s.opts.BucketCount }
+func (s *Store) BucketCount() int { return s.cfg.BucketCount }
 
-// Options returns the options in effect, defaults filled in.
-func (s *Store) Options() Options { return s.opts }
+// Config returns the options in effect, defaults filled in.
+func (s *Store) Config() Config { return s.cfg }
 
 // MaxMessageSize is the largest [outbox.Message.Size] that fits in one item: DynamoDB's
 // 400 KB item limit less room for the item's keys and bookkeeping attributes. Writes
@@ -121,7 +122,7 @@ func (s *Store) As(target any) bool {
 	return false
 }
 
-var errClosed = fmt.Errorf("dynamodb: %w", outbox.ErrClosed)
+var errClosed = fmt.Errorf("dynamostore: %w", outbox.ErrClosed)
 
 // enter checks ctx and that the store is open.
 func (s *Store) enter(ctx context.Context) error {
@@ -135,8 +136,8 @@ func (s *Store) enter(ctx context.Context) error {
 }
 
 func (s *Store) checkBucket(bucket int) error {
-	if bucket < 0 || bucket >= s.opts.BucketCount {
-		return fmt.Errorf("%w: dynamodb: bucket %d outside 0..%d", outbox.ErrMisconfigured, bucket, s.opts.BucketCount-1)
+	if bucket < 0 || bucket >= s.cfg.BucketCount {
+		return fmt.Errorf("%w: dynamostore: bucket %d outside 0..%d", outbox.ErrMisconfigured, bucket, s.cfg.BucketCount-1)
 	}
 	return nil
 }
@@ -158,10 +159,10 @@ func (s *Store) translate(ctx context.Context, op string, err error) error {
 		return context.DeadlineExceeded
 	}
 	if _, ok := errors.AsType[*types.ResourceNotFoundException](err); ok {
-		return fmt.Errorf("%w: dynamodb: %s: table %q not found: create it (CreateIfNotExists) or fix Options.TableName: %w",
-			outbox.ErrMisconfigured, op, s.opts.TableName, err)
+		return fmt.Errorf("%w: dynamostore: %s: table %q not found: create it (CreateIfNotExists) or fix Config.TableName: %w",
+			outbox.ErrMisconfigured, op, s.cfg.TableName, err)
 	}
-	return fmt.Errorf("dynamodb: %s: %w", op, err)
+	return fmt.Errorf("dynamostore: %s: %w", op, err)
 }
 
 func isConditionFailed(err error) bool {
@@ -182,7 +183,7 @@ func (s *Store) forEach(ctx context.Context, n int, fn func(ctx context.Context,
 		once     sync.Once
 		firstErr error
 	)
-	sem := make(chan struct{}, s.opts.MaxConcurrency)
+	sem := make(chan struct{}, s.cfg.MaxConcurrency)
 	for i := range n {
 		select {
 		case sem <- struct{}{}:

@@ -1,4 +1,4 @@
-package dynamodb
+package dynamostore
 
 import (
 	"context"
@@ -22,25 +22,25 @@ type TableClient interface {
 
 var _ TableClient = (*ddb.Client)(nil)
 
-// CreateTableInput returns the definition of an outbox table for opts: a string
+// CreateTableInput returns the definition of an outbox table for cfg: a string
 // partition key and a string sort key, on-demand billing, no index. Adjust it before
 // creating the table if you need to (tags, deletion protection, encryption); keep the
 // key schema.
-func CreateTableInput(opts Options) (*ddb.CreateTableInput, error) {
-	if err := opts.Validate(); err != nil {
+func CreateTableInput(cfg Config) (*ddb.CreateTableInput, error) {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	opts = opts.withDefaults()
+	cfg = cfg.withDefaults()
 	return &ddb.CreateTableInput{
-		TableName:   aws.String(opts.TableName),
+		TableName:   aws.String(cfg.TableName),
 		BillingMode: types.BillingModePayPerRequest,
 		AttributeDefinitions: []types.AttributeDefinition{
-			{AttributeName: aws.String(opts.PartitionKeyAttributeName), AttributeType: types.ScalarAttributeTypeS},
-			{AttributeName: aws.String(opts.SortKeyAttributeName), AttributeType: types.ScalarAttributeTypeS},
+			{AttributeName: aws.String(cfg.PartitionKeyAttributeName), AttributeType: types.ScalarAttributeTypeS},
+			{AttributeName: aws.String(cfg.SortKeyAttributeName), AttributeType: types.ScalarAttributeTypeS},
 		},
 		KeySchema: []types.KeySchemaElement{
-			{AttributeName: aws.String(opts.PartitionKeyAttributeName), KeyType: types.KeyTypeHash},
-			{AttributeName: aws.String(opts.SortKeyAttributeName), KeyType: types.KeyTypeRange},
+			{AttributeName: aws.String(cfg.PartitionKeyAttributeName), KeyType: types.KeyTypeHash},
+			{AttributeName: aws.String(cfg.SortKeyAttributeName), KeyType: types.KeyTypeRange},
 		},
 	}, nil
 }
@@ -48,16 +48,16 @@ func CreateTableInput(opts Options) (*ddb.CreateTableInput, error) {
 // CreateIfNotExists creates the outbox table unless it exists, then waits until it is
 // ACTIVE. It is safe to call from several processes at once: a process that loses the
 // race to create the table waits for the winner's table. It fails with
-// [outbox.ErrMisconfigured] when an existing table's key schema does not match opts.
+// [outbox.ErrMisconfigured] when an existing table's key schema does not match cfg.
 // Meant for development, tests and samples; provision production tables with your
 // infrastructure tooling.
-func CreateIfNotExists(ctx context.Context, client TableClient, opts Options) error {
-	in, err := CreateTableInput(opts)
+func CreateIfNotExists(ctx context.Context, client TableClient, cfg Config) error {
+	in, err := CreateTableInput(cfg)
 	if err != nil {
 		return err
 	}
-	opts = opts.withDefaults()
-	desc, err := describe(ctx, client, opts.TableName)
+	cfg = cfg.withDefaults()
+	desc, err := describe(ctx, client, cfg.TableName)
 	if err != nil {
 		return err
 	}
@@ -67,17 +67,17 @@ func CreateIfNotExists(ctx context.Context, client TableClient, opts Options) er
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			return fmt.Errorf("dynamodb: create table %q: %w", opts.TableName, err)
+			return fmt.Errorf("dynamostore: create table %q: %w", cfg.TableName, err)
 		}
 	}
 	for wait := 50 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
-		desc, err = describe(ctx, client, opts.TableName)
+		desc, err = describe(ctx, client, cfg.TableName)
 		if err != nil {
 			return err
 		}
 		// Some emulators report no status at all; their tables are usable at once.
 		if desc != nil && (desc.TableStatus == types.TableStatusActive || desc.TableStatus == "") {
-			return checkKeySchema(desc, opts)
+			return checkKeySchema(desc, cfg)
 		}
 		if err := sleep(ctx, wait); err != nil {
 			return err
@@ -95,15 +95,15 @@ func describe(ctx context.Context, client TableClient, name string) (*types.Tabl
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, fmt.Errorf("dynamodb: describe table %q: %w", name, err)
+		return nil, fmt.Errorf("dynamostore: describe table %q: %w", name, err)
 	}
 	return out.Table, nil
 }
 
-func checkKeySchema(desc *types.TableDescription, opts Options) error {
+func checkKeySchema(desc *types.TableDescription, cfg Config) error {
 	want := map[string]types.KeyType{
-		opts.PartitionKeyAttributeName: types.KeyTypeHash,
-		opts.SortKeyAttributeName:      types.KeyTypeRange,
+		cfg.PartitionKeyAttributeName: types.KeyTypeHash,
+		cfg.SortKeyAttributeName:      types.KeyTypeRange,
 	}
 	ok := len(desc.KeySchema) == 2
 	for _, k := range desc.KeySchema {
@@ -117,8 +117,8 @@ func checkKeySchema(desc *types.TableDescription, opts Options) error {
 		}
 	}
 	if !ok {
-		return fmt.Errorf("%w: dynamodb: table %q exists but its key schema is not a string %s partition key and a string %s sort key",
-			outbox.ErrMisconfigured, opts.TableName, opts.PartitionKeyAttributeName, opts.SortKeyAttributeName)
+		return fmt.Errorf("%w: dynamostore: table %q exists but its key schema is not a string %s partition key and a string %s sort key",
+			outbox.ErrMisconfigured, cfg.TableName, cfg.PartitionKeyAttributeName, cfg.SortKeyAttributeName)
 	}
 	return nil
 }

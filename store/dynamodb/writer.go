@@ -1,4 +1,4 @@
-package dynamodb
+package dynamostore
 
 import (
 	"context"
@@ -14,11 +14,6 @@ import (
 
 	"github.com/outboxkit/outbox"
 )
-
-// ErrNothingToCommit is returned by [Store.Commit] when the scope holds no staged
-// envelope and no application item was passed: a unit of work that writes nothing is
-// almost always a missing Send or a missing item, so it is reported, not skipped.
-var ErrNothingToCommit = errors.New("dynamodb: nothing to commit: no envelope is staged on the context's scope and no application item was passed")
 
 // MaxEnqueue is the most envelopes one [Store.Enqueue] call writes: one
 // TransactWriteItems request holds at most 100 items.
@@ -43,7 +38,7 @@ func (s *Store) Enqueue(ctx context.Context, envs ...*outbox.Envelope) error {
 		return nil
 	}
 	if len(envs) > MaxEnqueue {
-		return fmt.Errorf("%w: dynamodb: Enqueue takes at most %d envelopes per call (one transaction), got %d; split the batch",
+		return fmt.Errorf("%w: dynamostore: Enqueue takes at most %d envelopes per call (one transaction), got %d; split the batch",
 			outbox.ErrTooLarge, MaxEnqueue, len(envs))
 	}
 	size, err := s.check(envs)
@@ -51,13 +46,13 @@ func (s *Store) Enqueue(ctx context.Context, envs ...*outbox.Envelope) error {
 		return err
 	}
 	if size > maxTransactSize {
-		return fmt.Errorf("%w: dynamodb: the envelopes take about %d bytes, over a transaction's 4 MB; split the batch", outbox.ErrTooLarge, size)
+		return fmt.Errorf("%w: dynamostore: the envelopes take about %d bytes, over a transaction's 4 MB; split the batch", outbox.ErrTooLarge, size)
 	}
 	if err := s.reserve(ctx, envs); err != nil {
 		return err
 	}
 	if len(envs) == 1 {
-		err = s.putOne(ctx, envs[0])
+		err = s.putOne(ctx, "enqueue", envs[0])
 	} else {
 		err = s.transact(ctx, "enqueue", nil, envs)
 	}
@@ -70,7 +65,7 @@ func (s *Store) Enqueue(ctx context.Context, envs ...*outbox.Envelope) error {
 
 // putOne writes one envelope with a conditional PutItem: one write unit less than a
 // transaction.
-func (s *Store) putOne(ctx context.Context, env *outbox.Envelope) error {
+func (s *Store) putOne(ctx context.Context, op string, env *outbox.Envelope) error {
 	put := s.put(env)
 	_, err := s.client.PutItem(ctx, &ddb.PutItemInput{
 		TableName:                           put.TableName,
@@ -88,101 +83,36 @@ func (s *Store) putOne(ctx context.Context, env *outbox.Envelope) error {
 		} else if ok {
 			return nil
 		}
-		return fmt.Errorf("dynamodb: enqueue: sequence number %d of bucket %d is already taken by another message: was the %s counter item reset? %w",
-			env.Seq, env.Bucket, s.keys.sequence(env.Bucket), err)
+		return fmt.Errorf("dynamostore: %s: sequence number %d of bucket %d is already taken by another message: was the %s counter item reset? %w",
+			op, env.Seq, env.Bucket, s.keys.sequence(env.Bucket), err)
 	}
-	return s.translate(ctx, "enqueue", err)
+	return s.translate(ctx, op, err)
 }
 
-// Commit is the store's unit of work. It takes every envelope staged on ctx's scope
-// and writes them with the application's own items in ONE TransactWriteItems request:
-// the items and every envelope persist together or not at all. After the commit it
-// wakes local subscribers.
+// CreateTransactWriteItems is for an application that builds its own
+// TransactWriteItems request instead of using [Store.Transact]. It reserves sequence
+// numbers for envs (one reservation per distinct bucket; envelopes sharing a bucket
+// keep their list order), sets their Seq and returns one conditional Put per
+// envelope, in the order given, to append to the request. Each Put carries
+// attribute_not_exists on the partition key, so a reset counter fails the
+// transaction instead of overwriting a pending message.
 //
-// It refuses, before sending anything, a unit of work of more than 100 items in all,
-// an item over 400 KB or a request over 4 MB ([outbox.ErrTooLarge]), one with nothing
-// to write ([ErrNothingToCommit]), and a context with no scope ([outbox.ErrNoScope]).
-// The staged envelopes are taken from the scope whenever there is one, as a
-// rolled-back transaction takes them: an application that retries its unit of work
-// sends again.
+// It takes the envelopes explicitly, never from a scope. To send through a sender,
+// open a scope with [outbox.NewScope], send with its ctx, and pass scope.Take(); keep
+// the envelopes, since a rebuilt request needs them again. Build the items inside the
+// caller's retry loop: a transaction rebuilt after losing an optimistic-concurrency
+// race must reserve again. After the transaction commits, pass the same envelopes to
+// [Store.NotifyCommitted]. Release the scope once the envelopes were taken.
 //
-// A cancelled transaction is returned wrapped, so errors.As finds the SDK's
-// *types.TransactionCanceledException and its CancellationReasons (application items
-// first, in the order passed, then the envelopes in staging order).
-func (s *Store) Commit(ctx context.Context, appItems ...types.TransactWriteItem) error {
-	scope := outbox.ScopeFrom(ctx)
-	if scope == nil {
-		return outbox.ErrNoScope
-	}
-	envs := scope.Take()
-	if err := s.enter(ctx); err != nil {
-		return err
-	}
-	total := len(appItems) + len(envs)
-	switch {
-	case total == 0:
-		return ErrNothingToCommit
-	case total > maxTransactItems:
-		return fmt.Errorf("%w: dynamodb: the unit of work has %d items (%d application items and %d envelopes), over a transaction's %d",
-			outbox.ErrTooLarge, total, len(appItems), len(envs), maxTransactItems)
-	}
-	size, err := s.check(envs)
-	if err != nil {
-		return err
-	}
-	for i, it := range appItems {
-		n, put := transactItemSize(it)
-		if put && n > maxItemSize {
-			return fmt.Errorf("%w: dynamodb: application item %d is %d bytes, over DynamoDB's 400 KB item limit", outbox.ErrTooLarge, i, n)
-		}
-		size += n
-	}
-	if size > maxTransactSize {
-		return fmt.Errorf("%w: dynamodb: the unit of work takes about %d bytes, over a transaction's 4 MB", outbox.ErrTooLarge, size)
-	}
-	if err := s.reserve(ctx, envs); err != nil {
-		return err
-	}
-	if err := s.transact(ctx, "commit", appItems, envs); err != nil {
-		return err
-	}
-	s.NotifyCommitted(envs...)
-	return nil
-}
-
-// Transact runs fn with a scope on its context (ctx's own, or a new one), then commits
-// what fn staged together with the items fn returns, as [Store.Commit] does. If fn
-// fails, nothing is written and Transact returns fn's error.
-func (s *Store) Transact(ctx context.Context, fn func(ctx context.Context) ([]types.TransactWriteItem, error)) error {
-	scope := outbox.ScopeFrom(ctx)
-	if scope == nil {
-		ctx, scope = outbox.NewScope(ctx)
-		defer scope.Release()
-	}
-	items, err := fn(ctx)
-	if err != nil {
-		scope.Take() // a rolled-back unit of work takes its staged sends with it
-		return err
-	}
-	return s.Commit(ctx, items...)
-}
-
-// CreateTransactWriteItems reserves sequence numbers for envs (one reservation per
-// distinct bucket; envelopes sharing a bucket keep their list order), sets their Seq
-// and returns one conditional Put per envelope, in the order given, for the caller's
-// own TransactWriteItems request. Each Put carries attribute_not_exists on the
-// partition key, so a reset counter fails the transaction instead of overwriting a
-// pending message.
-//
-// Build the items inside the caller's retry loop: a transaction rebuilt after losing
-// an optimistic-concurrency race must reserve again. After the transaction commits,
-// call [Store.NotifyCommitted].
+// It refuses more than 100 envelopes, or one whose item would be over 400 KB, with
+// [outbox.ErrTooLarge]; the request as a whole must also stay within DynamoDB's 100
+// items and 4 MB, which the caller checks.
 func (s *Store) CreateTransactWriteItems(ctx context.Context, envs ...*outbox.Envelope) ([]types.TransactWriteItem, error) {
 	if err := s.enter(ctx); err != nil {
 		return nil, err
 	}
 	if len(envs) > maxTransactItems {
-		return nil, fmt.Errorf("%w: dynamodb: %d envelopes cannot fit in one transaction of %d items", outbox.ErrTooLarge, len(envs), maxTransactItems)
+		return nil, fmt.Errorf("%w: dynamostore: %d envelopes cannot fit in one transaction of %d items", outbox.ErrTooLarge, len(envs), maxTransactItems)
 	}
 	if _, err := s.check(envs); err != nil {
 		return nil, err
@@ -199,9 +129,10 @@ func (s *Store) CreateTransactWriteItems(ctx context.Context, envs ...*outbox.En
 
 // NotifyCommitted wakes the local subscribers of the envelopes' buckets. Call it only
 // after the transaction holding the items of [Store.CreateTransactWriteItems]
-// committed; it is optional, because relays also poll.
+// committed, with the envelopes passed to it; it is optional, because relays also
+// poll. [Store.Transact] and [Store.Enqueue] notify on their own.
 func (s *Store) NotifyCommitted(envs ...*outbox.Envelope) {
-	buckets := make([]int, 0, min(len(envs), s.opts.BucketCount))
+	buckets := make([]int, 0, min(len(envs), s.cfg.BucketCount))
 	for _, env := range envs {
 		if env != nil && !slices.Contains(buckets, env.Bucket) {
 			buckets = append(buckets, env.Bucket)
@@ -216,32 +147,32 @@ func (s *Store) check(envs []*outbox.Envelope) (int, error) {
 	seen := make(map[uuid.UUID]struct{}, len(envs))
 	for i, env := range envs {
 		if env == nil {
-			return 0, fmt.Errorf("%w: dynamodb: envelope %d is nil", outbox.ErrInvalidMessage, i)
+			return 0, fmt.Errorf("%w: dynamostore: envelope %d is nil", outbox.ErrInvalidMessage, i)
 		}
-		if env.BucketCount != s.opts.BucketCount {
-			return 0, fmt.Errorf("%w: dynamodb: envelope %s was stamped for %d buckets but the store has %d; give the writer and the store the same bucket count",
-				outbox.ErrMisconfigured, env.ID, env.BucketCount, s.opts.BucketCount)
+		if env.BucketCount != s.cfg.BucketCount {
+			return 0, fmt.Errorf("%w: dynamostore: envelope %s was stamped for %d buckets but the store has %d; give the writer and the store the same bucket count",
+				outbox.ErrMisconfigured, env.ID, env.BucketCount, s.cfg.BucketCount)
 		}
-		if env.Bucket < 0 || env.Bucket >= s.opts.BucketCount {
-			return 0, fmt.Errorf("%w: dynamodb: envelope %s has bucket %d outside 0..%d", outbox.ErrInvalidMessage, env.ID, env.Bucket, s.opts.BucketCount-1)
+		if env.Bucket < 0 || env.Bucket >= s.cfg.BucketCount {
+			return 0, fmt.Errorf("%w: dynamostore: envelope %s has bucket %d outside 0..%d", outbox.ErrInvalidMessage, env.ID, env.Bucket, s.cfg.BucketCount-1)
 		}
 		if env.ID == uuid.Nil {
-			return 0, fmt.Errorf("%w: dynamodb: envelope %d has no ID; build envelopes with outbox.NewEnvelope", outbox.ErrInvalidMessage, i)
+			return 0, fmt.Errorf("%w: dynamostore: envelope %d has no ID; build envelopes with outbox.NewEnvelope", outbox.ErrInvalidMessage, i)
 		}
 		if err := env.Validate(); err != nil {
-			return 0, fmt.Errorf("dynamodb: envelope %s: %w", env.ID, err)
+			return 0, fmt.Errorf("dynamostore: envelope %s: %w", env.ID, err)
 		}
 		if !utf8.ValidString(env.Topic) {
-			return 0, fmt.Errorf("%w: dynamodb: envelope %s: topic is not valid UTF-8, which a string attribute must be", outbox.ErrInvalidMessage, env.ID)
+			return 0, fmt.Errorf("%w: dynamostore: envelope %s: topic is not valid UTF-8, which a string attribute must be", outbox.ErrInvalidMessage, env.ID)
 		}
 		if _, dup := seen[env.ID]; dup {
-			return 0, fmt.Errorf("%w: dynamodb: envelope %s appears twice in one write", outbox.ErrInvalidMessage, env.ID)
+			return 0, fmt.Errorf("%w: dynamostore: envelope %s appears twice in one write", outbox.ErrInvalidMessage, env.ID)
 		}
 		seen[env.ID] = struct{}{}
 		// Seq does not change the size: the sort key has a fixed width.
 		n := itemSize(s.keys.messageItem(env, s.keys.messages(env.Bucket)))
 		if n > maxItemSize {
-			return 0, fmt.Errorf("%w: dynamodb: envelope %s needs a %d-byte item, over DynamoDB's 400 KB item limit; keep large payloads elsewhere and send a reference",
+			return 0, fmt.Errorf("%w: dynamostore: envelope %s needs a %d-byte item, over DynamoDB's 400 KB item limit; keep large payloads elsewhere and send a reference",
 				outbox.ErrTooLarge, env.ID, n)
 		}
 		size += n
@@ -264,7 +195,7 @@ func (s *Store) reserve(ctx context.Context, envs []*outbox.Envelope) error {
 		b := buckets[i]
 		group := members[b]
 		out, err := s.client.UpdateItem(ctx, &ddb.UpdateItemInput{
-			TableName:                 aws.String(s.opts.TableName),
+			TableName:                 aws.String(s.cfg.TableName),
 			Key:                       s.keys.key(s.keys.sequence(b), sequenceSortKey),
 			UpdateExpression:          aws.String("ADD #seq :n"),
 			ExpressionAttributeNames:  map[string]string{"#seq": attrSequence},
@@ -276,7 +207,7 @@ func (s *Store) reserve(ctx context.Context, envs []*outbox.Envelope) error {
 		}
 		last, ok, err := intAttr(out.Attributes, attrSequence)
 		if err != nil || !ok {
-			return fmt.Errorf("dynamodb: reserve sequence numbers: counter of bucket %d returned no number (%v)", b, err)
+			return fmt.Errorf("dynamostore: reserve sequence numbers: counter of bucket %d returned no number (%v)", b, err)
 		}
 		first := last - int64(len(group)) + 1
 		for j, env := range group {
@@ -289,7 +220,7 @@ func (s *Store) reserve(ctx context.Context, envs []*outbox.Envelope) error {
 // put is the conditional Put of one envelope whose Seq is reserved.
 func (s *Store) put(env *outbox.Envelope) *types.Put {
 	return &types.Put{
-		TableName:                           aws.String(s.opts.TableName),
+		TableName:                           aws.String(s.cfg.TableName),
 		Item:                                s.keys.messageItem(env, s.keys.messages(env.Bucket)),
 		ConditionExpression:                 aws.String("attribute_not_exists(#pk)"),
 		ExpressionAttributeNames:            map[string]string{"#pk": s.keys.pk},
@@ -321,6 +252,9 @@ func (s *Store) transact(ctx context.Context, op string, appItems []types.Transa
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		return ctxErr
 	}
+	if cerr := errCancelled(op, err); cerr != nil {
+		return cerr
+	}
 	return s.translate(ctx, op, err)
 }
 
@@ -351,10 +285,10 @@ func (s *Store) confirm(ctx context.Context, envs []*outbox.Envelope) (bool, err
 			}
 		}
 		if attempt == maxBatchAttempts {
-			return false, fmt.Errorf("dynamodb: confirm a retried write: %d keys left unprocessed", len(keys))
+			return false, fmt.Errorf("dynamostore: confirm a retried write: %d keys left unprocessed", len(keys))
 		}
 		out, err := s.client.BatchGetItem(ctx, &ddb.BatchGetItemInput{RequestItems: map[string]types.KeysAndAttributes{
-			s.opts.TableName: {
+			s.cfg.TableName: {
 				Keys:                     keys,
 				ConsistentRead:           aws.Bool(true),
 				ProjectionExpression:     aws.String("#pk, #sk, #id"),
@@ -364,14 +298,14 @@ func (s *Store) confirm(ctx context.Context, envs []*outbox.Envelope) (bool, err
 		if err != nil {
 			return false, s.translate(ctx, "confirm a retried write", err)
 		}
-		for _, item := range out.Responses[s.opts.TableName] {
+		for _, item := range out.Responses[s.cfg.TableName] {
 			id, ok := want[stringAttr(item, s.keys.pk)+"\x00"+stringAttr(item, s.keys.sk)]
 			if !ok || id != stringAttr(item, attrMessageID) {
 				return false, nil
 			}
 			found++
 		}
-		keys = out.UnprocessedKeys[s.opts.TableName].Keys
+		keys = out.UnprocessedKeys[s.cfg.TableName].Keys
 	}
 	return found == len(envs), nil
 }

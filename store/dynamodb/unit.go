@@ -1,0 +1,208 @@
+package dynamostore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/outboxkit/outbox"
+)
+
+// Transact runs fn as a unit of work (see [outbox.Transactor]). Inside fn, [AddItems]
+// adds the application's own writes to the unit, and every send made with fn's ctx
+// (whatever the sender's [outbox.WriteMode]) is staged on it. When fn returns nil,
+// the application's items and every staged envelope are written in ONE
+// TransactWriteItems request: they persist together or not at all. Sequence numbers
+// are reserved at that moment, so a unit that rolls back costs no request. When fn
+// fails or panics, nothing is written and fn's error (or panic) goes on; a Transact
+// on a ctx already inside a unit of work of this store joins it.
+//
+// A unit that adds no item and sends nothing makes no request and returns nil. A unit
+// whose only write is one message is written with a conditional PutItem, one write
+// unit less than a transaction.
+//
+// The commit refuses, before sending anything, a unit of more than 100 items in all
+// (application items and messages), an item over 400 KB or a request over 4 MB, with
+// [outbox.ErrTooLarge]. A transaction that DynamoDB cancels (an application item's
+// condition failed, a conflicting write) is returned wrapped: errors.As finds the
+// SDK's *types.TransactionCanceledException, whose CancellationReasons list the
+// application items first, in the order they were added, then the messages in the
+// order they were sent.
+//
+// The commit is safe under the SDK's retries: a retried request that finds the
+// messages of its own first attempt under their reserved sequence numbers reports
+// success. An application that retries the whole unit (after a cancellation, say)
+// calls Transact again: its function adds its items and sends again.
+func (s *Store) Transact(ctx context.Context, fn func(ctx context.Context) error) error {
+	return outbox.RunTransaction(ctx, s, s.begin, func(ctx context.Context) error {
+		// fn may run joined to an outer unit of this store with another store's unit
+		// in between: AddItems must reach this store's unit, not the innermost one.
+		if u, ok := ctx.Value(unitKey{s}).(*unit); ok {
+			u.bind(outbox.ScopeFrom(ctx))
+			ctx = context.WithValue(ctx, currentUnitKey{}, u)
+		}
+		return fn(ctx)
+	})
+}
+
+func (s *Store) begin(ctx context.Context) (context.Context, outbox.Tx, error) {
+	if err := s.enter(ctx); err != nil {
+		return ctx, nil, err
+	}
+	u := &unit{s: s}
+	return context.WithValue(ctx, unitKey{s}, u), u, nil
+}
+
+// unit is one unit of work of a Store: the application's items, gathered until the
+// commit writes them with the staged envelopes.
+type unit struct {
+	s *Store
+
+	mu sync.Mutex
+	// scope is the unit's scope, for AddItems to count the staged envelopes.
+	scope *outbox.Scope
+	items []types.TransactWriteItem
+	size  int // of items, as transactItemSize measures them
+	ended bool
+}
+
+// unitKey finds a store's unit on a ctx; currentUnitKey the unit of the innermost
+// Transact, for AddItems.
+type (
+	unitKey        struct{ s *Store }
+	currentUnitKey struct{}
+)
+
+func (u *unit) bind(scope *outbox.Scope) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.scope == nil {
+		u.scope = scope
+	}
+}
+
+// AddItems adds the application's own writes (Put, Update, Delete or ConditionCheck,
+// on any table) to the unit of work on ctx, the ctx that [Store.Transact] passes to
+// its function. They are written in the unit's TransactWriteItems request, before
+// the messages, when the function returns nil; if it fails, they are dropped with
+// the messages. A failed condition on one of them cancels the whole transaction.
+//
+// AddItems fails with [outbox.ErrNoTransaction] when ctx is not inside a unit of work
+// of a Store (the ctx Transact was called with, for instance), with
+// [outbox.ErrClosed] once the unit has ended, and with [outbox.ErrTooLarge] when the
+// unit can already not fit in one transaction: more than 100 items counting the
+// messages sent so far, a Put item over 400 KB, or items over 4 MB. A refused call
+// adds none of its items.
+func AddItems(ctx context.Context, items ...types.TransactWriteItem) error {
+	u, ok := ctx.Value(currentUnitKey{}).(*unit)
+	if !ok {
+		return fmt.Errorf("dynamostore.AddItems: call it with the ctx that (*dynamostore.Store).Transact passes to its function: %w", outbox.ErrNoTransaction)
+	}
+	return u.add(items)
+}
+
+func (u *unit) add(items []types.TransactWriteItem) error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.ended {
+		return fmt.Errorf("%w: dynamostore.AddItems: the unit of work this ctx belongs to has ended; add items inside the function given to Transact, before it returns", outbox.ErrClosed)
+	}
+	staged := 0
+	if u.scope != nil {
+		staged = u.scope.Len()
+	}
+	if n := len(u.items) + len(items) + staged; n > maxTransactItems {
+		return fmt.Errorf("%w: dynamostore.AddItems: the unit of work would hold %d items (%d application items and %d messages), over a transaction's %d; nothing was added, split the work into several units",
+			outbox.ErrTooLarge, n, len(u.items)+len(items), staged, maxTransactItems)
+	}
+	size := u.size
+	for i, it := range items {
+		n, put := transactItemSize(it)
+		if put && n > maxItemSize {
+			return fmt.Errorf("%w: dynamostore.AddItems: item %d is a %d-byte Put, over DynamoDB's 400 KB item limit; nothing was added",
+				outbox.ErrTooLarge, i, n)
+		}
+		size += n
+	}
+	if size > maxTransactSize {
+		return fmt.Errorf("%w: dynamostore.AddItems: the unit's application items take about %d bytes, over a transaction's 4 MB; nothing was added",
+			outbox.ErrTooLarge, size)
+	}
+	u.items = append(u.items, items...)
+	u.size = size
+	return nil
+}
+
+// Commit writes the unit: see Store.Transact.
+func (u *unit) Commit(ctx context.Context, envs []*outbox.Envelope) error {
+	u.mu.Lock()
+	u.ended = true
+	items := u.items
+	u.items = nil
+	u.mu.Unlock()
+	return u.s.commit(ctx, items, envs)
+}
+
+// Rollback drops the unit: nothing was sent, nothing was reserved.
+func (u *unit) Rollback(context.Context) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.ended = true
+	u.items = nil
+}
+
+// commit writes items and envs in one request, after checking DynamoDB's limits.
+func (s *Store) commit(ctx context.Context, items []types.TransactWriteItem, envs []*outbox.Envelope) error {
+	if err := s.enter(ctx); err != nil {
+		return err
+	}
+	total := len(items) + len(envs)
+	switch {
+	case total == 0:
+		return nil
+	case total > maxTransactItems:
+		return fmt.Errorf("%w: dynamostore: the unit of work has %d items (%d application items and %d messages), over a transaction's %d; nothing was written, split the work into several units",
+			outbox.ErrTooLarge, total, len(items), len(envs), maxTransactItems)
+	}
+	size, err := s.check(envs)
+	if err != nil {
+		return err
+	}
+	for i, it := range items {
+		n, put := transactItemSize(it)
+		if put && n > maxItemSize {
+			return fmt.Errorf("%w: dynamostore: application item %d is a %d-byte Put, over DynamoDB's 400 KB item limit; nothing was written",
+				outbox.ErrTooLarge, i, n)
+		}
+		size += n
+	}
+	if size > maxTransactSize {
+		return fmt.Errorf("%w: dynamostore: the unit of work takes about %d bytes, over a transaction's 4 MB; nothing was written, split the work into several units",
+			outbox.ErrTooLarge, size)
+	}
+	if err := s.reserve(ctx, envs); err != nil {
+		return err
+	}
+	if len(items) == 0 && len(envs) == 1 {
+		err = s.putOne(ctx, "commit", envs[0])
+	} else {
+		err = s.transact(ctx, "commit", items, envs)
+	}
+	if err != nil {
+		return err
+	}
+	s.NotifyCommitted(envs...)
+	return nil
+}
+
+// errCancelled explains a transaction DynamoDB cancelled, keeping the exception
+// reachable with errors.As.
+func errCancelled(op string, err error) error {
+	if _, ok := errors.AsType[*types.TransactionCanceledException](err); !ok {
+		return nil
+	}
+	return fmt.Errorf("dynamostore: %s: DynamoDB cancelled the transaction and wrote nothing (its CancellationReasons list the application items first, in the order added, then the messages): %w", op, err)
+}
