@@ -2,6 +2,7 @@ package chaos_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/outboxkit/outbox/store/memory"
 )
 
+// memoryHarness leaves Transact nil: the run uses the store's own.
 func memoryHarness() outboxtest.StoreHarness {
 	return outboxtest.StoreHarness{
 		New: func(t *testing.T, bucketCount int) outbox.DispatchStore {
@@ -20,10 +22,15 @@ func memoryHarness() outboxtest.StoreHarness {
 			require.NoError(t, err)
 			return s
 		},
-		Transact: func(ctx context.Context, s outbox.DispatchStore, fn func(ctx context.Context) error) error {
-			return s.(*memory.Store).Transact(ctx, fn)
-		},
 	}
+}
+
+// wrapTransact returns a harness whose units of work run through wrap around the
+// store's own Transact.
+func wrapTransact(wrap func(ctx context.Context, s outbox.DispatchStore, fn func(ctx context.Context) error) error) outboxtest.StoreHarness {
+	h := memoryHarness()
+	h.Transact = wrap
+	return h
 }
 
 func TestRunOnMemoryStore(t *testing.T) {
@@ -46,20 +53,18 @@ func TestRunWithoutFaults(t *testing.T) {
 // TestCheckerCatchesLoss proves the checker is not blind: a store that silently drops
 // a share of what it is asked to write must fail the run.
 func TestCheckerCatchesLoss(t *testing.T) {
-	h := memoryHarness()
-	inner := h.Transact
 	n := 0
-	h.Transact = func(ctx context.Context, s outbox.DispatchStore, fn func(ctx context.Context) error) error {
-		return inner(ctx, s, func(ctx context.Context) error {
+	h := wrapTransact(func(ctx context.Context, s outbox.DispatchStore, fn func(ctx context.Context) error) error {
+		return s.Transact(ctx, func(ctx context.Context) error {
 			if err := fn(ctx); err != nil {
 				return err
 			}
 			if n++; n%7 == 0 {
-				outbox.ScopeFrom(ctx).Take() // lose this unit's messages
+				outbox.ScopeFrom(ctx).Take() // lose this unit's staged messages; it commits nothing
 			}
 			return nil
 		})
-	}
+	})
 	rep, err := chaos.Execute(t, h, chaos.Config{Messages: 300, Writers: 1, Faults: chaos.Schedule{None: true, Duration: 500 * time.Millisecond}, DrainTimeout: time.Second})
 	require.NoError(t, err)
 	require.Error(t, rep.Err(), "a run that lost messages must fail")
@@ -70,11 +75,9 @@ func TestCheckerCatchesLoss(t *testing.T) {
 // TestCheckerCatchesRolledBackDeliveries: a unit of work that reports a rollback but
 // commits anyway must fail the run.
 func TestCheckerCatchesRolledBackDeliveries(t *testing.T) {
-	h := memoryHarness()
-	inner := h.Transact
-	h.Transact = func(ctx context.Context, s outbox.DispatchStore, fn func(ctx context.Context) error) error {
+	h := wrapTransact(func(ctx context.Context, s outbox.DispatchStore, fn func(ctx context.Context) error) error {
 		var fnErr error
-		err := inner(ctx, s, func(ctx context.Context) error {
+		err := s.Transact(ctx, func(ctx context.Context) error {
 			fnErr = fn(ctx)
 			return nil // commit whatever happened
 		})
@@ -82,7 +85,7 @@ func TestCheckerCatchesRolledBackDeliveries(t *testing.T) {
 			return err
 		}
 		return fnErr
-	}
+	})
 	rep, err := chaos.Execute(t, h, chaos.Config{Messages: 300, Writers: 1, RollbackShare: 0.3, Faults: chaos.Schedule{None: true, Duration: 500 * time.Millisecond}, DrainTimeout: time.Second})
 	require.NoError(t, err)
 	require.Error(t, rep.Err())
@@ -90,9 +93,23 @@ func TestCheckerCatchesRolledBackDeliveries(t *testing.T) {
 	require.Zero(t, rep.Missing)
 }
 
+// A harness's Transact, when set, is what the writers use.
+func TestHarnessTransactIsUsed(t *testing.T) {
+	var units atomic.Int64
+	h := wrapTransact(func(ctx context.Context, s outbox.DispatchStore, fn func(ctx context.Context) error) error {
+		units.Add(1)
+		return s.Transact(ctx, fn)
+	})
+	rep := chaos.Run(t, h, chaos.Config{Messages: 100, Writers: 1, UnitSize: 1, RollbackShare: -1, Faults: chaos.Schedule{None: true, Duration: 200 * time.Millisecond}})
+	require.Equal(t, 100, rep.Committed)
+	require.Equal(t, int64(100), units.Load(), "one unit of work per message, all through the harness")
+}
+
 func TestConfigErrorsNameTheField(t *testing.T) {
 	_, err := chaos.Execute(t, memoryHarness(), chaos.Config{Relays: 2, Faults: chaos.Schedule{Crashes: 2}})
 	require.ErrorContains(t, err, "Config.Faults.Crashes")
 	_, err = chaos.Execute(t, memoryHarness(), chaos.Config{Keys: 2, Writers: 3})
 	require.ErrorContains(t, err, "Config.Writers")
+	_, err = chaos.Execute(t, outboxtest.StoreHarness{}, chaos.Config{})
+	require.ErrorContains(t, err, "StoreHarness.New")
 }

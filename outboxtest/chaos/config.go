@@ -60,8 +60,8 @@ type Config struct {
 	// real deployment runs apart. The run closes the handles. Defaults to nil: every
 	// relay uses the harness's store, as for a store that lives in one process.
 	Reopen func(t *testing.T, s outbox.DispatchStore) outbox.DispatchStore
-	// Logger receives the dispatchers' logs. Defaults to a logger that drops
-	// everything below error level: faults make the dispatchers warn a lot.
+	// Logger receives the dispatchers' and the capture's logs. Defaults to a logger
+	// that drops everything: faults make the dispatchers warn a lot.
 	Logger *slog.Logger
 }
 

@@ -4,14 +4,15 @@
 // the only cost.
 //
 // A run ([Run]) takes a store the same way the conformance suite does, through an
-// [outboxtest.StoreHarness]: a factory for a fresh store and a function that runs a
-// unit of work on it. It then
+// [outboxtest.StoreHarness]: a factory for a fresh store and, optionally, a function
+// that runs a unit of work on it (by default the store's own
+// [outbox.Transactor.Transact]). It then
 //
-//   - starts Config.Writers writers. Each owns a share of the keys and captures
-//     messages through the real capture middleware in Transactional mode, in units
-//     of work of one to Config.UnitSize messages; a share of the units is rolled back
-//     on purpose after staging. Every message carries its key's sequence number in
-//     its payload;
+//   - starts Config.Writers writers. Each owns a share of the keys and sends through
+//     the real capture ([outbox.NewSender], Transactional mode) inside units of work
+//     of one to Config.UnitSize messages; a share of the units is rolled back on
+//     purpose after sending. Every message carries its key's sequence number in its
+//     payload;
 //   - starts Config.Relays dispatchers on the store, each publishing through its own
 //     [outboxtest.FaultTransport] into one shared [outboxtest.Recorder];
 //   - injects the faults of the [Schedule]: transient message and batch errors,
@@ -31,11 +32,12 @@
 //     stopped on its own. Duplicates are counted and reported, never failed.
 //   - Commit order per key is well defined because each key has exactly one writer,
 //     which writes its units one after another.
-//   - A crash is simulated in process: [dispatcher.Dispatcher.Stop] with a context
-//     that is already done cancels in-flight work and leaves the leases to lapse, as
-//     a killed process would. A publish in flight at that moment still reaches the
-//     broker but is never acknowledged to the relay, so the bucket's next owner
-//     publishes it again: that is a counted duplicate.
+//   - A crash is simulated in process: [dispatcher.Dispatcher.Kill] cancels in-flight
+//     work and leaves the leases to lapse, as a killed process would. A publish in
+//     flight at that moment still reaches the broker but is never acknowledged to the
+//     relay, so the bucket's next owner publishes it again: that is a counted
+//     duplicate. A graceful stop is [dispatcher.Dispatcher.Stop], which hands the
+//     leases back.
 //   - Drain time is measured from the later of the end of the faults and the last
 //     writer's last commit, until every committed message was delivered once.
 //

@@ -13,7 +13,6 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/dispatcher"
-	"github.com/outboxkit/outbox/middleware"
 	"github.com/outboxkit/outbox/outboxtest"
 )
 
@@ -40,16 +39,24 @@ func Run(t *testing.T, h outboxtest.StoreHarness, cfg Config) Report {
 
 // Execute runs one chaos scenario on a fresh store from h and returns its report
 // without judging it: [Report.Err] says whether a guarantee was broken. The error is
-// for a run that could not be set up (a Config field that cannot work, a dispatcher
-// that would not start).
+// for a run that could not be set up (a Config field that cannot work, a harness
+// without New, a dispatcher that would not start).
+//
+// The writers run their units of work through h.Transact, or the store's own
+// [outbox.Transactor.Transact] when it is nil.
 func Execute(t *testing.T, h outboxtest.StoreHarness, cfg Config) (Report, error) {
 	t.Helper()
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return Report{}, err
 	}
-	if h.New == nil || h.Transact == nil {
-		return Report{}, errors.New("chaos: the harness needs New and Transact")
+	if h.New == nil {
+		return Report{}, errors.New("chaos: the harness needs New (StoreHarness.New)")
+	}
+	if h.Transact == nil {
+		h.Transact = func(ctx context.Context, s outbox.DispatchStore, fn func(ctx context.Context) error) error {
+			return s.Transact(ctx, fn)
+		}
 	}
 	store := h.New(t, cfg.BucketCount)
 	defer func() { _ = store.Close() }()
@@ -360,9 +367,10 @@ func (r *runner) stop(ctx context.Context, slot int) {
 	r.retire(slot, rl)
 }
 
-// crash stops slot's relay as a killed process stops: in-flight work is cancelled
-// and the leases are left to lapse. It waits up to a second for the relay to be in
-// the middle of a publish, so the crash lands where it costs the most.
+// crash stops slot's relay as a killed process stops ([dispatcher.Dispatcher.Kill]):
+// in-flight work is cancelled and the leases are left to lapse. It waits up to a
+// second for the relay to be in the middle of a publish, so the crash lands where it
+// costs the most.
 func (r *runner) crash(slot int) {
 	r.mu.Lock()
 	rl := r.slots[slot]
@@ -377,9 +385,7 @@ func (r *runner) crash(slot int) {
 	if rl == nil {
 		return
 	}
-	done, cancel := context.WithCancel(context.Background())
-	cancel()
-	_ = rl.d.Stop(done) // returns the context's error: the leases are abandoned
+	rl.d.Kill() // the leases are abandoned
 	r.retire(slot, rl)
 }
 
@@ -437,7 +443,7 @@ func (r *runner) write(ctx context.Context, start time.Time) {
 		committed, rolledBack []msgID
 	}
 	results := make([]result, cfg.Writers)
-	ob, err := middleware.NewOutbox(r.store, middleware.Config{Mode: outbox.Transactional})
+	sender, err := outbox.NewSender(r.store, outbox.SenderConfig{Mode: outbox.Transactional, Logger: cfg.Logger})
 	if err != nil {
 		r.problem("capture: %v", err)
 		return
@@ -472,11 +478,10 @@ func (r *runner) write(ctx context.Context, start time.Time) {
 					ids[i] = msgID{key: k, seq: seq[k]}
 				}
 				rollback := rng.Float64() < cfg.RollbackShare
-				uctx, scope := outbox.NewScope(ctx)
-				err := r.h.Transact(uctx, r.store, func(ctx context.Context) error {
+				err := r.h.Transact(ctx, r.store, func(ctx context.Context) error {
 					for _, id := range ids {
 						msg := outbox.Message{Topic: Topic, Key: keyBytes(id.key), Payload: id.payload()}
-						if err := ob.Send(ctx, msg); err != nil {
+						if err := sender.Send(ctx, msg); err != nil {
 							return err
 						}
 					}
@@ -485,7 +490,6 @@ func (r *runner) write(ctx context.Context, start time.Time) {
 					}
 					return nil
 				})
-				scope.Release()
 				switch {
 				case err == nil:
 					res.committed = append(res.committed, ids...)
