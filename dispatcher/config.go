@@ -11,14 +11,17 @@ import (
 	"github.com/outboxkit/outbox"
 )
 
-// Config tunes a [Dispatcher]. The zero value of every field selects its default.
+// Config tunes a [Dispatcher]. The zero value of every field selects its default, so
+// Config{} is a working configuration.
 type Config struct {
 	// RelayID names this relay in leases and heartbeats. It must be unique among live
 	// relays: two processes sharing one ID would both publish the same buckets.
 	// Defaults to the host name plus a random suffix.
 	RelayID string
-	// BucketCount must equal the store's bucket count. Defaults to
-	// outbox.DefaultBucketCount.
+	// BucketCount is the number of buckets the relay divides with its peers. Defaults
+	// to the store's count (outbox.DispatchStore.BucketCount), which is what it must
+	// be: leave it 0. A non-zero value that differs from the store's makes [New] fail
+	// with [outbox.ErrMisconfigured].
 	BucketCount int
 	// BatchSize is the most envelopes fetched from one bucket and published in one
 	// Transport.Publish call. Defaults to 100.
@@ -80,18 +83,10 @@ const (
 	retentionRounds = 10
 )
 
-// withDefaults returns c with every zero field set to its default.
-func (c Config) withDefaults() (Config, error) {
-	if c.RelayID == "" {
-		id, err := defaultRelayID()
-		if err != nil {
-			return c, err
-		}
-		c.RelayID = id
-	}
-	if c.BucketCount == 0 {
-		c.BucketCount = outbox.DefaultBucketCount
-	}
+// withDefaults returns c with every zero field set to its default, except the two
+// that [New] fills: RelayID (it draws a random suffix) and BucketCount (it comes from
+// the store).
+func (c Config) withDefaults() Config {
 	if c.BatchSize == 0 {
 		c.BatchSize = DefaultBatchSize
 	}
@@ -128,7 +123,16 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	return c, nil
+	return c
+}
+
+// Validate reports the first setting that cannot work, as an error wrapping
+// [outbox.ErrMisconfigured] that names the field and what it must be. Zero fields
+// take their defaults first, so the zero Config is valid. [New] calls it; whether
+// BucketCount matches the store, and whether the store supports Retention, only New
+// can tell.
+func (c Config) Validate() error {
+	return c.withDefaults().validate()
 }
 
 // validate checks a config that has its defaults applied.
@@ -137,22 +141,22 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: dispatcher Config.%s %s", outbox.ErrMisconfigured, field, fmt.Sprintf(format, args...))
 	}
 	switch {
-	case c.BucketCount < 1:
-		return bad("BucketCount", "is %d; it must be at least 1", c.BucketCount)
+	case c.BucketCount < 0:
+		return bad("BucketCount", "is %d; leave it 0 to take the store's bucket count", c.BucketCount)
 	case c.BatchSize < 1:
 		return bad("BatchSize", "is %d; it must be at least 1", c.BatchSize)
 	case c.PollInterval < 0:
-		return bad("PollInterval", "is %s; it must be positive", c.PollInterval)
+		return bad("PollInterval", "is %s; it must be positive (0 selects %s)", c.PollInterval, DefaultPollInterval)
 	case c.LeaseDuration < 0:
-		return bad("LeaseDuration", "is %s; it must be positive", c.LeaseDuration)
+		return bad("LeaseDuration", "is %s; it must be positive (0 selects %s)", c.LeaseDuration, DefaultLeaseDuration)
 	case c.LeaseRenewInterval < 0:
-		return bad("LeaseRenewInterval", "is %s; it must be positive", c.LeaseRenewInterval)
+		return bad("LeaseRenewInterval", "is %s; it must be positive (0 selects %s)", c.LeaseRenewInterval, DefaultLeaseRenewInterval)
 	case c.LeaseRenewInterval*3 > c.LeaseDuration:
 		return bad("LeaseRenewInterval", "is %s; it must be at most a third of LeaseDuration (%s) so a lease survives a missed renewal", c.LeaseRenewInterval, c.LeaseDuration)
 	case c.MaxAttempts < 1:
 		return bad("MaxAttempts", "is %d; it must be at least 1", c.MaxAttempts)
 	case c.BackoffBase < 0:
-		return bad("BackoffBase", "is %s; it must be positive", c.BackoffBase)
+		return bad("BackoffBase", "is %s; it must be positive (0 selects %s)", c.BackoffBase, DefaultBackoffBase)
 	case c.BackoffMax < c.BackoffBase:
 		return bad("BackoffMax", "is %s; it must be at least BackoffBase (%s)", c.BackoffMax, c.BackoffBase)
 	case c.Jitter > 1:

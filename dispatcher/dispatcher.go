@@ -44,18 +44,24 @@ type Dispatcher struct {
 	// coordMu serialises coordination rounds.
 	coordMu sync.Mutex
 	// lastPlan is the last round's plan; round counts rounds for standby skipping.
-	lastPlan LeasePlan
+	lastPlan leasePlan
 	round    uint64
 
 	rounds, refused, published, retried, parked, deleted, outOfOrder atomic.Int64
 
-	life       sync.Mutex
-	started    bool
-	stopReq    chan struct{}
-	stopOnce   sync.Once
-	stopped    chan struct{}
-	cancelWork context.CancelFunc
-	err        error
+	// failLogMu guards failLog, the per-bucket rate limit of publish-failure warnings.
+	failLogMu sync.Mutex
+	failLog   []failLogState
+
+	life     sync.Mutex
+	started  bool
+	killed   bool
+	stopReq  chan struct{}
+	stopOnce sync.Once
+	stopped  chan struct{}
+	// cancelWork ends the worker's rounds and drains; kill ends the final release too.
+	cancelWork, kill context.CancelFunc
+	err              error
 	// finishMu serialises the final resignation; resigned records it happened.
 	finishMu sync.Mutex
 	resigned atomic.Bool
@@ -105,9 +111,10 @@ func (r *Result) add(o Result) {
 }
 
 // New builds a dispatcher over store and transport. It reads nothing and starts
-// nothing. The store's bucket count must equal cfg.BucketCount, and Retention needs a
-// store that implements [outbox.Retainer]; otherwise New returns an error wrapping
-// [outbox.ErrMisconfigured].
+// nothing. It takes its bucket count from the store (a non-zero Config.BucketCount
+// must equal it), and Retention needs a store that implements [outbox.Retainer];
+// otherwise, and for any setting [Config.Validate] refuses, New returns an error
+// wrapping [outbox.ErrMisconfigured].
 func New(store outbox.DispatchStore, transport outbox.Transport, cfg Config) (*Dispatcher, error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: dispatcher: store is nil", outbox.ErrMisconfigured)
@@ -115,16 +122,26 @@ func New(store outbox.DispatchStore, transport outbox.Transport, cfg Config) (*D
 	if transport == nil {
 		return nil, fmt.Errorf("%w: dispatcher: transport is nil", outbox.ErrMisconfigured)
 	}
-	cfg, err := cfg.withDefaults()
-	if err != nil {
-		return nil, err
-	}
+	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	if n := store.BucketCount(); n != cfg.BucketCount {
-		return nil, fmt.Errorf("%w: dispatcher Config.BucketCount is %d but the store has %d buckets; every writer, store and relay must use one count",
-			outbox.ErrMisconfigured, cfg.BucketCount, n)
+	n := store.BucketCount()
+	switch {
+	case n < 1:
+		return nil, fmt.Errorf("%w: dispatcher: the store reports %d buckets; a store needs at least 1", outbox.ErrMisconfigured, n)
+	case cfg.BucketCount == 0:
+		cfg.BucketCount = n
+	case cfg.BucketCount != n:
+		return nil, fmt.Errorf("%w: dispatcher Config.BucketCount is %d but the store has %d buckets; leave BucketCount 0 to take the store's count, or build the store with %d (every writer, store and relay must use one count)",
+			outbox.ErrMisconfigured, cfg.BucketCount, n, cfg.BucketCount)
+	}
+	if cfg.RelayID == "" {
+		id, err := defaultRelayID()
+		if err != nil {
+			return nil, err
+		}
+		cfg.RelayID = id
 	}
 	d := &Dispatcher{
 		store:       store,
@@ -133,6 +150,7 @@ func New(store outbox.DispatchStore, transport outbox.Transport, cfg Config) (*D
 		log:         cfg.Logger.With("relay", cfg.RelayID),
 		leases:      make(map[int]outbox.Lease),
 		bucketLocks: make([]chan struct{}, cfg.BucketCount),
+		failLog:     make([]failLogState, cfg.BucketCount),
 		stopReq:     make(chan struct{}),
 		stopped:     make(chan struct{}),
 	}
@@ -254,9 +272,13 @@ func (d *Dispatcher) running() bool {
 // RunOnce runs one sweep, for a scheduled function: it writes the heartbeat and takes
 // the buckets the fair-share plan gives it, drains every due envelope of those buckets,
 // runs retention cleanup if it holds bucket 0, then stamps the relay stopped and
-// releases its leases. It refuses to run while the worker runs; overlapping calls run
-// one after the other. Every relay of a fleet sharing a store must use its own
-// RelayID.
+// releases its leases. It refuses to run while the worker runs (an error wrapping
+// [ErrRunning]); overlapping calls run one after the other. Every relay of a fleet
+// sharing a store must use its own RelayID.
+//
+// If ctx ends during the sweep, the drains stop, but the relay is still stamped
+// stopped and its leases handed back, trying for at most min(LeaseDuration, 5 s)
+// more; RunOnce then returns ctx's error.
 //
 // A sweep does not renew the leases it took: it drains for at most LeaseDuration less
 // half a LeaseRenewInterval, then stops and returns what it did, without an error.
@@ -264,7 +286,7 @@ func (d *Dispatcher) running() bool {
 // use the worker for a backlog that takes longer.
 func (d *Dispatcher) RunOnce(ctx context.Context) (Result, error) {
 	if d.running() {
-		return Result{}, errors.New("dispatcher: RunOnce while the worker runs; use one or the other")
+		return Result{}, fmt.Errorf("%w: RunOnce while the worker runs; use one or the other", ErrRunning)
 	}
 	// Overlapping sweeps would release each other's leases mid-drain.
 	d.sweepMu.Lock()
@@ -272,8 +294,8 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (Result, error) {
 	var res Result
 	if err := d.coordinate(ctx); err != nil {
 		// Hand back whatever the round took before it failed.
-		if rerr := d.resign(ctx); rerr != nil {
-			d.log.Warn("dispatcher: releasing leases after a failed round failed; they lapse", "error", rerr)
+		if rerr := d.resignBounded(ctx); rerr != nil {
+			d.log.Warn("dispatcher: releasing leases after a failed round failed; they lapse after LeaseDuration", "error", rerr)
 		}
 		return res, err
 	}
@@ -286,10 +308,22 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (Result, error) {
 		n, err = d.cleanupRetention(ctx)
 		res.Deleted = n
 	}
-	if rerr := d.resign(ctx); err == nil {
-		err = rerr
+	if rerr := d.resignBounded(ctx); rerr != nil {
+		if err == nil {
+			err = rerr
+		} else {
+			d.log.Warn("dispatcher: releasing leases after a failed sweep failed; they lapse after LeaseDuration", "error", rerr)
+		}
 	}
 	return res, err
+}
+
+// resignBounded resigns the relay even if ctx has ended, trying for at most
+// releaseBound, so a sweep cut short still hands its buckets back.
+func (d *Dispatcher) resignBounded(ctx context.Context) error {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.releaseBound())
+	defer cancel()
+	return d.resign(rctx)
 }
 
 // DispatchOne publishes the envelope with id, for a change-stream trigger. The store
@@ -332,7 +366,7 @@ func (d *Dispatcher) DispatchOne(ctx context.Context, id uuid.UUID) (Result, err
 		}
 		defer func() {
 			// Release even if ctx ended, but never wait on the store for long.
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.LeaseRenewInterval)
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.releaseBound())
 			defer cancel()
 			if err := d.releaseOne(rctx, b); err != nil {
 				d.log.Warn("dispatcher: releasing a bucket claimed for one dispatch failed; its lease will lapse", "bucket", b, "error", err)
@@ -630,7 +664,7 @@ func (d *Dispatcher) publish(ctx context.Context, batch []*outbox.Envelope, leas
 		if e.Key != nil && failedKeys[string(e.Key)] && !d.cfg.Unordered {
 			d.outOfOrder.Add(1)
 			d.log.Warn("dispatcher: the transport acknowledged a message after failing an earlier one of its key in the same batch; first deliveries of this key are out of order",
-				"id", e.ID, "bucket", e.Bucket)
+				"message_id", e.ID, "topic", e.Topic, "bucket", e.Bucket)
 		}
 		acked = append(acked, e)
 	}
@@ -665,13 +699,16 @@ func (d *Dispatcher) publish(ctx context.Context, batch []*outbox.Envelope, leas
 		}
 		attempts := e.Attempts + 1
 		msg := cause.Error()
-		if outbox.IsPermanent(cause) || attempts >= d.cfg.MaxAttempts {
+		permanent := outbox.IsPermanent(cause)
+		if permanent || attempts >= d.cfg.MaxAttempts {
 			if err := d.store.Park(ctx, e, msg); err != nil {
 				return res, failedKeys, err
 			}
 			res.Parked++
 			d.parked.Add(1)
-			d.log.Warn("dispatcher: message parked", "id", e.ID, "bucket", e.Bucket, "attempts", attempts, "permanent", outbox.IsPermanent(cause), "error", msg)
+			d.log.Warn("dispatcher: message parked; it waits for an operator to requeue or purge it",
+				"message_id", e.ID, "topic", e.Topic, "bucket", e.Bucket, "attempts", attempts,
+				"permanent", permanent, "error", msg)
 			continue
 		}
 		next := now.Add(d.backoff(attempts))
@@ -680,9 +717,39 @@ func (d *Dispatcher) publish(ctx context.Context, batch []*outbox.Envelope, leas
 		}
 		res.Retried++
 		d.retried.Add(1)
-		d.log.Debug("dispatcher: publish failed; retrying later", "id", e.ID, "bucket", e.Bucket, "attempts", attempts, "next", next, "error", msg)
+		d.logFailure(e, attempts, next, msg, now)
 	}
 	return res, failedKeys, nil
+}
+
+// failLogState is one bucket's publish-failure warning rate limit.
+type failLogState struct {
+	last       time.Time // when the last warning was logged; zero: never
+	suppressed int       // failures logged at DEBUG since then
+}
+
+// logFailure logs a failed publish that will be retried: at WARN for the first
+// failure of a bucket in each LeaseRenewInterval, with the number of failures logged
+// at DEBUG since the previous warning; at DEBUG otherwise.
+func (d *Dispatcher) logFailure(e *outbox.Envelope, attempts int, next time.Time, cause string, now time.Time) {
+	d.failLogMu.Lock()
+	st := &d.failLog[e.Bucket]
+	warn := st.last.IsZero() || now.Sub(st.last) >= d.cfg.LeaseRenewInterval || now.Before(st.last)
+	suppressed := st.suppressed
+	if warn {
+		st.last, st.suppressed = now, 0
+	} else {
+		st.suppressed++
+	}
+	d.failLogMu.Unlock()
+	attrs := []any{"message_id", e.ID, "topic", e.Topic, "bucket", e.Bucket, "attempts", attempts,
+		"next_attempt", next, "error", cause}
+	if warn {
+		d.log.Warn("dispatcher: publish failed; retrying later",
+			append(attrs, "suppressed", suppressed)...)
+		return
+	}
+	d.log.Debug("dispatcher: publish failed; retrying later", attrs...)
 }
 
 // backoff is the delay after the given number of failed attempts: BackoffBase doubled

@@ -2,9 +2,9 @@
 //
 // A [Dispatcher] runs in every relay process. Relays share a store's buckets through
 // leases: each round a relay writes its heartbeat, reads every lease and heartbeat in
-// one consistent read, computes the fleet's fair-share split with the pure function
-// [Plan], and carries out only its own part of it (renew what it keeps, hand back
-// what exceeds its share, claim what the plan gives it). For each bucket it holds it
+// one consistent read, computes the fleet's fair-share split with a pure function of
+// that read, and carries out only its own part of it (renew what it keeps, hand back
+// what exceeds its share, claim what the split gives it). For each bucket it holds it
 // fetches the head in Seq order, publishes the due envelopes in one
 // [outbox.Transport.Publish] call, and completes the acknowledged ones in one store
 // call; failures are retried with exponential backoff and jitter, then parked.
@@ -12,6 +12,7 @@
 // Three entry points share this engine: the worker ([Dispatcher.Start],
 // [Dispatcher.Stop]) for long-running processes, [Dispatcher.RunOnce] for a scheduled
 // function, and [Dispatcher.DispatchOne] for a change-stream trigger.
+// [Dispatcher.Kill] stops the worker as a crash would, for tests.
 //
 // # Semantics
 //
@@ -39,10 +40,13 @@
 //     relay joins: peers hand back their excess on their next round and it claims it
 //     on its following round; nothing moves if the split is already fair, and relays
 //     beyond the bucket count are standbys (the first BucketCount of them run every
-//     round, the rest every other round). Graceful stop: the relay finishes in-flight
-//     batches, stamps itself stopped, releases its leases and re-reads until none names
-//     it; peers claim the buckets on their next round. Crash: its leases lapse after
-//     LeaseDuration, and only then do peers split them. Clock set back: the relay
+//     round; the rest, when LeaseDuration is at least 8/3 of LeaseRenewInterval,
+//     every other round). Graceful stop (Stop, a cancelled Start context, the end of
+//     RunOnce): the relay finishes in-flight batches (or cancels them, if Stop's
+//     context ended), stamps itself stopped, releases its leases and re-reads, up to
+//     five times, until none names it; peers claim the buckets on their next round.
+//     Crash (or Kill): its leases lapse after LeaseDuration, and only then do peers
+//     split them. Clock set back: the relay
 //     sends no renewal that would move an expiry backwards, logs a warning, publishes
 //     nothing from those buckets until its clock passes the stored expiry, and claims
 //     nothing while its heartbeat is refused. Stall past the lease: a peer takes the
@@ -60,6 +64,10 @@
 //     whether the bucket may hold anything, so an idle bucket costs one minimal read.
 //     Store errors back the worker off (up to LeaseRenewInterval) and it recovers by
 //     itself.
+//   - Logging, through [Config.Logger]: a failed publish that will be retried is a
+//     WARN, at most once per bucket per LeaseRenewInterval (the rest are DEBUG, and
+//     the next WARN says how many); a parked message is always a WARN; the worker
+//     stopping on its own is an ERROR; store errors and lease anomalies are WARNs.
 //
 // # Limitations
 //

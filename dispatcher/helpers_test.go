@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -69,9 +71,6 @@ func testConfig(c *clock, id string) Config {
 
 func newDispatcher(t *testing.T, store outbox.DispatchStore, tr outbox.Transport, cfg Config) *Dispatcher {
 	t.Helper()
-	if cfg.BucketCount == 0 {
-		cfg.BucketCount = store.BucketCount()
-	}
 	d, err := New(store, tr, cfg)
 	require.NoError(t, err)
 	return d
@@ -123,3 +122,59 @@ func requireKeyOrder(t *testing.T, rec *outboxtest.Recorder) {
 		}
 	}
 }
+
+// logRecord is one log record, with the attributes of the logger it went through.
+type logRecord struct {
+	Level slog.Level
+	Msg   string
+	Attrs map[string]slog.Value
+}
+
+// logSink records every log record, at every level.
+type logSink struct {
+	mu      sync.Mutex
+	records []logRecord
+}
+
+func (s *logSink) Logger() *slog.Logger { return slog.New(&sinkHandler{sink: s}) }
+
+// Records returns the records logged so far with a message containing msg.
+func (s *logSink) Records(msg string) []logRecord {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []logRecord
+	for _, r := range s.records {
+		if strings.Contains(r.Msg, msg) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+type sinkHandler struct {
+	sink  *logSink
+	attrs []slog.Attr
+}
+
+func (h *sinkHandler) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h *sinkHandler) Handle(_ context.Context, r slog.Record) error {
+	rec := logRecord{Level: r.Level, Msg: r.Message, Attrs: map[string]slog.Value{}}
+	for _, a := range h.attrs {
+		rec.Attrs[a.Key] = a.Value.Resolve()
+	}
+	r.Attrs(func(a slog.Attr) bool {
+		rec.Attrs[a.Key] = a.Value.Resolve()
+		return true
+	})
+	h.sink.mu.Lock()
+	defer h.sink.mu.Unlock()
+	h.sink.records = append(h.sink.records, rec)
+	return nil
+}
+
+func (h *sinkHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return &sinkHandler{sink: h.sink, attrs: append(slices.Clip(h.attrs), attrs...)}
+}
+
+func (h *sinkHandler) WithGroup(string) slog.Handler { return h }

@@ -26,8 +26,8 @@ func storeErr(ctx context.Context, err error, format string, args ...any) error 
 	return fmt.Errorf("dispatcher: "+format+": %w", append(args, err)...)
 }
 
-func (d *Dispatcher) params() PlanParams {
-	return PlanParams{BucketCount: d.cfg.BucketCount, LeaseDuration: d.cfg.LeaseDuration}
+func (d *Dispatcher) params() planParams {
+	return planParams{BucketCount: d.cfg.BucketCount, LeaseDuration: d.cfg.LeaseDuration}
 }
 
 // coordinate runs one coordination round: heartbeat, one consistent read, the plan,
@@ -53,14 +53,14 @@ func (d *Dispatcher) coordinate(ctx context.Context) error {
 	if err != nil {
 		return storeErr(ctx, err, "read leases")
 	}
-	plan := Plan(view, self, now, d.params())
+	plan := planRound(view, self, now, d.params())
 	d.lastPlan = plan
 
 	// Forget what the view no longer shows as ours: a peer took it while we stalled,
 	// or it lapsed. Only the plan's writes below grant publishing again.
 	d.mu.Lock()
 	for b, l := range d.leases {
-		if !plan.Owns(b) || !heldInView(view, l) {
+		if !plan.owns(b) || !heldInView(view, l) {
 			delete(d.leases, b)
 		}
 	}

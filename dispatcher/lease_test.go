@@ -34,17 +34,22 @@ func newFleet(t *testing.T, buckets int) *fleet {
 
 func (f *fleet) add(id string) *Dispatcher {
 	f.t.Helper()
+	return f.addWith(id, outboxtest.NewRecorder())
+}
+
+// addWith adds a relay that publishes through tr.
+func (f *fleet) addWith(id string, tr outbox.Transport) *Dispatcher {
+	f.t.Helper()
 	skew := new(time.Duration)
 	f.skew[id] = skew
 	cfg := Config{
 		RelayID:            id,
-		BucketCount:        f.store.BucketCount(),
 		LeaseDuration:      testLD,
 		LeaseRenewInterval: testRI,
 		Logger:             quietLogger(),
 		Now:                f.clock.offset(skew, &f.mu),
 	}
-	d, err := New(f.store, outboxtest.NewRecorder(), cfg)
+	d, err := New(f.store, tr, cfg)
 	require.NoError(f.t, err)
 	f.relays[id] = d
 	return d
@@ -395,7 +400,7 @@ func TestStandbysWhenRelaysOutnumberBuckets(t *testing.T) {
 
 	// Standbys far back in line skip every other round when timings allow.
 	far := f.relays[rest[len(rest)-1]]
-	far.lastPlan = LeasePlan{Standby: true, StandbyRank: 5}
+	far.lastPlan = leasePlan{Standby: true, StandbyRank: 5}
 	far.round = 1
 	require.True(t, far.skipRound())
 	require.False(t, far.skipRound())
@@ -426,7 +431,7 @@ func TestInFlightRenewalAfterAStallIsRefused(t *testing.T) {
 	f := newFleet(t, 4)
 	f.add("b")
 	stalling := &stallingStore{Store: f.store}
-	cfg := Config{RelayID: "a", BucketCount: 4, LeaseDuration: testLD, LeaseRenewInterval: testRI,
+	cfg := Config{RelayID: "a", LeaseDuration: testLD, LeaseRenewInterval: testRI,
 		Logger: quietLogger(), Now: f.clock.Now}
 	a, err := New(stalling, outboxtest.NewRecorder(), cfg)
 	require.NoError(t, err)

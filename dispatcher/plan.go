@@ -8,9 +8,9 @@ import (
 	"github.com/outboxkit/outbox"
 )
 
-// PlanParams are the settings every relay of a fleet must share for their plans to
+// planParams are the settings every relay of a fleet must share for their plans to
 // agree.
-type PlanParams struct {
+type planParams struct {
 	// BucketCount is the number of buckets to divide.
 	BucketCount int
 	// LeaseDuration is how long a lease and a heartbeat stay valid: a relay counts
@@ -18,8 +18,8 @@ type PlanParams struct {
 	LeaseDuration time.Duration
 }
 
-// LeasePlan is one relay's part of a coordination round, computed by [Plan].
-type LeasePlan struct {
+// leasePlan is one relay's part of a coordination round, computed by planRound.
+type leasePlan struct {
 	// Renew lists the leases the relay holds and keeps; it extends each under the
 	// expiry it read.
 	Renew []outbox.Lease
@@ -47,9 +47,9 @@ type LeasePlan struct {
 	ClockBehind bool
 }
 
-// Owns reports whether the plan leaves the relay holding bucket after the round, if
+// owns reports whether the plan leaves the relay holding bucket after the round, if
 // every write succeeds.
-func (p LeasePlan) Owns(bucket int) bool {
+func (p leasePlan) owns(bucket int) bool {
 	for _, l := range p.Renew {
 		if l.Bucket == bucket {
 			return true
@@ -63,7 +63,7 @@ func (p LeasePlan) Owns(bucket int) bool {
 	return slices.Contains(p.Claim, bucket)
 }
 
-// Plan computes self's part of a coordination round from one consistent view. It is a
+// planRound computes self's part of a coordination round from one consistent view. It is a
 // pure function: relays that read the same view at the same time compute plans whose
 // writes are disjoint, so a healthy fleet makes no refused conditional write.
 //
@@ -84,9 +84,9 @@ func (p LeasePlan) Owns(bucket int) bool {
 //   - A relay whose stored heartbeat is later than now (its clock was set back)
 //     claims nothing, and does not renew a lease whose expiry is later than
 //     now+LeaseDuration.
-func Plan(view outbox.Coordination, self string, now time.Time, p PlanParams) LeasePlan {
+func planRound(view outbox.Coordination, self string, now time.Time, p planParams) leasePlan {
 	n := p.BucketCount
-	plan := LeasePlan{StandbyRank: -1}
+	plan := leasePlan{StandbyRank: -1}
 	if n < 1 {
 		return plan
 	}

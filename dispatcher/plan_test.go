@@ -76,7 +76,7 @@ func relayIDs(view outbox.Coordination) []string {
 	return append(ids, "newcomer")
 }
 
-func params(n int) PlanParams { return PlanParams{BucketCount: n, LeaseDuration: testLD} }
+func params(n int) planParams { return planParams{BucketCount: n, LeaseDuration: testLD} }
 
 func leaseOf(view outbox.Coordination, b int) (outbox.Lease, bool) {
 	for _, l := range view.Leases {
@@ -95,7 +95,7 @@ func TestPlanEveryBucketAtMostOneOwner(t *testing.T) {
 		view, n := randomView(rng, now)
 		owners := make(map[int]string)
 		for _, id := range relayIDs(view) {
-			p := Plan(view, id, now, params(n))
+			p := planRound(view, id, now, params(n))
 			for _, b := range p.Claim {
 				l, ok := leaseOf(view, b)
 				require.True(t, !ok || l.Free(now), "seed %d: %s claims bucket %d that is not free: %+v", seed, id, b, l)
@@ -105,7 +105,7 @@ func TestPlanEveryBucketAtMostOneOwner(t *testing.T) {
 				require.True(t, l.ExpiresAt.After(now), "seed %d: %s plans on a lapsed lease %+v", seed, id, l)
 			}
 			for b := range n {
-				if !p.Owns(b) {
+				if !p.owns(b) {
 					continue
 				}
 				if prev, taken := owners[b]; taken {
@@ -124,13 +124,13 @@ func TestPlanIsDeterministic(t *testing.T) {
 		now := epoch
 		view, n := randomView(rng, now)
 		for _, id := range relayIDs(view) {
-			a := Plan(view, id, now, params(n))
+			a := planRound(view, id, now, params(n))
 			// The same view in another order is the same input.
 			shuffled := outbox.Coordination{Leases: slices.Clone(view.Leases), Relays: slices.Clone(view.Relays)}
 			rng.Shuffle(len(shuffled.Relays), func(i, j int) {
 				shuffled.Relays[i], shuffled.Relays[j] = shuffled.Relays[j], shuffled.Relays[i]
 			})
-			b := Plan(shuffled, id, now, params(n))
+			b := planRound(shuffled, id, now, params(n))
 			require.True(t, reflect.DeepEqual(a, b), "seed %d relay %s:\n%+v\n%+v", seed, id, a, b)
 		}
 	}
@@ -142,7 +142,7 @@ func TestPlanKeepsHeldBucketsWhenTheSplitAllows(t *testing.T) {
 		rng := rand.New(rand.NewPCG(seed, 3))
 		now := epoch
 		view, n := randomView(rng, now)
-		var plans []LeasePlan
+		var plans []leasePlan
 		var holdsMore int // active relays holding more than the base share
 		var active int
 		for _, r := range view.Relays {
@@ -159,7 +159,7 @@ func TestPlanKeepsHeldBucketsWhenTheSplitAllows(t *testing.T) {
 			if r.Stopped() || now.Sub(r.LastSeen) >= testLD {
 				continue
 			}
-			p := Plan(view, r.ID, now, params(n))
+			p := planRound(view, r.ID, now, params(n))
 			plans = append(plans, p)
 			held := len(p.Renew) + len(p.Hold) + len(p.Release)
 			require.Contains(t, []int{base, base + 1}, p.Share, "seed %d", seed)
@@ -205,7 +205,7 @@ func TestPlanClockSetBackClaimsNothing(t *testing.T) {
 				view.Leases[i].ExpiresAt = now.Add(testLD + ahead)
 			}
 		}
-		p := Plan(view, self, now, params(n))
+		p := planRound(view, self, now, params(n))
 		require.True(t, p.ClockBehind, "seed %d", seed)
 		require.Empty(t, p.Claim, "seed %d", seed)
 		for _, l := range p.Renew {
@@ -244,7 +244,7 @@ func (m *model) view() outbox.Coordination {
 	return v
 }
 
-func (m *model) apply(id string, p LeasePlan, now time.Time) {
+func (m *model) apply(id string, p leasePlan, now time.Time) {
 	exp := now.Add(testLD)
 	for _, l := range p.Renew {
 		s := m.leases[l.Bucket]
@@ -297,7 +297,7 @@ func TestPlanConvergesToFairShares(t *testing.T) {
 			view := m.view()
 			before := maps(m.leases)
 			for _, id := range ids {
-				m.apply(id, Plan(view, id, now, params(n)), now)
+				m.apply(id, planRound(view, id, now, params(n)), now)
 			}
 			require.Zero(t, m.refused, "seed %d round %d: relays reading one view never collide", seed, round)
 			if round >= 3 {
@@ -344,15 +344,15 @@ func TestPlanStandbysWhenRelaysOutnumberBuckets(t *testing.T) {
 	}
 	// r5 (sorting last) holds bucket 0: it keeps it although r0 sorts first.
 	view.Leases = []outbox.Lease{{Bucket: 0, Owner: "r5", ExpiresAt: now.Add(testLD)}}
-	p := Plan(view, "r5", now, params(2))
+	p := planRound(view, "r5", now, params(2))
 	require.Equal(t, 1, p.Share)
 	require.Len(t, p.Renew, 1)
 	require.Empty(t, p.Release)
 	// r0 takes the free bucket; r1..r4 are standbys in id order.
-	p0 := Plan(view, "r0", now, params(2))
+	p0 := planRound(view, "r0", now, params(2))
 	require.Equal(t, []int{1}, p0.Claim)
 	for i := 1; i <= 4; i++ {
-		p := Plan(view, fmt.Sprintf("r%d", i), now, params(2))
+		p := planRound(view, fmt.Sprintf("r%d", i), now, params(2))
 		require.True(t, p.Standby)
 		require.Equal(t, i-1, p.StandbyRank)
 		require.Empty(t, p.Claim)
@@ -366,8 +366,8 @@ func TestPlanLeavesADeadRelaysLeasesUntilTheyLapse(t *testing.T) {
 		Relays: []outbox.RelayRecord{{ID: "a", LastSeen: now}, {ID: "dead", LastSeen: now.Add(-testLD)}},
 		Leases: []outbox.Lease{{Bucket: 0, Owner: "dead", ExpiresAt: now.Add(time.Second)}},
 	}
-	p := Plan(view, "a", now, params(2))
+	p := planRound(view, "a", now, params(2))
 	require.Equal(t, []int{1}, p.Claim, "the dead relay's valid lease is reserved")
-	p = Plan(view, "a", now.Add(time.Second), params(2))
+	p = planRound(view, "a", now.Add(time.Second), params(2))
 	require.Equal(t, []int{0, 1}, p.Claim, "once lapsed, the survivor takes it")
 }

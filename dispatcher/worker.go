@@ -9,57 +9,99 @@ import (
 	"github.com/outboxkit/outbox"
 )
 
+// ErrRunning is returned by calls that cannot run while the worker runs:
+// [Dispatcher.RunOnce], and a second [Dispatcher.Start].
+var ErrRunning = errors.New("dispatcher: the worker is running")
+
+// releaseTimeout bounds handing the leases back once the context of the call that
+// stops the relay has ended: see [Dispatcher.releaseBound].
+const releaseTimeout = 5 * time.Second
+
+// releaseBound is how long the relay keeps trying to stamp itself stopped and hand its
+// leases back after the caller's context ended (or without one, when the worker stops
+// on its own): min(LeaseDuration, 5 s). Beyond LeaseDuration the leases lapse anyway.
+func (d *Dispatcher) releaseBound() time.Duration {
+	return min(d.cfg.LeaseDuration, releaseTimeout)
+}
+
 // Start runs the worker in the background and returns once it runs. The worker
 // coordinates leases every LeaseRenewInterval, drains its buckets every PollInterval
 // and at once when the store announces a commit (if it implements
 // [outbox.Notifier]). ctx's values reach every store and transport call; cancelling
-// ctx stops the worker as [Dispatcher.Stop] would. A dispatcher starts once.
+// ctx stops the worker gracefully, as [Dispatcher.Stop] with a live context would:
+// in-flight batches finish, then the worker hands its leases back.
+//
+// A dispatcher starts once: Start while the worker runs returns an error wrapping
+// [ErrRunning], and after it stopped (or was killed) one wrapping [outbox.ErrClosed].
 func (d *Dispatcher) Start(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	d.life.Lock()
 	defer d.life.Unlock()
-	if d.started {
-		return fmt.Errorf("dispatcher: %w: Start called twice; build a new dispatcher to run again", outbox.ErrClosed)
+	if d.started || d.killed {
+		select {
+		case <-d.stopped:
+		default:
+			if d.started {
+				return fmt.Errorf("%w: Start called twice", ErrRunning)
+			}
+		}
+		return fmt.Errorf("dispatcher: %w: Start after the worker stopped; build a new dispatcher to run again", outbox.ErrClosed)
 	}
 	d.started = true
-	work, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	d.cancelWork = cancel
+	// hard ends everything, the final release included (Kill); work ends the drains
+	// and rounds only (Stop whose context ended).
+	hard, kill := context.WithCancel(context.WithoutCancel(ctx))
+	work, cancel := context.WithCancel(hard)
+	d.cancelWork, d.kill = cancel, kill
 	unwatch := context.AfterFunc(ctx, d.requestStop)
 	go func() {
 		defer close(d.stopped)
-		defer cancel()
+		defer kill()
 		defer unwatch()
 		err := d.run(work)
+		cancel()
 		if err != nil {
 			d.life.Lock()
 			d.err = err
 			d.life.Unlock()
 			d.log.Error("dispatcher: worker stopped on its own", "error", err)
 		}
-		if work.Err() != nil {
-			return // a Stop deadline cut in-flight work short: leases lapse
+		if d.isKilled() {
+			return // as after a crash: the leases lapse
 		}
-		cleanup, cancelCleanup := context.WithTimeout(work, d.cfg.LeaseDuration)
+		// Hand the leases back even when a Stop deadline cut the work short: peers
+		// then take the buckets on their next round instead of after LeaseDuration.
+		cleanup, cancelCleanup := context.WithTimeout(hard, d.releaseBound())
 		defer cancelCleanup()
-		if err := d.finish(cleanup); err != nil {
+		if err := d.finish(cleanup); err != nil && !d.isKilled() {
 			d.log.Warn("dispatcher: could not release leases on stop; they lapse after LeaseDuration", "error", err)
 		}
 	}()
 	return nil
 }
 
-// Stop stops the worker: it lets in-flight batches finish, stamps the relay stopped,
-// releases its leases and returns once every goroutine of the worker has ended. If
-// ctx ends first, in-flight work is cancelled, the leases are left to lapse as after a
-// crash, and Stop returns ctx's error; calling Stop again retries the release. Stop
-// on a worker that is not running, or already stopped, returns nil.
+// Stop stops the worker gracefully: it lets in-flight batches finish, stamps the relay
+// stopped, hands its leases back (peers take the buckets on their next round) and
+// returns once every goroutine of the worker has ended.
+//
+// If ctx ends first, Stop cancels the in-flight work (a batch cut short is not
+// assumed sent and costs no attempt; it goes out again), still stamps the relay
+// stopped and hands the leases back, trying for at most min(LeaseDuration, 5 s)
+// more, and returns ctx's error. So `defer d.Stop(ctx)` with a context that is
+// already cancelled at shutdown still hands the buckets over promptly. If the release
+// fails (the store is unreachable) the leases lapse after LeaseDuration, as after a
+// crash, and Stop returns the store's error; calling Stop again retries the release.
+//
+// Stop on a worker that was never started, is already stopped, or was killed returns
+// nil. To stop without handing anything back, as a crash would, use
+// [Dispatcher.Kill].
 func (d *Dispatcher) Stop(ctx context.Context) error {
 	d.life.Lock()
 	started := d.started
 	d.life.Unlock()
-	if !started {
+	if !started || d.isKilled() {
 		return nil
 	}
 	d.requestStop()
@@ -67,19 +109,55 @@ func (d *Dispatcher) Stop(ctx context.Context) error {
 	case <-d.stopped:
 	case <-ctx.Done():
 		d.cancelWork()
-		<-d.stopped
-		return ctx.Err()
+		<-d.stopped // the worker releases on its way out, within releaseBound
 	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if d.isKilled() {
+		return nil
+	}
+	// The worker released on its way out; if that failed, this retries.
 	return d.finish(ctx)
 }
 
-// Stopped is closed once the worker has stopped, by [Dispatcher.Stop] or on its own
-// (see [Dispatcher.Err]).
+// Kill stops the worker at once, as if the process had died: it cancels in-flight
+// work, does not stamp the relay stopped and hands no lease back, so the relay's
+// buckets stay with it until its leases lapse, LeaseDuration after its last renewal,
+// and only then move to its peers. A graceful stop under way is cut short the same
+// way. Kill returns once every goroutine of the worker has ended; [Dispatcher.Stop]
+// and [Dispatcher.Start] after it do nothing and fail respectively.
+//
+// Kill is for tests and crash drills: in production use Stop, which hands the
+// buckets over at once. Kill on a dispatcher that was never started only keeps it
+// from starting.
+func (d *Dispatcher) Kill() {
+	d.life.Lock()
+	d.killed = true
+	started := d.started
+	d.life.Unlock()
+	if !started {
+		return
+	}
+	d.requestStop()
+	d.kill()
+	<-d.stopped
+}
+
+func (d *Dispatcher) isKilled() bool {
+	d.life.Lock()
+	defer d.life.Unlock()
+	return d.killed
+}
+
+// Stopped is closed once the worker has stopped, by [Dispatcher.Stop],
+// [Dispatcher.Kill], a cancelled Start context, or on its own (see [Dispatcher.Err]).
+// When it closes after a graceful stop, the release of the leases has been tried.
 func (d *Dispatcher) Stopped() <-chan struct{} { return d.stopped }
 
 // Err reports why the worker stopped on its own: an envelope written with another
-// bucket count ([outbox.ErrMisconfigured]) or a closed store ([outbox.ErrClosed]). It is nil while the worker runs
-// and after a plain Stop.
+// bucket count ([outbox.ErrMisconfigured]) or a closed store ([outbox.ErrClosed]). It
+// is nil while the worker runs and after a Stop or Kill.
 func (d *Dispatcher) Err() error {
 	d.life.Lock()
 	defer d.life.Unlock()

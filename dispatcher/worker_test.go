@@ -96,12 +96,9 @@ func TestWorkerWakesUpOnCommit(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 
 	for i := range 5 {
-		ctx, scope := outbox.NewScope(ctx)
-		env, err := outbox.NewEnvelope(outbox.Message{Topic: "t", Key: []byte{byte(i)}, Payload: []byte("x")}, 8)
+		env, err := outbox.NewEnvelope(outbox.Message{Topic: "t", Key: []byte{byte(i)}, Payload: []byte("x")}, store.BucketCount())
 		require.NoError(t, err)
-		require.NoError(t, scope.Stage(env))
-		require.NoError(t, store.Commit(ctx, nil))
-		scope.Release()
+		require.NoError(t, store.Enqueue(ctx, env))
 		waitCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		require.NoError(t, rec.WaitFor(waitCtx, i+1), "commit %d not delivered without a poll", i)
 		cancel()
@@ -168,6 +165,13 @@ func (s *flakyStore) Fetch(ctx context.Context, bucket, limit int) ([]*outbox.En
 	return s.Store.Fetch(ctx, bucket, limit)
 }
 
+func (s *flakyStore) StopRelay(ctx context.Context, relay string, at time.Time) error {
+	if err := s.fail(); err != nil {
+		return err
+	}
+	return s.Store.StopRelay(ctx, relay, at)
+}
+
 func (s *flakyStore) Heartbeat(ctx context.Context, relay string, at time.Time) (bool, error) {
 	if err := s.fail(); err != nil {
 		return false, err
@@ -214,36 +218,6 @@ func (s stuckTransport) Publish(ctx context.Context, batch []*outbox.Envelope) e
 	return ctx.Err()
 }
 
-func TestStopWithExpiredContextLeavesLeasesThenRetries(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	store := newStore(t, 4)
-	stuck := stuckTransport{entered: make(chan struct{}, 1)}
-	d := newDispatcher(t, store, stuck, workerConfig("w"))
-	require.NoError(t, d.Start(ctx))
-	waitFor(t, "buckets", func() bool { return len(d.Owned()) == 4 })
-	enqueue(t, store, []byte("k"), 1)
-	<-stuck.entered // a batch is in flight, so the worker cannot end on its own
-
-	expired, cancel := context.WithCancel(ctx)
-	cancel()
-	require.ErrorIs(t, d.Stop(expired), context.Canceled)
-	<-d.Stopped() // the worker ended even though the release did not happen
-	view, err := store.ReadCoordination(ctx)
-	require.NoError(t, err)
-	require.Len(t, view.Leases, 4)
-	for _, l := range view.Leases {
-		require.Equal(t, "w", l.Owner, "leases are left to lapse, as after a crash")
-	}
-
-	require.NoError(t, d.Stop(ctx), "a retried Stop releases")
-	view, err = store.ReadCoordination(ctx)
-	require.NoError(t, err)
-	for _, l := range view.Leases {
-		require.Empty(t, l.Owner)
-	}
-}
-
 func TestCancellingStartContextStopsTheWorker(t *testing.T) {
 	t.Parallel()
 	store := newStore(t, 4)
@@ -272,8 +246,10 @@ func TestRunOnceRefusedWhileTheWorkerRuns(t *testing.T) {
 	d := newDispatcher(t, store, outboxtest.NewRecorder(), workerConfig("w"))
 	require.NoError(t, d.Start(ctx))
 	_, err := d.RunOnce(ctx)
-	require.Error(t, err)
+	require.ErrorIs(t, err, ErrRunning)
+	require.ErrorIs(t, d.Start(ctx), ErrRunning, "Start while the worker runs")
 	require.NoError(t, d.Stop(ctx))
+	require.ErrorIs(t, d.Start(ctx), outbox.ErrClosed, "Start after Stop")
 }
 
 func TestTwoWorkersShareBucketsAndKeepOrder(t *testing.T) {
