@@ -13,6 +13,10 @@ import (
 // in publish order, instead of sending it anywhere. Tests read back what a dispatcher
 // published; benchmarks use it as a broker that costs next to nothing.
 //
+// It records envelopes exactly as given: unlike the Kafka and SQS transports it adds
+// no idempotency-key header, and [Recorder.Received] adds only the message-ID header a
+// broker would carry.
+//
 // A Recorder can be told to fail chosen messages ([Recorder.FailID],
 // [Recorder.FailWhen]): a failed message is not recorded and is reported in an
 // [*outbox.PublishError], while the rest of its batch is recorded. Wrap a cause with
