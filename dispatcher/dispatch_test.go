@@ -378,7 +378,7 @@ func TestConfigValidation(t *testing.T) {
 	store := newStore(t, 8)
 	rec := outboxtest.NewRecorder()
 	cases := map[string]Config{
-		"BucketCount":        {BucketCount: 16},
+		"BucketCount":        {BucketCount: -1},
 		"BatchSize":          {BatchSize: -1},
 		"PollInterval":       {PollInterval: -time.Second},
 		"LeaseRenewInterval": {LeaseDuration: 30 * time.Second, LeaseRenewInterval: 15 * time.Second},
@@ -390,10 +390,17 @@ func TestConfigValidation(t *testing.T) {
 	}
 	for field, cfg := range cases {
 		cfg.Logger = quietLogger()
-		_, err := New(store, rec, cfg)
+		err := cfg.Validate()
 		require.ErrorIs(t, err, outbox.ErrMisconfigured, field)
-		require.ErrorContains(t, err, field)
+		require.ErrorContains(t, err, "Config."+field, "the error names the field")
+		_, err = New(store, rec, cfg)
+		require.ErrorIs(t, err, outbox.ErrMisconfigured, field)
+		require.ErrorContains(t, err, "Config."+field)
 	}
+	require.NoError(t, Config{}.Validate(), "zero fields take their defaults")
+	require.NoError(t, Config{LeaseDuration: 3 * time.Second, LeaseRenewInterval: time.Second}.Validate())
+	err := Config{LeaseDuration: 3 * time.Second}.Validate()
+	require.ErrorContains(t, err, "Config.LeaseRenewInterval is 10s", "a default that no longer fits is named")
 	d, err := New(store, rec, Config{})
 	require.NoError(t, err, "the zero config is valid")
 	require.NotEmpty(t, d.RelayID())
@@ -401,6 +408,33 @@ func TestConfigValidation(t *testing.T) {
 	require.Equal(t, DefaultLeaseDuration, d.cfg.LeaseDuration)
 	_, err = New(nil, rec, Config{})
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
+}
+
+func TestBucketCountComesFromTheStore(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := newStore(t, 3)
+	enqueue(t, store, nil, 30)
+	d, err := New(store, outboxtest.NewRecorder(), Config{Logger: quietLogger()})
+	require.NoError(t, err)
+	require.Equal(t, 3, d.cfg.BucketCount)
+	res, err := d.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 3, res.Buckets, "a lone relay takes every one of the store's buckets")
+	require.Equal(t, 30, res.Published)
+
+	_, err = New(store, outboxtest.NewRecorder(), Config{BucketCount: 3, Logger: quietLogger()})
+	require.NoError(t, err, "the store's own count is accepted")
+}
+
+func TestBucketCountOtherThanTheStoresIsMisconfigured(t *testing.T) {
+	t.Parallel()
+	store := newStore(t, 8)
+	_, err := New(store, outboxtest.NewRecorder(), Config{BucketCount: 16, Logger: quietLogger()})
+	require.ErrorIs(t, err, outbox.ErrMisconfigured)
+	require.ErrorContains(t, err, "Config.BucketCount is 16 but the store has 8 buckets")
+	require.ErrorContains(t, err, "leave BucketCount 0", "the error says how to fix it")
+	require.NoError(t, Config{BucketCount: 16}.Validate(), "only New, which sees the store, can tell")
 }
 
 // Through a transport that keeps key order, a key's messages share one Publish call
