@@ -1,4 +1,4 @@
-package dynamodb_test
+package dynamostore_test
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/dispatcher"
 	"github.com/outboxkit/outbox/outboxtest"
-	dynamodb "github.com/outboxkit/outbox/store/dynamodb"
+	dynamostore "github.com/outboxkit/outbox/store/dynamodb"
 )
 
 // reportCost turns the proxy's request counts into requests per message, the figure
@@ -38,9 +38,11 @@ func BenchmarkEnqueue(b *testing.B) {
 	for _, mode := range []string{"single", "batch10", "commit"} {
 		b.Run(mode, func(b *testing.B) {
 			d := newTestDB(b)
-			s := d.newStore(b, dynamodb.Options{BucketCount: 8})
+			s := d.newStore(b, dynamostore.Config{BucketCount: 8})
 			ctx := context.Background()
 			payload := make([]byte, 256)
+			send, err := outbox.NewSender(s, outbox.SenderConfig{})
+			require.NoError(b, err)
 			messages := 0
 			b.ResetTimer()
 			for i := 0; b.Loop(); i++ {
@@ -56,16 +58,18 @@ func BenchmarkEnqueue(b *testing.B) {
 					require.NoError(b, s.Enqueue(ctx, envs...))
 					messages += 10
 				case "commit":
-					sctx, scope := outbox.NewScope(ctx)
-					require.NoError(b, scope.Stage(envelope(b, 8, "t", fmt.Appendf(nil, "k%d", i), payload)))
-					require.NoError(b, s.Commit(sctx, types.TransactWriteItem{Put: &types.Put{
-						TableName: aws.String(s.Options().TableName),
-						Item: map[string]types.AttributeValue{
-							"PK": &types.AttributeValueMemberS{Value: fmt.Sprintf("ORDER#%d", i)},
-							"SK": &types.AttributeValueMemberS{Value: "ORDER"},
-						},
-					}}))
-					scope.Release()
+					require.NoError(b, s.Transact(ctx, func(ctx context.Context) error {
+						if err := dynamostore.AddItems(ctx, types.TransactWriteItem{Put: &types.Put{
+							TableName: aws.String(s.Config().TableName),
+							Item: map[string]types.AttributeValue{
+								"PK": &types.AttributeValueMemberS{Value: fmt.Sprintf("ORDER#%d", i)},
+								"SK": &types.AttributeValueMemberS{Value: "ORDER"},
+							},
+						}}); err != nil {
+							return err
+						}
+						return send.Send(ctx, outbox.Message{Topic: "t", Key: fmt.Appendf(nil, "k%d", i), Payload: payload})
+					}))
 					messages++
 				}
 			}
@@ -82,7 +86,7 @@ func BenchmarkDrain(b *testing.B) {
 	for _, batch := range []int{25, 100} {
 		b.Run(fmt.Sprintf("batch%d", batch), func(b *testing.B) {
 			d := newTestDB(b)
-			s := d.newStore(b, dynamodb.Options{BucketCount: 8})
+			s := d.newStore(b, dynamostore.Config{BucketCount: 8})
 			ctx := context.Background()
 			payload := make([]byte, 256)
 			for i := 0; i < b.N; i += 100 {

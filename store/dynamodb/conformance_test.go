@@ -1,7 +1,6 @@
-package dynamodb_test
+package dynamostore_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -10,24 +9,14 @@ import (
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/outboxtest/chaos"
-	dynamodb "github.com/outboxkit/outbox/store/dynamodb"
+	dynamostore "github.com/outboxkit/outbox/store/dynamodb"
 )
 
+// harness runs the suite against the store's own unit of work, Store.Transact.
 func harness() outboxtest.StoreHarness {
 	return outboxtest.StoreHarness{
 		New: func(t *testing.T, bucketCount int) outbox.DispatchStore {
-			return newTestDB(t).newStore(t, dynamodb.Options{BucketCount: bucketCount})
-		},
-		Transact: func(ctx context.Context, s outbox.DispatchStore, fn func(ctx context.Context) error) error {
-			scope := outbox.ScopeFrom(ctx)
-			if err := fn(ctx); err != nil {
-				scope.Take()
-				return err
-			}
-			if scope.Len() == 0 {
-				return nil // Commit reports an empty unit of work; the suite expects a no-op
-			}
-			return s.(*dynamodb.Store).Commit(ctx)
+			return newTestDB(t).newStore(t, dynamostore.Config{BucketCount: bucketCount})
 		},
 	}
 }

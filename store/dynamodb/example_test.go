@@ -1,4 +1,4 @@
-package dynamodb_test
+package dynamostore_test
 
 import (
 	"context"
@@ -7,75 +7,139 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
-	ddb "github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/truora/minidyn/server"
 
 	"github.com/outboxkit/outbox"
-	dynamodb "github.com/outboxkit/outbox/store/dynamodb"
+	dynamostore "github.com/outboxkit/outbox/store/dynamodb"
 )
 
-// An order and the message announcing it are written in one TransactWriteItems
-// request: the unit of work takes the envelope staged on the request's scope.
-func Example() {
-	ctx := context.Background()
-	// A DynamoDB API server in the process; point the client at DynamoDB in production.
+// localClient returns a client of a DynamoDB API server in the process, and a
+// function that stops the server. In production, build the client from your AWS
+// configuration instead.
+func localClient() (*dynamodb.Client, func()) {
 	srv := httptest.NewServer(server.NewServer())
-	defer srv.Close()
-	client := ddb.New(ddb.Options{
+	return dynamodb.New(dynamodb.Options{
 		Region:       "us-east-1",
 		BaseEndpoint: aws.String(srv.URL),
 		Credentials:  credentials.NewStaticCredentialsProvider("local", "local", ""),
-	})
+	}), srv.Close
+}
 
-	opts := dynamodb.Options{TableName: "orders-outbox"}
-	if err := dynamodb.CreateIfNotExists(ctx, client, opts); err != nil {
+// An order and the message announcing it are written in one TransactWriteItems
+// request: AddItems adds the order to the unit of work, the send joins it.
+func Example() {
+	ctx := context.Background()
+	client, stop := localClient()
+	defer stop()
+
+	cfg := dynamostore.Config{TableName: "orders-outbox"}
+	if err := dynamostore.CreateIfNotExists(ctx, client, cfg); err != nil {
 		panic(err)
 	}
-	store, err := dynamodb.New(client, opts)
+	store, err := dynamostore.New(client, cfg)
 	if err != nil {
 		panic(err)
 	}
 	defer store.Close()
-
-	// A request handler: capture stages the envelope on the scope (the middleware
-	// does this in Transactional mode), then the handler commits.
-	ctx, scope := outbox.NewScope(ctx)
-	defer scope.Release()
-	env, err := outbox.NewEnvelope(outbox.Message{Topic: "orders", Key: []byte("order-42"), Payload: []byte(`{"id":42}`)}, store.BucketCount())
+	sender, err := outbox.NewSender(store, outbox.SenderConfig{})
 	if err != nil {
 		panic(err)
 	}
-	if err := scope.Stage(env); err != nil {
+
+	// A request handler.
+	err = store.Transact(ctx, func(ctx context.Context) error {
+		order := types.TransactWriteItem{Put: &types.Put{
+			TableName: aws.String("orders-outbox"),
+			Item: map[string]types.AttributeValue{
+				"PK": &types.AttributeValueMemberS{Value: "ORDER#42"},
+				"SK": &types.AttributeValueMemberS{Value: "ORDER"},
+			},
+			ConditionExpression: aws.String("attribute_not_exists(PK)"),
+		}}
+		if err := dynamostore.AddItems(ctx, order); err != nil {
+			return err
+		}
+		return sender.Send(ctx, outbox.Message{Topic: "orders", Key: []byte("order-42"), Payload: []byte(`{"id":42}`)})
+	})
+	if err != nil {
+		panic(err)
+	}
+
+	// A relay reads each bucket in sequence order and deletes what it published.
+	for bucket := range store.BucketCount() {
+		batch, err := store.Fetch(ctx, bucket, 10)
+		if err != nil {
+			panic(err)
+		}
+		for _, e := range batch {
+			fmt.Printf("seq %d: %s %s %s\n", e.Seq, e.Topic, e.Key, e.Payload)
+		}
+		if err := store.Complete(ctx, batch); err != nil {
+			panic(err)
+		}
+	}
+
+	// Output:
+	// seq 1: orders order-42 {"id":42}
+}
+
+// An application that builds its own TransactWriteItems request sends on a scope,
+// takes the staged envelopes and appends their items to its request.
+func ExampleStore_CreateTransactWriteItems() {
+	ctx := context.Background()
+	client, stop := localClient()
+	defer stop()
+
+	cfg := dynamostore.Config{TableName: "orders-outbox"}
+	if err := dynamostore.CreateIfNotExists(ctx, client, cfg); err != nil {
+		panic(err)
+	}
+	store, err := dynamostore.New(client, cfg)
+	if err != nil {
+		panic(err)
+	}
+	defer store.Close()
+	sender, err := outbox.NewSender(store, outbox.SenderConfig{})
+	if err != nil {
+		panic(err)
+	}
+
+	ctx, scope := outbox.NewScope(ctx)
+	defer scope.Release()
+	if err := sender.Send(ctx, outbox.Message{Topic: "orders", Key: []byte("order-7"), Payload: []byte(`{"id":7}`)}); err != nil {
+		panic(err)
+	}
+	envs := scope.Take() // keep them: a rebuilt request needs them again
+
+	items, err := store.CreateTransactWriteItems(ctx, envs...)
+	if err != nil {
 		panic(err)
 	}
 	order := types.TransactWriteItem{Put: &types.Put{
 		TableName: aws.String("orders-outbox"),
 		Item: map[string]types.AttributeValue{
-			"PK": &types.AttributeValueMemberS{Value: "ORDER#42"},
+			"PK": &types.AttributeValueMemberS{Value: "ORDER#7"},
 			"SK": &types.AttributeValueMemberS{Value: "ORDER"},
 		},
-		ConditionExpression: aws.String("attribute_not_exists(PK)"),
 	}}
-	if err := store.Commit(ctx, order); err != nil {
+	_, err = client.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{
+		TransactItems: append([]types.TransactWriteItem{order}, items...),
+	})
+	if err != nil {
 		panic(err)
 	}
+	store.NotifyCommitted(envs...)
 
-	// A relay reads the bucket in sequence order and deletes what it published.
-	batch, err := store.Fetch(ctx, env.Bucket, 10)
+	batch, err := store.Fetch(ctx, envs[0].Bucket, 10)
 	if err != nil {
 		panic(err)
 	}
 	for _, e := range batch {
 		fmt.Printf("seq %d: %s %s %s\n", e.Seq, e.Topic, e.Key, e.Payload)
 	}
-	if err := store.Complete(ctx, batch); err != nil {
-		panic(err)
-	}
-	left, _ := store.Fetch(ctx, env.Bucket, 10)
-	fmt.Println("left:", len(left))
 
 	// Output:
-	// seq 1: orders order-42 {"id":42}
-	// left: 0
+	// seq 1: orders order-7 {"id":7}
 }

@@ -1,4 +1,4 @@
-package dynamodb_test
+package dynamostore_test
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 
 	"github.com/outboxkit/outbox/dispatcher"
 	"github.com/outboxkit/outbox/outboxtest"
-	dynamodb "github.com/outboxkit/outbox/store/dynamodb"
+	dynamostore "github.com/outboxkit/outbox/store/dynamodb"
 )
 
 // relayFleet runs dispatcher workers over one table, each with its own store and
@@ -22,7 +22,7 @@ import (
 type relayFleet struct {
 	t      *testing.T
 	d      *testDB
-	opts   dynamodb.Options
+	opts   dynamostore.Config
 	relays map[string]*dispatcher.Dispatcher
 	recs   map[string]*outboxtest.Recorder
 }
@@ -34,7 +34,7 @@ const (
 
 func (f *relayFleet) start(id string) {
 	f.t.Helper()
-	s, err := dynamodb.New(f.d.client, f.opts)
+	s, err := dynamostore.New(f.d.client, f.opts)
 	require.NoError(f.t, err)
 	f.t.Cleanup(func() { _ = s.Close() })
 	rec := outboxtest.NewRecorder()
@@ -110,8 +110,8 @@ func (f *relayFleet) published() int {
 func TestFleetMakesNoRefusedWritesInSteadyState(t *testing.T) {
 	t.Parallel()
 	d := newTestDB(t)
-	s := d.newStore(t, dynamodb.Options{BucketCount: 8})
-	f := &relayFleet{t: t, d: d, opts: s.Options(), relays: map[string]*dispatcher.Dispatcher{}, recs: map[string]*outboxtest.Recorder{}}
+	s := d.newStore(t, dynamostore.Config{BucketCount: 8})
+	f := &relayFleet{t: t, d: d, opts: s.Config(), relays: map[string]*dispatcher.Dispatcher{}, recs: map[string]*outboxtest.Recorder{}}
 	ctx := context.Background()
 
 	// Writers keep enqueuing throughout.

@@ -1,4 +1,4 @@
-package dynamodb_test
+package dynamostore_test
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/dispatcher"
 	"github.com/outboxkit/outbox/outboxtest"
-	dynamodb "github.com/outboxkit/outbox/store/dynamodb"
+	dynamostore "github.com/outboxkit/outbox/store/dynamodb"
 )
 
 // readCommittedClient wraps the real client and, while armed, drops one chosen
@@ -22,7 +22,7 @@ import (
 // runs while a transaction commits (a later message of the transaction without an
 // earlier one).
 type readCommittedClient struct {
-	dynamodb.Client
+	dynamostore.Client
 	mu     sync.Mutex
 	hideSK string
 	probes int
@@ -57,10 +57,10 @@ func (c *readCommittedClient) Query(ctx context.Context, in *ddb.QueryInput, opt
 func TestFetchProbesGapsOfATransactionCaughtMidCommit(t *testing.T) {
 	t.Parallel()
 	d := newTestDB(t)
-	s := d.newStore(t, dynamodb.Options{BucketCount: 1})
+	s := d.newStore(t, dynamostore.Config{BucketCount: 1})
 	ctx := context.Background()
 	wrapped := &readCommittedClient{Client: d.client}
-	relay, err := dynamodb.New(wrapped, s.Options())
+	relay, err := dynamostore.New(wrapped, s.Config())
 	require.NoError(t, err)
 
 	envs := []*outbox.Envelope{
@@ -88,7 +88,7 @@ func TestFetchProbesGapsOfATransactionCaughtMidCommit(t *testing.T) {
 	assert.Equal(t, 0, wrapped.probes, "no gap above the last removed message")
 
 	// A message missing right below the head, as on a fresh start, is found too.
-	relay2, err := dynamodb.New(wrapped, s.Options())
+	relay2, err := dynamostore.New(wrapped, s.Config())
 	require.NoError(t, err)
 	wrapped.hideSK = "0000000000000000003"
 	got, err = relay2.Fetch(ctx, 0, 10)
@@ -99,7 +99,7 @@ func TestFetchProbesGapsOfATransactionCaughtMidCommit(t *testing.T) {
 func TestFetchProbesAtMostEightGaps(t *testing.T) {
 	t.Parallel()
 	d := newTestDB(t)
-	s := d.newStore(t, dynamodb.Options{BucketCount: 1})
+	s := d.newStore(t, dynamostore.Config{BucketCount: 1})
 	ctx := context.Background()
 	var envs []*outbox.Envelope
 	for range 30 {
@@ -115,7 +115,7 @@ func TestFetchProbesAtMostEightGaps(t *testing.T) {
 	}
 	require.NoError(t, s.Complete(ctx, odd))
 	wrapped := &readCommittedClient{Client: d.client}
-	relay, err := dynamodb.New(wrapped, s.Options())
+	relay, err := dynamostore.New(wrapped, s.Config())
 	require.NoError(t, err)
 	got, err := relay.Fetch(ctx, 0, 100)
 	require.NoError(t, err)
@@ -134,7 +134,7 @@ func TestFetchProbesAtMostEightGaps(t *testing.T) {
 func TestLateLowerSequenceIsDeliveredInOrder(t *testing.T) {
 	t.Parallel()
 	d := newTestDB(t)
-	s := d.newStore(t, dynamodb.Options{BucketCount: 2})
+	s := d.newStore(t, dynamostore.Config{BucketCount: 2})
 	ctx := context.Background()
 
 	first := envelope(t, 2, "orders", []byte("order-7"), []byte("created"))

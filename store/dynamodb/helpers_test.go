@@ -1,4 +1,4 @@
-package dynamodb_test
+package dynamostore_test
 
 import (
 	"bytes"
@@ -23,7 +23,7 @@ import (
 	"github.com/truora/minidyn/server"
 
 	"github.com/outboxkit/outbox"
-	dynamodb "github.com/outboxkit/outbox/store/dynamodb"
+	dynamostore "github.com/outboxkit/outbox/store/dynamodb"
 )
 
 // testDB is one in-process DynamoDB API server with a counting reverse proxy in front,
@@ -226,13 +226,13 @@ func uniqueTable(t testing.TB) string {
 
 // newStore creates a table for opts (a unique one when opts.TableName is empty) and
 // returns a store on it.
-func (d *testDB) newStore(t testing.TB, opts dynamodb.Options) *dynamodb.Store {
+func (d *testDB) newStore(t testing.TB, opts dynamostore.Config) *dynamostore.Store {
 	t.Helper()
 	if opts.TableName == "" {
 		opts.TableName = uniqueTable(t)
 	}
-	require.NoError(t, dynamodb.CreateIfNotExists(context.Background(), d.client, opts))
-	s, err := dynamodb.New(d.client, opts)
+	require.NoError(t, dynamostore.CreateIfNotExists(context.Background(), d.client, opts))
+	s, err := dynamostore.New(d.client, opts)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
 	d.proxy.take()

@@ -1,4 +1,4 @@
-package dynamodb_test
+package dynamostore_test
 
 import (
 	"context"
@@ -16,13 +16,13 @@ import (
 	"github.com/truora/minidyn/server"
 
 	"github.com/outboxkit/outbox"
-	dynamodb "github.com/outboxkit/outbox/store/dynamodb"
+	dynamostore "github.com/outboxkit/outbox/store/dynamodb"
 )
 
 func TestCompleteBatchesAndRetriesUnprocessed(t *testing.T) {
 	t.Parallel()
 	d := newTestDB(t)
-	s := d.newStore(t, dynamodb.Options{BucketCount: 1})
+	s := d.newStore(t, dynamostore.Config{BucketCount: 1})
 	ctx := context.Background()
 	var envs []*outbox.Envelope
 	for range 60 {
@@ -35,7 +35,7 @@ func TestCompleteBatchesAndRetriesUnprocessed(t *testing.T) {
 	// The first delete of every request comes back unprocessed twice.
 	var left atomic.Int64
 	left.Store(2 * 3)
-	d.server.EmulateUnprocessedItems(s.Options().TableName, func(n int, _ map[string]*server.AttributeValue) bool {
+	d.server.EmulateUnprocessedItems(s.Config().TableName, func(n int, _ map[string]*server.AttributeValue) bool {
 		return n == 0 && left.Add(-1) >= 0
 	})
 	require.NoError(t, s.Complete(ctx, append(envs, envs[0]))) // a duplicate is dropped
@@ -51,7 +51,7 @@ func TestCompleteBatchesAndRetriesUnprocessed(t *testing.T) {
 	d.server.ClearUnprocessedItems()
 	kept := envelope(t, 1, "t", []byte("k"), []byte("kept"))
 	require.NoError(t, s.Enqueue(ctx, kept))
-	d.server.EmulateUnprocessedItems(s.Options().TableName, func(int, map[string]*server.AttributeValue) bool { return true })
+	d.server.EmulateUnprocessedItems(s.Config().TableName, func(int, map[string]*server.AttributeValue) bool { return true })
 	err = s.Complete(ctx, []*outbox.Envelope{kept})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "unprocessed")
@@ -64,8 +64,8 @@ func TestCompleteBatchesAndRetriesUnprocessed(t *testing.T) {
 func TestParkRequeuePurgeLayout(t *testing.T) {
 	t.Parallel()
 	d := newTestDB(t)
-	s := d.newStore(t, dynamodb.Options{BucketCount: 1})
-	table := s.Options().TableName
+	s := d.newStore(t, dynamostore.Config{BucketCount: 1})
+	table := s.Config().TableName
 	ctx := context.Background()
 	a, b := envelope(t, 1, "t", []byte("k"), []byte("a")), envelope(t, 1, "t", []byte("k"), []byte("b"))
 	require.NoError(t, s.Enqueue(ctx, a, b))
@@ -111,7 +111,7 @@ func TestParkRequeuePurgeLayout(t *testing.T) {
 func TestStatsAndIdleProbe(t *testing.T) {
 	t.Parallel()
 	d := newTestDB(t)
-	s := d.newStore(t, dynamodb.Options{BucketCount: 2, PendingCountLimit: 5})
+	s := d.newStore(t, dynamostore.Config{BucketCount: 2, PendingCountLimit: 5})
 	ctx := context.Background()
 	k0 := keyForBucket(t, 0, 2)
 	var envs []*outbox.Envelope
@@ -140,8 +140,8 @@ func TestStatsAndIdleProbe(t *testing.T) {
 func TestLeaseItems(t *testing.T) {
 	t.Parallel()
 	d := newTestDB(t)
-	s := d.newStore(t, dynamodb.Options{BucketCount: 4})
-	table := s.Options().TableName
+	s := d.newStore(t, dynamostore.Config{BucketCount: 4})
+	table := s.Config().TableName
 	ctx := context.Background()
 	now := time.Date(2026, 5, 6, 7, 8, 9, 123456000, time.UTC)
 
@@ -195,15 +195,15 @@ func TestCreateIfNotExists(t *testing.T) {
 	t.Parallel()
 	d := newTestDB(t)
 	ctx := context.Background()
-	opts := dynamodb.Options{TableName: uniqueTable(t), PartitionKeyAttributeName: "pk", SortKeyAttributeName: "sk"}
+	opts := dynamostore.Config{TableName: uniqueTable(t), PartitionKeyAttributeName: "pk", SortKeyAttributeName: "sk"}
 
-	in, err := dynamodb.CreateTableInput(opts)
+	in, err := dynamostore.CreateTableInput(opts)
 	require.NoError(t, err)
 	assert.Equal(t, types.BillingModePayPerRequest, in.BillingMode)
 	assert.Equal(t, "pk", aws.ToString(in.KeySchema[0].AttributeName))
 	assert.Equal(t, types.KeyTypeHash, in.KeySchema[0].KeyType)
 	assert.Equal(t, types.KeyTypeRange, in.KeySchema[1].KeyType)
-	_, err = dynamodb.CreateTableInput(dynamodb.Options{})
+	_, err = dynamostore.CreateTableInput(dynamostore.Config{})
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
 
 	// Several processes at once (the proxy serialises requests, as the API server
@@ -214,7 +214,7 @@ func TestCreateIfNotExists(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make([]error, 5)
 	for i := range errs {
-		wg.Go(func() { errs[i] = dynamodb.CreateIfNotExists(ctx, d.client, opts) })
+		wg.Go(func() { errs[i] = dynamostore.CreateIfNotExists(ctx, d.client, opts) })
 	}
 	wg.Wait()
 	for _, err := range errs {
@@ -222,16 +222,16 @@ func TestCreateIfNotExists(t *testing.T) {
 	}
 	reqs, _ := d.proxy.take()
 	assert.GreaterOrEqual(t, reqs["CreateTable"], 1)
-	require.NoError(t, dynamodb.CreateIfNotExists(ctx, d.client, opts), "an existing table is fine")
+	require.NoError(t, dynamostore.CreateIfNotExists(ctx, d.client, opts), "an existing table is fine")
 	reqs, _ = d.proxy.take()
 	assert.Zero(t, reqs["CreateTable"], "an existing table is not created again")
 
 	// A table with another key schema is refused.
-	err = dynamodb.CreateIfNotExists(ctx, d.client, dynamodb.Options{TableName: opts.TableName})
+	err = dynamostore.CreateIfNotExists(ctx, d.client, dynamostore.Config{TableName: opts.TableName})
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
 
 	// A store on a missing table says so.
-	s, err := dynamodb.New(d.client, dynamodb.Options{TableName: "missing-table"})
+	s, err := dynamostore.New(d.client, dynamostore.Config{TableName: "missing-table"})
 	require.NoError(t, err)
 	_, err = s.Fetch(ctx, 0, 1)
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
@@ -241,7 +241,7 @@ func TestCreateIfNotExists(t *testing.T) {
 func TestContextAndClose(t *testing.T) {
 	t.Parallel()
 	d := newTestDB(t)
-	s := d.newStore(t, dynamodb.Options{BucketCount: 1})
+	s := d.newStore(t, dynamostore.Config{BucketCount: 1})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	err := s.Enqueue(ctx, envelope(t, 1, "t", nil, nil))
@@ -250,7 +250,7 @@ func TestContextAndClose(t *testing.T) {
 	require.NoError(t, s.Close(), "closing twice is a no-op")
 	_, err = s.Fetch(context.Background(), 0, 1)
 	require.ErrorIs(t, err, outbox.ErrClosed)
-	var c dynamodb.Client
+	var c dynamostore.Client
 	require.True(t, s.As(&c))
 	var raw *ddb.Client
 	require.True(t, s.As(&raw))
@@ -260,8 +260,8 @@ func TestContextAndClose(t *testing.T) {
 func TestSampleBacklogOnlyByTheOwnerOfBucketZero(t *testing.T) {
 	t.Parallel()
 	d := newTestDB(t)
-	a := d.newStore(t, dynamodb.Options{BucketCount: 2})
-	b, err := dynamodb.New(d.client, a.Options())
+	a := d.newStore(t, dynamostore.Config{BucketCount: 2})
+	b, err := dynamostore.New(d.client, a.Config())
 	require.NoError(t, err)
 	ctx := context.Background()
 	require.NoError(t, a.Enqueue(ctx, envelope(t, 2, "t", keyForBucket(t, 1, 2), []byte("x"))))

@@ -1,10 +1,8 @@
-package dynamodb_test
+package dynamostore_test
 
 import (
 	"context"
-	"errors"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -15,43 +13,43 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
-	dynamodb "github.com/outboxkit/outbox/store/dynamodb"
+	dynamostore "github.com/outboxkit/outbox/store/dynamodb"
 )
 
-func TestOptionsValidate(t *testing.T) {
+func TestConfigValidate(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
 		name  string
-		opts  dynamodb.Options
+		opts  dynamostore.Config
 		field string
 	}{
-		{"no table", dynamodb.Options{}, "TableName"},
-		{"short table", dynamodb.Options{TableName: "ab"}, "TableName"},
-		{"bad table", dynamodb.Options{TableName: "a b c"}, "TableName"},
-		{"prefix with separator", dynamodb.Options{TableName: "t-1", KeyPrefix: "A#B"}, "KeyPrefix"},
-		{"same key names", dynamodb.Options{TableName: "t-1", PartitionKeyAttributeName: "K", SortKeyAttributeName: "K"}, "SortKeyAttributeName"},
-		{"default clash", dynamodb.Options{TableName: "t-1", PartitionKeyAttributeName: "SK"}, "SortKeyAttributeName"},
-		{"negative buckets", dynamodb.Options{TableName: "t-1", BucketCount: -1}, "BucketCount"},
-		{"negative concurrency", dynamodb.Options{TableName: "t-1", MaxConcurrency: -2}, "MaxConcurrency"},
-		{"negative count limit", dynamodb.Options{TableName: "t-1", PendingCountLimit: -3}, "PendingCountLimit"},
+		{"no table", dynamostore.Config{}, "TableName"},
+		{"short table", dynamostore.Config{TableName: "ab"}, "TableName"},
+		{"bad table", dynamostore.Config{TableName: "a b c"}, "TableName"},
+		{"prefix with separator", dynamostore.Config{TableName: "t-1", KeyPrefix: "A#B"}, "KeyPrefix"},
+		{"same key names", dynamostore.Config{TableName: "t-1", PartitionKeyAttributeName: "K", SortKeyAttributeName: "K"}, "SortKeyAttributeName"},
+		{"default clash", dynamostore.Config{TableName: "t-1", PartitionKeyAttributeName: "SK"}, "SortKeyAttributeName"},
+		{"negative buckets", dynamostore.Config{TableName: "t-1", BucketCount: -1}, "BucketCount"},
+		{"negative concurrency", dynamostore.Config{TableName: "t-1", MaxConcurrency: -2}, "MaxConcurrency"},
+		{"negative count limit", dynamostore.Config{TableName: "t-1", PendingCountLimit: -3}, "PendingCountLimit"},
 	}
 	for _, c := range cases {
 		err := c.opts.Validate()
 		require.ErrorIs(t, err, outbox.ErrMisconfigured, c.name)
-		assert.Contains(t, err.Error(), "Options."+c.field, c.name)
+		assert.Contains(t, err.Error(), "Config."+c.field, c.name)
 	}
-	require.NoError(t, dynamodb.Options{TableName: "orders-outbox"}.Validate())
+	require.NoError(t, dynamostore.Config{TableName: "orders-outbox"}.Validate())
 
-	s, err := dynamodb.New(ddb.New(ddb.Options{Region: "us-east-1"}), dynamodb.Options{TableName: "orders-outbox"})
+	s, err := dynamostore.New(ddb.New(ddb.Options{Region: "us-east-1"}), dynamostore.Config{TableName: "orders-outbox"})
 	require.NoError(t, err)
-	got := s.Options()
+	got := s.Config()
 	assert.Equal(t, "PK", got.PartitionKeyAttributeName)
 	assert.Equal(t, "SK", got.SortKeyAttributeName)
 	assert.Equal(t, "OUTBOX", got.KeyPrefix)
 	assert.Equal(t, 8, got.BucketCount)
 	assert.Equal(t, 8, got.MaxConcurrency)
 	assert.Equal(t, 10_000, got.PendingCountLimit)
-	_, err = dynamodb.New(nil, dynamodb.Options{TableName: "orders-outbox"})
+	_, err = dynamostore.New(nil, dynamostore.Config{TableName: "orders-outbox"})
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
 }
 
@@ -76,8 +74,8 @@ func rawItem(t *testing.T, d *testDB, table, pk, sk string) map[string]types.Att
 func TestItemSchema(t *testing.T) {
 	t.Parallel()
 	d := newTestDB(t)
-	s := d.newStore(t, dynamodb.Options{BucketCount: 4})
-	table := s.Options().TableName
+	s := d.newStore(t, dynamostore.Config{BucketCount: 4})
+	table := s.Config().TableName
 	ctx := context.Background()
 
 	part := int32(6)
@@ -152,7 +150,7 @@ func itoa(n int) string { return strconv.Itoa(n) }
 func TestReservationsPerBucketKeepListOrder(t *testing.T) {
 	t.Parallel()
 	d := newTestDB(t)
-	s := d.newStore(t, dynamodb.Options{BucketCount: 4})
+	s := d.newStore(t, dynamostore.Config{BucketCount: 4})
 	ctx := context.Background()
 	k0, k1 := keyForBucket(t, 0, 4), keyForBucket(t, 1, 4)
 	envs := []*outbox.Envelope{
@@ -175,7 +173,7 @@ func TestReservationsPerBucketKeepListOrder(t *testing.T) {
 
 	// The caller's own transaction, with its business item.
 	order := types.TransactWriteItem{Put: &types.Put{
-		TableName: aws.String(s.Options().TableName),
+		TableName: aws.String(s.Config().TableName),
 		Item: map[string]types.AttributeValue{
 			"PK": &types.AttributeValueMemberS{Value: "ORDER#1"}, "SK": &types.AttributeValueMemberS{Value: "ORDER"},
 		},
@@ -196,7 +194,7 @@ func TestReservationsPerBucketKeepListOrder(t *testing.T) {
 func TestEnqueueIsSafeUnderSDKRetries(t *testing.T) {
 	t.Parallel()
 	d := newTestDB(t)
-	s := d.newStore(t, dynamodb.Options{BucketCount: 2})
+	s := d.newStore(t, dynamostore.Config{BucketCount: 2})
 	ctx := context.Background()
 
 	// One envelope goes out as a conditional PutItem; its first response is lost, the
@@ -228,7 +226,7 @@ func TestEnqueueIsSafeUnderSDKRetries(t *testing.T) {
 	// A counter that was reset makes the put collide with another message: an error,
 	// not a silent overwrite.
 	_, err := d.client.PutItem(ctx, &ddb.PutItemInput{
-		TableName: aws.String(s.Options().TableName),
+		TableName: aws.String(s.Config().TableName),
 		Item: map[string]types.AttributeValue{
 			"PK": &types.AttributeValueMemberS{Value: "OUTBOX#SEQUENCE#" + itoa(one.Bucket)}, "SK": &types.AttributeValueMemberS{Value: "SEQUENCE"},
 			"Sequence": &types.AttributeValueMemberN{Value: "0"},
@@ -241,125 +239,17 @@ func TestEnqueueIsSafeUnderSDKRetries(t *testing.T) {
 	assert.Contains(t, err.Error(), "already taken")
 }
 
-func TestCommit(t *testing.T) {
-	t.Parallel()
-	d := newTestDB(t)
-	s := d.newStore(t, dynamodb.Options{BucketCount: 2})
-	table := s.Options().TableName
-	ctx := context.Background()
-	orderPut := func(id string, cond bool) types.TransactWriteItem {
-		p := &types.Put{TableName: aws.String(table), Item: map[string]types.AttributeValue{
-			"PK": &types.AttributeValueMemberS{Value: "ORDER#" + id}, "SK": &types.AttributeValueMemberS{Value: "ORDER"},
-		}}
-		if cond {
-			p.ConditionExpression = aws.String("attribute_not_exists(PK)")
-		}
-		return types.TransactWriteItem{Put: p}
-	}
-
-	// Commit: the order and both staged envelopes, one request.
-	sctx, scope := outbox.NewScope(ctx)
-	defer scope.Release()
-	a, b := envelope(t, 2, "t", []byte("k"), []byte("a")), envelope(t, 2, "t", []byte("k"), []byte("b"))
-	require.NoError(t, scope.Stage(a, b))
-	require.NoError(t, s.Commit(sctx, orderPut("1", true)))
-	reqs, _ := d.proxy.take()
-	assert.Equal(t, 1, reqs["TransactWriteItems"])
-	assert.NotNil(t, rawItem(t, d, table, "ORDER#1", "ORDER"))
-	got, err := s.Fetch(ctx, a.Bucket, 10)
-	require.NoError(t, err)
-	require.Len(t, got, 2)
-	assert.Equal(t, a.ID, got[0].ID)
-	assert.Equal(t, 0, scope.Len(), "the scope was drained")
-
-	// A failing business condition cancels everything: no envelope persists.
-	c := envelope(t, 2, "t", []byte("k"), []byte("c"))
-	require.NoError(t, scope.Stage(c))
-	err = s.Commit(sctx, orderPut("1", true))
-	_, cancelled := errors.AsType[*types.TransactionCanceledException](err)
-	require.True(t, cancelled, "got %v", err)
-	got, err = s.Fetch(ctx, a.Bucket, 10)
-	require.NoError(t, err)
-	assert.Len(t, got, 2, "the cancelled envelope is not stored")
-
-	// Transact: a failing function writes nothing.
-	boom := errors.New("boom")
-	err = s.Transact(ctx, func(ctx context.Context) ([]types.TransactWriteItem, error) {
-		require.NoError(t, outbox.ScopeFrom(ctx).Stage(envelope(t, 2, "t", []byte("k"), []byte("x"))))
-		return []types.TransactWriteItem{orderPut("2", false)}, boom
-	})
-	require.ErrorIs(t, err, boom)
-	assert.Nil(t, rawItem(t, d, table, "ORDER#2", "ORDER"))
-}
-
-func TestCommitLimits(t *testing.T) {
-	t.Parallel()
-	d := newTestDB(t)
-	s := d.newStore(t, dynamodb.Options{BucketCount: 2})
-	table := s.Options().TableName
-	ctx := context.Background()
-	app := func(n, size int) []types.TransactWriteItem {
-		out := make([]types.TransactWriteItem, n)
-		for i := range out {
-			out[i] = types.TransactWriteItem{Put: &types.Put{TableName: aws.String(table), Item: map[string]types.AttributeValue{
-				"PK":   &types.AttributeValueMemberS{Value: "APP#" + strings.Repeat("x", i%7)},
-				"SK":   &types.AttributeValueMemberS{Value: strings.Repeat("y", i+1)},
-				"Blob": &types.AttributeValueMemberB{Value: make([]byte, size)},
-			}}}
-		}
-		return out
-	}
-	commit := func(envs []*outbox.Envelope, items []types.TransactWriteItem) error {
-		sctx, scope := outbox.NewScope(ctx)
-		defer scope.Release()
-		require.NoError(t, scope.Stage(envs...))
-		return s.Commit(sctx, items...)
-	}
-	small := func(n int) []*outbox.Envelope {
-		out := make([]*outbox.Envelope, n)
-		for i := range out {
-			out[i] = envelope(t, 2, "t", []byte("k"), []byte("p"))
-		}
-		return out
-	}
-
-	err := commit(small(60), app(41, 1))
-	require.ErrorIs(t, err, outbox.ErrTooLarge)
-	assert.Contains(t, err.Error(), "101 items")
-
-	err = commit([]*outbox.Envelope{envelope(t, 2, "t", []byte("k"), make([]byte, 400*1024))}, nil)
-	require.ErrorIs(t, err, outbox.ErrTooLarge)
-	assert.Contains(t, err.Error(), "400 KB")
-
-	err = commit(nil, app(1, 401*1024))
-	require.ErrorIs(t, err, outbox.ErrTooLarge)
-	assert.Contains(t, err.Error(), "application item 0")
-
-	err = commit(small(1), app(11, 390*1024))
-	require.ErrorIs(t, err, outbox.ErrTooLarge)
-	assert.Contains(t, err.Error(), "4 MB")
-
-	require.ErrorIs(t, commit(nil, nil), dynamodb.ErrNothingToCommit)
-	require.ErrorIs(t, s.Commit(ctx), outbox.ErrNoScope)
-
-	err = s.Enqueue(ctx, small(101)...)
-	require.ErrorIs(t, err, outbox.ErrTooLarge)
-
-	reqs, _ := d.proxy.take()
-	assert.Empty(t, reqs, "every refusal happened before any request")
-}
-
 func TestBucketCountMismatch(t *testing.T) {
 	t.Parallel()
 	d := newTestDB(t)
-	relay := d.newStore(t, dynamodb.Options{BucketCount: 8})
+	relay := d.newStore(t, dynamostore.Config{BucketCount: 8})
 	ctx := context.Background()
 
 	err := relay.Enqueue(ctx, envelope(t, 4, "t", []byte("k"), nil))
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
 
 	// A writer configured with 4 buckets on the same table and prefix.
-	writer, err := dynamodb.New(d.client, dynamodb.Options{TableName: relay.Options().TableName, BucketCount: 4})
+	writer, err := dynamostore.New(d.client, dynamostore.Config{TableName: relay.Config().TableName, BucketCount: 4})
 	require.NoError(t, err)
 	env := envelope(t, 4, "t", keyForBucket(t, 1, 4), nil)
 	require.NoError(t, writer.Enqueue(ctx, env))
@@ -372,8 +262,8 @@ func TestBucketCountMismatch(t *testing.T) {
 func TestKeyPrefixIsolation(t *testing.T) {
 	t.Parallel()
 	d := newTestDB(t)
-	a := d.newStore(t, dynamodb.Options{BucketCount: 2})
-	b, err := dynamodb.New(d.client, dynamodb.Options{TableName: a.Options().TableName, BucketCount: 2, KeyPrefix: "BILLING"})
+	a := d.newStore(t, dynamostore.Config{BucketCount: 2})
+	b, err := dynamostore.New(d.client, dynamostore.Config{TableName: a.Config().TableName, BucketCount: 2, KeyPrefix: "BILLING"})
 	require.NoError(t, err)
 	ctx := context.Background()
 	now := time.Now().UTC().Truncate(time.Microsecond)
