@@ -57,8 +57,8 @@ import (
 const (
 	// HeaderMessageID carries the envelope's ID on every published message.
 	HeaderMessageID = "x-outbox-message-id"
-	// HeaderIdempotencyKey is stamped at capture with the message ID unless the
-	// application set one; consumers deduplicate on it.
+	// HeaderIdempotencyKey is stamped by the transports at publish with the message ID
+	// unless the application set one; consumers deduplicate on it.
 	HeaderIdempotencyKey = "idempotency-key"
 	// HeaderCorrelationID carries a correlation id across hops.
 	HeaderCorrelationID = "x-correlation-id"

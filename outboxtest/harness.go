@@ -84,7 +84,8 @@ type Received struct {
 	Topic   string
 	Key     []byte
 	Payload []byte
-	// Headers are the application's headers in order, including those the outbox
-	// stamped at capture (idempotency-key, trace context) and HeaderMessageID.
+	// Headers are the message's headers in order: the application's, those stamped at
+	// capture (trace context, correlation id), and those the transport stamps
+	// (HeaderMessageID, HeaderIdempotencyKey).
 	Headers []outbox.Header
 }
