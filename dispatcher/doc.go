@@ -40,7 +40,7 @@
 //     relay joins: peers hand back their excess on their next round and it claims it
 //     on its following round; nothing moves if the split is already fair, and relays
 //     beyond the bucket count are standbys (the first BucketCount of them run every
-//     round; the rest, when LeaseDuration is at least 8/3 of LeaseRenewInterval,
+//     round; the rest, when LeaseDuration is at least 8/3 times LeaseRenewInterval,
 //     every other round). Graceful stop (Stop, a cancelled Start context, the end of
 //     RunOnce): the relay finishes in-flight batches (or cancels them, if Stop's
 //     context ended), stamps itself stopped, releases its leases and re-reads, up to
@@ -65,9 +65,12 @@
 //     Store errors back the worker off (up to LeaseRenewInterval) and it recovers by
 //     itself.
 //   - Logging, through [Config.Logger]: a failed publish that will be retried is a
-//     WARN, at most once per bucket per LeaseRenewInterval (the rest are DEBUG, and
-//     the next WARN says how many); a parked message is always a WARN; the worker
-//     stopping on its own is an ERROR; store errors and lease anomalies are WARNs.
+//     WARN at most once per bucket per LeaseRenewInterval, with topic, message id,
+//     attempts, next attempt and cause; the failures in between are DEBUG, and the
+//     next WARN says how many there were (suppressed). A parked message is always a
+//     WARN. The worker stopping on its own (bucket count mismatch, closed store) is
+//     an ERROR; store errors, refused renewals, clock trouble and failed releases are
+//     WARNs. Nothing is logged per successful publish.
 //
 // # Limitations
 //
