@@ -34,8 +34,9 @@ type Config struct {
 	// 30 s.
 	LeaseDuration time.Duration
 	// LeaseRenewInterval is how often the relay writes its heartbeat, re-plans and
-	// renews its leases. It must be at most a third of LeaseDuration. Defaults to
-	// 10 s.
+	// renews its leases. It must be at most a third of LeaseDuration. It also spaces
+	// the warnings about failed publishes: at most one per bucket per interval.
+	// Defaults to 10 s.
 	LeaseRenewInterval time.Duration
 	// MaxAttempts is how many failed publish attempts park an envelope. Defaults to 10.
 	MaxAttempts int
@@ -57,7 +58,9 @@ type Config struct {
 	Unordered bool
 	// MaxConcurrency is how many buckets are drained in parallel. Defaults to 4.
 	MaxConcurrency int
-	// Logger receives the dispatcher's logs. Defaults to slog.Default().
+	// Logger receives the dispatcher's logs, each with a "relay" attribute; the
+	// package documentation lists what is logged at which level. Defaults to
+	// slog.Default().
 	Logger *slog.Logger
 	// Now is the clock, for tests. Defaults to time.Now.
 	Now func() time.Time

@@ -50,7 +50,11 @@ func newStopping(t *testing.T) *stopping {
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	t.Cleanup(s.cancel)
 	require.NoError(t, s.a.Start(s.ctx))
-	<-stuck.entered // "a" renewed its leases and has the batch in flight
+	select {
+	case <-stuck.entered: // "a" renewed its leases and has the batch in flight
+	case <-time.After(10 * time.Second):
+		t.Fatal("the worker did not publish")
+	}
 	require.Len(t, s.a.Owned(), 4)
 	return s
 }

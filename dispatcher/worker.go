@@ -92,11 +92,12 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 // more, and returns ctx's error. So `defer d.Stop(ctx)` with a context that is
 // already cancelled at shutdown still hands the buckets over promptly. If the release
 // fails (the store is unreachable) the leases lapse after LeaseDuration, as after a
-// crash, and Stop returns the store's error; calling Stop again retries the release.
+// crash, and Stop returns the store's error (ctx's, if ctx ended); calling Stop again
+// retries the release.
 //
-// Stop on a worker that was never started, is already stopped, or was killed returns
-// nil. To stop without handing anything back, as a crash would, use
-// [Dispatcher.Kill].
+// Stop once the worker has stopped and handed its leases back, on a worker that was
+// never started, or after [Dispatcher.Kill] does nothing and returns nil. To stop
+// without handing anything back, as a crash would, use Kill.
 func (d *Dispatcher) Stop(ctx context.Context) error {
 	d.life.Lock()
 	started := d.started
@@ -124,8 +125,8 @@ func (d *Dispatcher) Stop(ctx context.Context) error {
 // Kill stops the worker at once, as if the process had died: it cancels in-flight
 // work, does not stamp the relay stopped and hands no lease back, so the relay's
 // buckets stay with it until its leases lapse, LeaseDuration after its last renewal,
-// and only then move to its peers. A graceful stop under way is cut short the same
-// way. Kill returns once every goroutine of the worker has ended; [Dispatcher.Stop]
+// and only then move to its peers. A graceful stop under way is cut short: the leases
+// it has not handed back yet lapse. Kill returns once every goroutine of the worker has ended; [Dispatcher.Stop]
 // and [Dispatcher.Start] after it do nothing and fail respectively.
 //
 // Kill is for tests and crash drills: in production use Stop, which hands the
