@@ -286,7 +286,7 @@ func (d *Dispatcher) running() bool {
 // use the worker for a backlog that takes longer.
 func (d *Dispatcher) RunOnce(ctx context.Context) (Result, error) {
 	if d.running() {
-		return Result{}, fmt.Errorf("%w: RunOnce while the worker runs; use one or the other", ErrRunning)
+		return Result{}, fmt.Errorf("%w; RunOnce cannot run alongside it: use one or the other", ErrRunning)
 	}
 	// Overlapping sweeps would release each other's leases mid-drain.
 	d.sweepMu.Lock()

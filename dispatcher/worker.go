@@ -44,7 +44,7 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 		case <-d.stopped:
 		default:
 			if d.started {
-				return fmt.Errorf("%w: Start called twice", ErrRunning)
+				return fmt.Errorf("%w; Start called twice", ErrRunning)
 			}
 		}
 		return fmt.Errorf("dispatcher: %w: Start after the worker stopped; build a new dispatcher to run again", outbox.ErrClosed)
@@ -126,8 +126,8 @@ func (d *Dispatcher) Stop(ctx context.Context) error {
 // work, does not stamp the relay stopped and hands no lease back, so the relay's
 // buckets stay with it until its leases lapse, LeaseDuration after its last renewal,
 // and only then move to its peers. A graceful stop under way is cut short: the leases
-// it has not handed back yet lapse. Kill returns once every goroutine of the worker has ended; [Dispatcher.Stop]
-// and [Dispatcher.Start] after it do nothing and fail respectively.
+// it has not handed back yet lapse. Kill returns once every goroutine of the worker
+// has ended; [Dispatcher.Stop] after it does nothing and [Dispatcher.Start] fails.
 //
 // Kill is for tests and crash drills: in production use Stop, which hands the
 // buckets over at once. Kill on a dispatcher that was never started only keeps it
