@@ -199,10 +199,14 @@ func (s *Store) commit(ctx context.Context, items []types.TransactWriteItem, env
 }
 
 // errCancelled explains a transaction DynamoDB cancelled, keeping the exception
-// reachable with errors.As.
-func errCancelled(op string, err error) error {
+// reachable with errors.As; nil if err is no cancellation.
+func errCancelled(op string, appItems int, err error) error {
 	if _, ok := errors.AsType[*types.TransactionCanceledException](err); !ok {
 		return nil
 	}
-	return fmt.Errorf("dynamostore: %s: DynamoDB cancelled the transaction and wrote nothing (its CancellationReasons list the application items first, in the order added, then the messages): %w", op, err)
+	order := "in the order of the messages"
+	if appItems > 0 {
+		order = "the application items first, in the order added, then the messages"
+	}
+	return fmt.Errorf("dynamostore: %s: DynamoDB cancelled the transaction and wrote nothing (its CancellationReasons list %s): %w", op, order, err)
 }

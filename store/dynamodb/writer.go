@@ -252,7 +252,7 @@ func (s *Store) transact(ctx context.Context, op string, appItems []types.Transa
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		return ctxErr
 	}
-	if cerr := errCancelled(op, err); cerr != nil {
+	if cerr := errCancelled(op, len(appItems), err); cerr != nil {
 		return cerr
 	}
 	return s.translate(ctx, op, err)
