@@ -349,4 +349,13 @@ func TestTransactLimits(t *testing.T) {
 	reqs, _ := d.proxy.take()
 	assert.Empty(t, reqs, "every refusal happened before any request")
 	assert.Empty(t, stored(t, s))
+
+	// Exactly 100 items fit.
+	require.NoError(t, s.Transact(ctx, func(ctx context.Context) error {
+		require.NoError(t, dynamostore.AddItems(ctx, orderPut(table, "100", true)))
+		sendN(ctx, 99)
+		return nil
+	}))
+	assert.Len(t, stored(t, s), 99)
+	assert.NotNil(t, rawItem(t, d, table, "ORDER#100", "ORDER"))
 }
