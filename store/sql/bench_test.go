@@ -32,7 +32,7 @@ func randomPayload(n int) []byte {
 }
 
 // BenchmarkEnqueueOverhead compares a one-row business transaction that also writes
-// 0, 1 or 10 staged messages through TransactPgx with the same transaction written
+// 0, 1 or 10 messages sent inside Transact with the same transaction written
 // with plain pgx. Iterations alternate between the two so both see the same server
 // state; "x-baseline" is the outbox transaction's cost as a multiple of the plain one.
 func BenchmarkEnqueueOverhead(b *testing.B) {
@@ -48,6 +48,7 @@ func BenchmarkEnqueueOverhead(b *testing.B) {
 				b.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+orders) })
 				insert := "INSERT INTO " + orders + " (customer, total) VALUES ($1, $2)"
 				payload := randomPayload(256)
+				sender := capture(b, s, outbox.Transactional)
 
 				var plainNs, outboxNs, n atomic.Int64
 				var seq atomic.Int64
@@ -61,18 +62,13 @@ func BenchmarkEnqueueOverhead(b *testing.B) {
 						return err
 					}
 					mid := time.Now()
-					sctx, scope := outbox.NewScope(ctx)
-					defer scope.Release()
-					err := s.TransactPgx(sctx, func(ctx context.Context, tx pgx.Tx) error {
+					err := s.Transact(ctx, func(ctx context.Context) error {
+						tx, _ := sqlstore.PgxTx(ctx)
 						if _, err := tx.Exec(ctx, insert, "customer", i); err != nil {
 							return err
 						}
 						for j := range staged {
-							env, err := outbox.NewEnvelope(outbox.Message{Topic: "orders", Key: fmt.Appendf(nil, "order-%d-%d", i, j), Payload: payload}, s.BucketCount())
-							if err != nil {
-								return err
-							}
-							if err := outbox.ScopeFrom(ctx).Stage(env); err != nil {
+							if err := sender.Send(ctx, outbox.Message{Topic: "orders", Key: fmt.Appendf(nil, "order-%d-%d", i, j), Payload: payload}); err != nil {
 								return err
 							}
 						}
@@ -220,10 +216,10 @@ func BenchmarkDrain(b *testing.B) {
 	}
 }
 
-// stampTransport notes when each message reached Publish.
+// stampTransport notes when each message (by key) reached Publish.
 type stampTransport struct {
 	mu   sync.Mutex
-	at   map[uuid.UUID]time.Time
+	at   map[string]time.Time
 	next outbox.Transport
 	seen chan struct{}
 }
@@ -232,8 +228,8 @@ func (s *stampTransport) Publish(ctx context.Context, batch []*outbox.Envelope) 
 	now := time.Now()
 	s.mu.Lock()
 	for _, env := range batch {
-		if _, ok := s.at[env.ID]; !ok {
-			s.at[env.ID] = now
+		if _, ok := s.at[string(env.Key)]; !ok {
+			s.at[string(env.Key)] = now
 		}
 	}
 	s.mu.Unlock()
@@ -251,7 +247,7 @@ func (s *stampTransport) Publish(ctx context.Context, batch []*outbox.Envelope) 
 func BenchmarkCommitToDispatchLatency(b *testing.B) {
 	ctx := context.Background()
 	s := pgxBackend().open(b, sqlstore.Config{})
-	st := &stampTransport{at: map[uuid.UUID]time.Time{}, next: outboxtest.NewRecorder(), seen: make(chan struct{}, 1)}
+	st := &stampTransport{at: map[string]time.Time{}, next: outboxtest.NewRecorder(), seen: make(chan struct{}, 1)}
 	d, err := dispatcher.New(s, st, dispatcher.Config{BucketCount: s.BucketCount(), PollInterval: time.Second, Logger: quietLog})
 	require.NoError(b, err)
 	require.NoError(b, d.Start(ctx))
@@ -259,7 +255,8 @@ func BenchmarkCommitToDispatchLatency(b *testing.B) {
 	require.Eventually(b, func() bool { return len(d.Owned()) == s.BucketCount() }, 10*time.Second, time.Millisecond)
 	payload := randomPayload(256)
 
-	committed := map[uuid.UUID]time.Time{}
+	sender := capture(b, s, outbox.Transactional)
+	committed := map[string]time.Time{}
 	tick := time.NewTicker(time.Second / 300)
 	defer tick.Stop()
 	i := 0
@@ -267,14 +264,11 @@ func BenchmarkCommitToDispatchLatency(b *testing.B) {
 	for b.Loop() {
 		<-tick.C
 		i++
-		env, err := outbox.NewEnvelope(outbox.Message{Topic: "orders", Key: fmt.Appendf(nil, "order-%d", i), Payload: payload}, s.BucketCount())
-		require.NoError(b, err)
-		sctx, scope := outbox.NewScope(ctx)
-		require.NoError(b, s.TransactPgx(sctx, func(ctx context.Context, tx pgx.Tx) error {
-			return outbox.ScopeFrom(ctx).Stage(env)
+		key := fmt.Sprintf("order-%d", i)
+		require.NoError(b, s.Transact(ctx, func(ctx context.Context) error {
+			return sender.Send(ctx, outbox.Message{Topic: "orders", Key: []byte(key), Payload: payload})
 		}))
-		committed[env.ID] = time.Now()
-		scope.Release()
+		committed[key] = time.Now()
 	}
 	b.StopTimer()
 	deadline := time.Now().Add(10 * time.Second)
@@ -290,9 +284,9 @@ func BenchmarkCommitToDispatchLatency(b *testing.B) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	lat := make([]time.Duration, 0, len(committed))
-	for id, c := range committed {
-		p, ok := st.at[id]
-		require.True(b, ok, "message %s never dispatched", id)
+	for key, c := range committed {
+		p, ok := st.at[key]
+		require.True(b, ok, "message %s never dispatched", key)
 		lat = append(lat, max(0, p.Sub(c)))
 	}
 	slices.Sort(lat)

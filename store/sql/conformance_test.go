@@ -1,7 +1,6 @@
 package sqlstore_test
 
 import (
-	"context"
 	"testing"
 
 	"github.com/outboxkit/outbox"
@@ -9,7 +8,8 @@ import (
 	sqlstore "github.com/outboxkit/outbox/store/sql"
 )
 
-// TestConformance runs the exported store suite on every database and client kind.
+// TestConformance runs the exported store suite on every database and client kind;
+// its unit-of-work tests run through the store's own Transact.
 func TestConformance(t *testing.T) {
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
@@ -17,9 +17,6 @@ func TestConformance(t *testing.T) {
 			outboxtest.RunStoreTests(t, outboxtest.StoreHarness{
 				New: func(t *testing.T, bucketCount int) outbox.DispatchStore {
 					return b.open(t, sqlstore.Config{BucketCount: bucketCount})
-				},
-				Transact: func(ctx context.Context, s outbox.DispatchStore, fn func(ctx context.Context) error) error {
-					return b.transact(ctx, s.(*sqlstore.Store), func(ctx context.Context, _ execFunc) error { return fn(ctx) })
 				},
 			})
 		})

@@ -3,11 +3,16 @@ package sqlstore_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 
 	_ "github.com/glebarez/go-sqlite" // registers the pure-Go "sqlite" driver
+	"github.com/glebarez/sqlite"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/dispatcher"
@@ -42,24 +47,25 @@ func Example() {
 	if _, err := db.ExecContext(ctx, "CREATE TABLE orders (id TEXT PRIMARY KEY)"); err != nil {
 		panic(err)
 	}
+	sender, err := outbox.NewSender(store, outbox.SenderConfig{})
+	if err != nil {
+		panic(err)
+	}
 
-	err = store.Transact(ctx, nil, func(ctx context.Context, tx *sql.Tx) error {
+	err = store.Transact(ctx, func(ctx context.Context) error {
+		tx, _ := sqlstore.Tx(ctx) // the unit's *sql.Tx
 		if _, err := tx.ExecContext(ctx, "INSERT INTO orders (id) VALUES ('order-1')"); err != nil {
 			return err
 		}
-		// The capture middleware does this for a Transactional route.
-		env, err := outbox.NewEnvelope(outbox.Message{Topic: "orders", Key: []byte("order-1"), Payload: []byte("created")}, store.BucketCount())
-		if err != nil {
-			return err
-		}
-		return outbox.ScopeFrom(ctx).Stage(env)
+		// Sent with fn's ctx: written in the same transaction.
+		return sender.Send(ctx, outbox.Message{Topic: "orders", Key: []byte("order-1"), Payload: []byte("created")})
 	})
 	if err != nil {
 		panic(err)
 	}
 
 	rec := outboxtest.NewRecorder()
-	relay, err := dispatcher.New(store, rec, dispatcher.Config{BucketCount: store.BucketCount()})
+	relay, err := dispatcher.New(store, rec, dispatcher.Config{})
 	if err != nil {
 		panic(err)
 	}
@@ -74,4 +80,216 @@ func Example() {
 	// Output:
 	// published: 1
 	// orders order-1 created
+}
+
+// exampleDB opens a SQLite database in dir with the orders table and a migrated
+// store on it.
+func exampleDB(dir string) (*sql.DB, *sqlstore.Store) {
+	ctx := context.Background()
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "app.db")+
+		"?_txlock=immediate&_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)")
+	if err != nil {
+		panic(err)
+	}
+	store, err := sqlstore.NewDB(db, sqlstore.SQLite, sqlstore.Config{})
+	if err != nil {
+		panic(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		panic(err)
+	}
+	if _, err := db.ExecContext(ctx, "CREATE TABLE orders (id TEXT PRIMARY KEY)"); err != nil {
+		panic(err)
+	}
+	return db, store
+}
+
+// pendingMessages counts the messages waiting in store.
+func pendingMessages(ctx context.Context, store *sqlstore.Store) int {
+	stats, err := store.Stats(ctx)
+	if err != nil {
+		panic(err)
+	}
+	n := 0
+	for _, c := range stats.Pending {
+		n += c
+	}
+	return n
+}
+
+// A unit of work whose function fails writes nothing: neither the order row nor the
+// message, whatever the sender's mode.
+func ExampleStore_Transact() {
+	ctx := context.Background()
+	dir, _ := os.MkdirTemp("", "outbox-example")
+	defer os.RemoveAll(dir)
+	db, store := exampleDB(dir)
+	defer db.Close()
+	defer store.Close()
+	sender, _ := outbox.NewSender(store, outbox.SenderConfig{Mode: outbox.Immediate})
+
+	errOutOfStock := errors.New("out of stock")
+	err := store.Transact(ctx, func(ctx context.Context) error {
+		tx, _ := sqlstore.Tx(ctx)
+		if _, err := tx.ExecContext(ctx, "INSERT INTO orders (id) VALUES ('order-1')"); err != nil {
+			return err
+		}
+		if err := sender.Send(ctx, outbox.Message{Topic: "orders", Key: []byte("order-1"), Payload: []byte("created")}); err != nil {
+			return err
+		}
+		return errOutOfStock
+	})
+	fmt.Println("Transact:", err)
+
+	var orders int
+	_ = db.QueryRowContext(ctx, "SELECT COUNT(*) FROM orders").Scan(&orders)
+	fmt.Println("orders:", orders, "messages:", pendingMessages(ctx, store))
+
+	// A send with a ctx outside any unit of work, in the default Transactional mode,
+	// fails instead of escaping the transaction.
+	strict, _ := outbox.NewSender(store, outbox.SenderConfig{})
+	err = strict.Send(ctx, outbox.Message{Topic: "orders", Payload: []byte("lost?")})
+	fmt.Println(errors.Is(err, outbox.ErrNoTransaction))
+	// Output:
+	// Transact: out of stock
+	// orders: 0 messages: 0
+	// true
+}
+
+// An application that runs its own transaction opens a scope, sends with its ctx,
+// and writes what the scope holds into the transaction with EnqueueTx.
+func ExampleStore_EnqueueTx() {
+	ctx := context.Background()
+	dir, _ := os.MkdirTemp("", "outbox-example")
+	defer os.RemoveAll(dir)
+	db, store := exampleDB(dir)
+	defer db.Close()
+	defer store.Close()
+	sender, _ := outbox.NewSender(store, outbox.SenderConfig{})
+
+	ctx, scope := outbox.NewScope(ctx)
+	defer scope.Release()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		panic(err)
+	}
+	defer tx.Rollback() // a no-op after Commit
+	if _, err := tx.ExecContext(ctx, "INSERT INTO orders (id) VALUES ('order-1')"); err != nil {
+		panic(err)
+	}
+	if err := sender.Send(ctx, outbox.Message{Topic: "orders", Key: []byte("order-1"), Payload: []byte("created")}); err != nil {
+		panic(err)
+	}
+	written, err := store.EnqueueTx(ctx, tx) // takes the scope's messages
+	if err != nil {
+		panic(err)
+	}
+	if err := tx.Commit(); err != nil {
+		panic(err)
+	}
+	store.NotifyCommitted(written...) // after the commit, never before
+	fmt.Println("written:", len(written), "left on the scope:", scope.Len())
+	// Output:
+	// written: 1 left on the scope: 0
+}
+
+// On a gorm store, GormTx is the unit's transaction, already bound to the unit's ctx.
+func ExampleGormTx() {
+	ctx := context.Background()
+	dir, _ := os.MkdirTemp("", "outbox-example")
+	defer os.RemoveAll(dir)
+	db, err := gorm.Open(sqlite.Open("file:"+filepath.Join(dir, "app.db")+
+		"?_txlock=immediate&_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)"),
+		&gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		panic(err)
+	}
+	type Order struct{ ID string }
+	if err := db.AutoMigrate(&Order{}); err != nil {
+		panic(err)
+	}
+	store, err := sqlstore.NewGorm(db, sqlstore.Config{})
+	if err != nil {
+		panic(err)
+	}
+	defer store.Close()
+	if err := store.Migrate(ctx); err != nil {
+		panic(err)
+	}
+	sender, _ := outbox.NewSender(store, outbox.SenderConfig{})
+
+	err = store.Transact(ctx, func(ctx context.Context) error {
+		tx, _ := sqlstore.GormTx(ctx)
+		if err := tx.Create(&Order{ID: "order-1"}).Error; err != nil {
+			return err
+		}
+		return sender.Send(ctx, outbox.Message{Topic: "orders", Key: []byte("order-1"), Payload: []byte("created")})
+	})
+	if err != nil {
+		panic(err)
+	}
+	var orders int64
+	db.Model(&Order{}).Count(&orders)
+	fmt.Println("orders:", orders, "messages:", pendingMessages(ctx, store))
+	// Output:
+	// orders: 1 messages: 1
+}
+
+// On a pgx store, PgxTx is the unit's transaction. (Needs a PostgreSQL server, so
+// this example is compiled but not run.)
+func ExamplePgxTx() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://app@localhost:5432/app")
+	if err != nil {
+		panic(err)
+	}
+	store, err := sqlstore.NewPgx(pool, sqlstore.Config{})
+	if err != nil {
+		panic(err)
+	}
+	sender, _ := outbox.NewSender(store, outbox.SenderConfig{})
+
+	err = store.Transact(ctx, func(ctx context.Context) error {
+		tx, _ := sqlstore.PgxTx(ctx)
+		if _, err := tx.Exec(ctx, "UPDATE accounts SET balance = balance - $1 WHERE id = $2", 100, "acct-1"); err != nil {
+			return err
+		}
+		return sender.Send(ctx, outbox.Message{Topic: "payments", Key: []byte("acct-1"), Payload: []byte("debited 100")})
+	})
+	if err != nil {
+		panic(err)
+	}
+}
+
+// WithTxOptions sets the isolation level or read-only mode of the next unit of work.
+// (Needs a PostgreSQL server, so this example is compiled but not run.)
+func ExampleWithTxOptions() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://app@localhost:5432/app")
+	if err != nil {
+		panic(err)
+	}
+	store, err := sqlstore.NewPgx(pool, sqlstore.Config{})
+	if err != nil {
+		panic(err)
+	}
+	sender, _ := outbox.NewSender(store, outbox.SenderConfig{})
+
+	serializable := sqlstore.WithTxOptions(ctx, sql.TxOptions{Isolation: sql.LevelSerializable})
+	err = store.Transact(serializable, func(ctx context.Context) error {
+		tx, _ := sqlstore.PgxTx(ctx)
+		var stock int
+		if err := tx.QueryRow(ctx, "SELECT stock FROM items WHERE id = $1", "item-1").Scan(&stock); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, "UPDATE items SET stock = $1 WHERE id = $2", stock-1, "item-1"); err != nil {
+			return err
+		}
+		return sender.Send(ctx, outbox.Message{Topic: "stock", Key: []byte("item-1"), Payload: []byte("reserved")})
+	})
+	// A serialization failure (SQLSTATE 40001) rolled everything back: retry the
+	// whole unit, which sends again.
+	if err != nil {
+		panic(err)
+	}
 }

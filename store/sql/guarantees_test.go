@@ -115,15 +115,6 @@ func businessTable(t *testing.T, s *sqlstore.Store) string {
 	return name
 }
 
-// send stages an envelope on ctx's scope, as the capture middleware does.
-func send(t *testing.T, ctx context.Context, s outbox.Store, key, payload string) *outbox.Envelope {
-	env := newEnvelope(t, s, key, payload)
-	scope := outbox.ScopeFrom(ctx)
-	require.NotNil(t, scope, "the unit of work puts a scope on the context")
-	require.NoError(t, scope.Stage(env))
-	return env
-}
-
 func TestUnitOfWorkRollbackLeavesNoRow(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b backend) {
 		ctx := testContext(t)
@@ -142,11 +133,10 @@ func TestUnitOfWorkRollbackLeavesNoRow(t *testing.T) {
 		require.Zero(t, countRows(t, s, s.Config().Table), "no outbox row survives a rollback")
 
 		// A failed write of the outbox rolls the business row back too.
+		wrong := capture(t, otherBuckets{s, s.BucketCount() + 1}, outbox.Transactional) // a writer with another bucket count is refused
 		err = b.transact(ctx, s, func(ctx context.Context, exec execFunc) error {
 			require.NoError(t, exec("INSERT INTO "+orders+" (id, note) VALUES (?, ?)", 2, "second"))
-			env := send(t, ctx, s, "order-2", "created")
-			env.BucketCount++ // a writer with another bucket count is refused
-			return nil
+			return wrong.Send(ctx, outbox.Message{Topic: "orders", Key: []byte("order-2"), Payload: []byte("created")})
 		})
 		require.ErrorIs(t, err, outbox.ErrMisconfigured)
 		require.Zero(t, countRows(t, s, orders))
@@ -424,7 +414,7 @@ func TestListenNotifyWakesWorkerAcrossProcesses(t *testing.T) {
 			firstPID := listenerPID()
 
 			commit := func(payload string) {
-				require.NoError(t, writer.TransactPgx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+				require.NoError(t, writer.Transact(ctx, func(ctx context.Context) error {
 					send(t, ctx, writer, "k", payload)
 					return nil
 				}))
@@ -476,10 +466,10 @@ func TestDispatchOneReachesALateCommit(t *testing.T) {
 	}
 }
 
-// TestTransactPgxCommitFailure fails the pipelined COMMIT itself (a deferred
+// TestPgxPipelinedCommitFailure fails the pipelined COMMIT itself (a deferred
 // constraint is checked there): nothing is written, the error names the commit, and
 // the connection goes back to the pool clean.
-func TestTransactPgxCommitFailure(t *testing.T) {
+func TestPgxPipelinedCommitFailure(t *testing.T) {
 	ctx := testContext(t)
 	s := backends[0].open(t, sqlstore.Config{})
 	pool := postgresPool(t)
@@ -488,7 +478,9 @@ func TestTransactPgxCommitFailure(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+orders) })
 
-	err = s.TransactPgx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+	err = s.Transact(ctx, func(ctx context.Context) error {
+		tx, ok := sqlstore.PgxTx(ctx)
+		require.True(t, ok)
 		if _, err := tx.Exec(ctx, "INSERT INTO "+orders+" (id) VALUES (1), (1)"); err != nil {
 			return err
 		}
@@ -505,7 +497,8 @@ func TestTransactPgxCommitFailure(t *testing.T) {
 		var status string
 		require.NoError(t, pool.QueryRow(ctx, "SELECT 'idle'").Scan(&status))
 	}
-	require.NoError(t, s.TransactPgx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+	require.NoError(t, s.Transact(ctx, func(ctx context.Context) error {
+		tx, _ := sqlstore.PgxTx(ctx)
 		_, err := tx.Exec(ctx, "INSERT INTO "+orders+" (id) VALUES (2)")
 		send(t, ctx, s, "k", "w")
 		return err

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"errors"
 	"log/slog"
 	"path/filepath"
 	"runtime"
@@ -14,7 +15,6 @@ import (
 
 	"github.com/glebarez/sqlite"
 	_ "github.com/go-sql-driver/mysql"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
@@ -173,16 +173,45 @@ func uniqueTable() string {
 // backend is one database and client kind.
 type backend struct {
 	name string
+	// client is the kind of client the store is built on: "pgx", "database/sql" or
+	// "gorm".
+	client string
 	// build returns a store on the shared client without migrating it.
 	build func(t testing.TB, cfg sqlstore.Config) (*sqlstore.Store, error)
 	// open builds a store on fresh tables (migrated, dropped in cleanup).
 	open func(t testing.TB, cfg sqlstore.Config) *sqlstore.Store
-	// transact runs fn in the client kind's unit of work; exec runs a business
-	// statement ('?' placeholders) inside it.
-	transact func(ctx context.Context, s *sqlstore.Store, fn func(ctx context.Context, exec execFunc) error) error
 }
 
+// execFunc runs an application statement ('?' placeholders) in the unit of work.
 type execFunc func(query string, args ...any) error
+
+// transact runs fn in the store's own unit of work; exec runs an application
+// statement in its transaction, reached through the client's accessor.
+func (b backend) transact(ctx context.Context, s *sqlstore.Store, fn func(ctx context.Context, exec execFunc) error) error {
+	return s.Transact(ctx, func(ctx context.Context) error {
+		return fn(ctx, func(q string, args ...any) error { return execInUnit(ctx, s, q, args...) })
+	})
+}
+
+// execInUnit runs a statement ('?' placeholders) in the unit of work on ctx, through
+// PgxTx, GormTx or Tx, whichever the store's client offers.
+func execInUnit(ctx context.Context, s *sqlstore.Store, q string, args ...any) error {
+	if tx, ok := sqlstore.PgxTx(ctx); ok {
+		_, err := tx.Exec(ctx, rebind(q), args...)
+		return err
+	}
+	if tx, ok := sqlstore.GormTx(ctx); ok {
+		return tx.Exec(q, args...).Error
+	}
+	if tx, ok := sqlstore.Tx(ctx); ok {
+		if s.Dialect() == sqlstore.PostgreSQL {
+			q = rebind(q)
+		}
+		_, err := tx.ExecContext(ctx, q, args...)
+		return err
+	}
+	return errors.New("no unit of work on ctx")
+}
 
 func migrated(t testing.TB, s *sqlstore.Store, err error) *sqlstore.Store {
 	t.Helper()
@@ -225,82 +254,48 @@ func itoa(n int) string {
 	return itoa(n/10) + string(rune('0'+n%10))
 }
 
-func sqlTransact(ctx context.Context, s *sqlstore.Store, fn func(ctx context.Context, exec execFunc) error) error {
-	return s.Transact(ctx, nil, func(ctx context.Context, tx *sql.Tx) error {
-		return fn(ctx, func(q string, args ...any) error {
-			if s.Dialect() == sqlstore.PostgreSQL {
-				q = rebind(q)
-			}
-			_, err := tx.ExecContext(ctx, q, args...)
-			return err
-		})
-	})
-}
-
-func gormTransact(ctx context.Context, s *sqlstore.Store, fn func(ctx context.Context, exec execFunc) error) error {
-	return s.TransactGorm(ctx, func(tx *gorm.DB) error {
-		return fn(tx.Statement.Context, func(q string, args ...any) error {
-			return tx.Exec(q, args...).Error
-		})
-	})
-}
-
 var backends = []backend{
 	{
-		name: "postgres/pgx",
+		name: "postgres/pgx", client: "pgx",
 		build: func(t testing.TB, cfg sqlstore.Config) (*sqlstore.Store, error) {
 			return sqlstore.NewPgx(postgresPool(t), cfg)
 		},
-		transact: func(ctx context.Context, s *sqlstore.Store, fn func(ctx context.Context, exec execFunc) error) error {
-			return s.TransactPgx(ctx, func(ctx context.Context, tx pgx.Tx) error {
-				return fn(ctx, func(q string, args ...any) error {
-					_, err := tx.Exec(ctx, rebind(q), args...)
-					return err
-				})
-			})
-		},
 	},
 	{
-		name: "postgres/database-sql",
+		name: "postgres/database-sql", client: "database/sql",
 		build: func(t testing.TB, cfg sqlstore.Config) (*sqlstore.Store, error) {
 			return sqlstore.NewDB(postgresDB(t), sqlstore.PostgreSQL, cfg)
 		},
-		transact: sqlTransact,
 	},
 	{
-		name: "postgres/gorm",
+		name: "postgres/gorm", client: "gorm",
 		build: func(t testing.TB, cfg sqlstore.Config) (*sqlstore.Store, error) {
 			return sqlstore.NewGorm(postgresGorm(t), cfg)
 		},
-		transact: gormTransact,
 	},
 	{
-		name: "mysql/database-sql",
+		name: "mysql/database-sql", client: "database/sql",
 		build: func(t testing.TB, cfg sqlstore.Config) (*sqlstore.Store, error) {
 			return sqlstore.NewDB(mysqlDB(t), sqlstore.MySQL, cfg)
 		},
-		transact: sqlTransact,
 	},
 	{
-		name: "mysql/gorm",
+		name: "mysql/gorm", client: "gorm",
 		build: func(t testing.TB, cfg sqlstore.Config) (*sqlstore.Store, error) {
 			return sqlstore.NewGorm(mysqlGorm(t), cfg)
 		},
-		transact: gormTransact,
 	},
 	{
-		name: "sqlite/database-sql",
+		name: "sqlite/database-sql", client: "database/sql",
 		build: func(t testing.TB, cfg sqlstore.Config) (*sqlstore.Store, error) {
 			return sqlstore.NewDB(sqliteDB(t), sqlstore.SQLite, cfg)
 		},
-		transact: sqlTransact,
 	},
 	{
-		name: "sqlite/gorm",
+		name: "sqlite/gorm", client: "gorm",
 		build: func(t testing.TB, cfg sqlstore.Config) (*sqlstore.Store, error) {
 			return sqlstore.NewGorm(sqliteGorm(t), cfg)
 		},
-		transact: gormTransact,
 	},
 }
 
@@ -343,3 +338,26 @@ func sqlstoreConfig() sqlstore.Config { return sqlstore.Config{} }
 var quietLog = slog.New(slog.DiscardHandler)
 
 func runtimeProcs() int { return runtime.GOMAXPROCS(0) }
+
+// capture returns the sender an application would use on s.
+func capture(t testing.TB, s outbox.Store, mode outbox.WriteMode) *outbox.Capture {
+	t.Helper()
+	c, err := outbox.NewSender(s, outbox.SenderConfig{Mode: mode, Logger: quietLog})
+	require.NoError(t, err)
+	return c
+}
+
+// send sends a message on topic "orders" through a Transactional capture on s.
+func send(t testing.TB, ctx context.Context, s outbox.Store, key, payload string) {
+	t.Helper()
+	require.NoError(t, capture(t, s, outbox.Transactional).Send(ctx, outbox.Message{Topic: "orders", Key: []byte(key), Payload: []byte(payload)}))
+}
+
+// otherBuckets reports another bucket count than the store it wraps: a writer
+// configured with another count.
+type otherBuckets struct {
+	outbox.Store
+	n int
+}
+
+func (o otherBuckets) BucketCount() int { return o.n }

@@ -50,8 +50,9 @@ var (
 	_ outbox.SizeLimiter   = (*Store)(nil)
 )
 
-// NewPgx returns a PostgreSQL store on a pgx pool the caller built. Units of work
-// use [Store.TransactPgx] and [Store.EnqueuePgxTx].
+// NewPgx returns a PostgreSQL store on a pgx pool the caller built. Inside
+// [Store.Transact], [PgxTx] reaches the unit's transaction; a transaction the
+// application manages takes the staged messages with [Store.EnqueuePgxTx].
 func NewPgx(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("%w: sqlstore: NewPgx needs a *pgxpool.Pool", outbox.ErrMisconfigured)
@@ -65,8 +66,9 @@ func NewPgx(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	return s, nil
 }
 
-// NewDB returns a store on a *sql.DB the caller opened, for the given dialect. Units
-// of work use [Store.Transact] and [Store.EnqueueTx].
+// NewDB returns a store on a *sql.DB the caller opened, for the given dialect. Inside
+// [Store.Transact], [Tx] reaches the unit's transaction; a transaction the
+// application manages takes the staged messages with [Store.EnqueueTx].
 //
 // SQLite needs a DSN that makes concurrent writers wait rather than fail:
 // _txlock=immediate, _pragma=busy_timeout(5000) and _pragma=journal_mode(WAL)
@@ -85,8 +87,9 @@ func NewDB(db *sql.DB, dialect Dialect, cfg Config) (*Store, error) {
 }
 
 // NewGorm returns a store on a *gorm.DB the caller opened with the postgres, mysql or
-// sqlite dialector; the dialect follows the dialector. Units of work use
-// [Store.TransactGorm] and [Store.EnqueueGormTx].
+// sqlite dialector; the dialect follows the dialector. Inside [Store.Transact],
+// [GormTx] (and [Tx]) reach the unit's transaction; a transaction the application
+// manages takes the staged messages with [Store.EnqueueGormTx].
 func NewGorm(db *gorm.DB, cfg Config) (*Store, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: sqlstore: NewGorm needs a *gorm.DB", outbox.ErrMisconfigured)
@@ -187,7 +190,8 @@ func (s *Store) begin(ctx context.Context) error {
 }
 
 // wrap is the one place backend errors are translated: context errors come back
-// unwrapped, everything else names the operation.
+// unwrapped, a missing table wraps [outbox.ErrMisconfigured] and says to migrate,
+// everything else names the operation.
 func (s *Store) wrap(ctx context.Context, op string, err error) error {
 	if err == nil {
 		return nil
@@ -201,7 +205,22 @@ func (s *Store) wrap(ctx context.Context, op string, err error) error {
 	if errors.Is(err, context.DeadlineExceeded) {
 		return context.DeadlineExceeded
 	}
+	if missingTable(err) {
+		return fmt.Errorf("sqlstore: %s: %w: a table of the store does not exist (Config.Table %q, LeaseTable %q, RelayTable %q): run Store.Migrate at start-up, or apply the statements of Store.DDL, before using the store: %w",
+			op, outbox.ErrMisconfigured, s.cfg.Table, s.cfg.LeaseTable, s.cfg.RelayTable, err)
+	}
 	return fmt.Errorf("sqlstore: %s: %w", op, err)
+}
+
+// missingTable reports an error that says a table does not exist: SQLSTATE 42P01
+// on PostgreSQL, error 1146 on MySQL and MariaDB, "no such table" on SQLite.
+func missingTable(err error) bool {
+	var state interface{ SQLState() string }
+	if errors.As(err, &state) && state.SQLState() == "42P01" {
+		return true
+	}
+	msg := err.Error()
+	return strings.Contains(msg, "Error 1146") || strings.Contains(msg, "no such table")
 }
 
 // check validates envelopes before anything is written.

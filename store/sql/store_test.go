@@ -105,13 +105,10 @@ func TestMigrateIsIdempotentAndDDLMatches(t *testing.T) {
 func TestMisuseIsExplained(t *testing.T) {
 	ctx := testContext(t)
 	s := backends[5].open(t, sqlstore.Config{}) // sqlite/database-sql
-	err := s.TransactPgx(ctx, nil)
+	_, err := s.EnqueuePgxTx(ctx, nil)
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
-	require.ErrorContains(t, err, "NewPgx")
-	err = s.TransactGorm(ctx, nil)
-	require.ErrorIs(t, err, outbox.ErrMisconfigured)
-	require.ErrorContains(t, err, "NewGorm")
-	_, err = s.EnqueuePgxTx(ctx, nil)
+	require.ErrorContains(t, err, "EnqueueTx")
+	_, err = s.EnqueueTx(ctx, nil)
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
 
 	g := backends[6].open(t, sqlstore.Config{}) // sqlite/gorm
@@ -120,6 +117,14 @@ func TestMisuseIsExplained(t *testing.T) {
 	_, err = g.EnqueueGormTx(ctx, gdb)
 	require.ErrorIs(t, err, outbox.ErrMisconfigured, "a *gorm.DB outside a transaction is refused")
 	require.ErrorContains(t, err, "db.Begin")
+
+	// Outside a unit of work no accessor finds a transaction.
+	_, ok := sqlstore.Tx(ctx)
+	require.False(t, ok)
+	_, ok = sqlstore.PgxTx(ctx)
+	require.False(t, ok)
+	_, ok = sqlstore.GormTx(ctx)
+	require.False(t, ok)
 }
 
 func TestLimitsAndLargeBatches(t *testing.T) {
@@ -202,8 +207,8 @@ func TestEnqueueTxRollsBackWithTheApplication(t *testing.T) {
 		tx := beginManual(t, ctx, s)
 		sctx, scope := outbox.NewScope(ctx)
 		defer scope.Release()
-		staged := newEnvelope(t, s, "a", "staged")
-		require.NoError(t, scope.Stage(staged))
+		send(t, sctx, s, "a", "staged")
+		require.Equal(t, 1, scope.Len())
 		extra := newEnvelope(t, s, "b", "extra")
 		require.NoError(t, tx.enqueue(sctx, extra))
 		require.Zero(t, scope.Len(), "the staged envelope was taken")

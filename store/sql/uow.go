@@ -4,12 +4,346 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"gorm.io/gorm"
 
 	"github.com/outboxkit/outbox"
 )
+
+// Transact runs fn as a unit of work (see [outbox.Transactor]) in a transaction of
+// the client the store was built with: a pgx transaction ([NewPgx]), a *sql.Tx
+// ([NewDB]) or a gorm transaction ([NewGorm]). Inside fn, [PgxTx], [Tx] and [GormTx]
+// reach that transaction from fn's ctx, and every send made with fn's ctx, whatever
+// the sender's [outbox.WriteMode], is staged on the unit.
+//
+// When fn returns nil, Transact writes every staged envelope in the transaction with
+// one multi-row INSERT, commits, and wakes the dispatchers (as [Store.NotifyCommitted]
+// does). On pgx the INSERT and the COMMIT travel to the server together in one
+// pipelined round trip, so the outbox adds no round trip to the transaction. When fn
+// returns an error or panics, the transaction rolls back and nothing is written: fn's
+// error is returned as is, the panic goes on. When the write or the commit fails,
+// everything rolls back and the error is returned.
+//
+// A Transact on a ctx already inside a unit of work of this store joins it: fn runs
+// in the open transaction and its sends commit or roll back with the outer unit. The
+// transaction begins with the options [WithTxOptions] put on ctx, if any.
+//
+// fn must not commit or roll back the transaction itself: return nil to commit, an
+// error to roll back. The pgx.Tx that [PgxTx] returns refuses Commit and Rollback.
+func (s *Store) Transact(ctx context.Context, fn func(ctx context.Context) error) error {
+	if opts := txOptionsFrom(ctx); opts != nil {
+		if u, ok := ctx.Value(unitKey{s}).(*unit); ok && !u.ended.Load() {
+			return fmt.Errorf("%w: sqlstore: Transact with WithTxOptions inside an open unit of work of the store: the nested Transact joins the transaction, which has begun already; put the options on the ctx of the outermost Transact", outbox.ErrMisconfigured)
+		}
+	}
+	return outbox.RunTransaction(ctx, s, s.beginUnit, func(ctx context.Context) error {
+		// A joined fn may run with another store's unit in between: the accessors
+		// must reach this store's transaction, not the innermost one.
+		if u, ok := ctx.Value(unitKey{s}).(*unit); ok {
+			ctx = context.WithValue(ctx, currentUnitKey{}, u)
+		}
+		return fn(ctx)
+	})
+}
+
+// unit is one unit of work of a Store: its transaction, on one of the clients.
+type unit struct {
+	s *Store
+	// ended is set as soon as the unit starts to commit or roll back: the accessors
+	// then stop handing out the transaction (its pgx connection goes back to the pool).
+	ended atomic.Bool
+
+	pgxConn *pgxpool.Conn // pgx: the connection, released when the unit ends
+	pgxTx   pgx.Tx
+	sqlTx   *sql.Tx  // database/sql, or gorm's transaction when it is a *sql.Tx
+	gormTx  *gorm.DB // gorm
+}
+
+// unitKey finds a store's unit on a ctx; currentUnitKey the unit of the innermost
+// Transact of any Store, for the accessors.
+type (
+	unitKey        struct{ s *Store }
+	currentUnitKey struct{}
+	txOptionsKey   struct{}
+)
+
+// beginUnit starts the store's transaction for [outbox.RunTransaction].
+func (s *Store) beginUnit(ctx context.Context) (context.Context, outbox.Tx, error) {
+	if err := s.begin(ctx); err != nil {
+		return ctx, nil, err
+	}
+	opts := txOptionsFrom(ctx)
+	u := &unit{s: s}
+	switch {
+	case s.pool != nil:
+		pgxOpts, err := pgxTxOptions(opts)
+		if err != nil {
+			return ctx, nil, err
+		}
+		conn, err := s.pool.Acquire(ctx)
+		if err != nil {
+			return ctx, nil, s.wrap(ctx, "acquire", err)
+		}
+		// The COMMIT is pipelined with the INSERT rather than sent by tx.Commit, so
+		// the unit holds the connection itself and releases it when it ends (the pool
+		// destroys a connection released inside a transaction).
+		tx, err := conn.BeginTx(ctx, pgxOpts)
+		if err != nil {
+			conn.Release()
+			return ctx, nil, s.wrap(ctx, "begin", err)
+		}
+		u.pgxConn, u.pgxTx = conn, tx
+	case s.gormDB != nil:
+		var gopts []*sql.TxOptions
+		if opts != nil {
+			gopts = append(gopts, opts)
+		}
+		tx := s.gormDB.WithContext(ctx).Begin(gopts...)
+		if tx.Error != nil {
+			return ctx, nil, s.wrap(ctx, "begin", tx.Error)
+		}
+		u.gormTx = tx
+		pool := tx.Statement.ConnPool
+		if p, ok := pool.(*gorm.PreparedStmtTX); ok {
+			pool = p.Tx
+		}
+		u.sqlTx, _ = pool.(*sql.Tx)
+	default:
+		tx, err := s.sqlDB.BeginTx(ctx, opts)
+		if err != nil {
+			return ctx, nil, s.wrap(ctx, "begin", err)
+		}
+		u.sqlTx = tx
+	}
+	ctx = context.WithValue(ctx, unitKey{s}, u)
+	if opts != nil {
+		// The options were for this transaction; units begun further in (on another
+		// store) take their own.
+		ctx = context.WithValue(ctx, txOptionsKey{}, (*sql.TxOptions)(nil))
+	}
+	return ctx, u, nil
+}
+
+// Commit writes envs in the transaction with one statement and commits.
+func (u *unit) Commit(ctx context.Context, envs []*outbox.Envelope) error {
+	u.ended.Store(true)
+	s := u.s
+	err := s.checkOpen()
+	if err == nil {
+		err = s.check(envs)
+	}
+	if err != nil {
+		u.rollback(ctx)
+		return err
+	}
+	if u.pgxTx != nil {
+		err = u.commitPgx(ctx, envs)
+	} else {
+		err = u.commitSQL(ctx, envs)
+	}
+	if err != nil {
+		return err
+	}
+	s.NotifyCommitted(envs...)
+	return nil
+}
+
+// Rollback abandons the transaction.
+func (u *unit) Rollback(ctx context.Context) {
+	u.ended.Store(true)
+	u.rollback(ctx)
+}
+
+func (u *unit) rollback(ctx context.Context) {
+	ctx = context.WithoutCancel(ctx)
+	switch {
+	case u.pgxTx != nil:
+		_ = u.pgxTx.Rollback(ctx)
+		u.pgxConn.Release()
+	case u.gormTx != nil:
+		u.gormTx.Rollback()
+	default:
+		_ = u.sqlTx.Rollback()
+	}
+}
+
+// commitPgx pipelines the multi-row INSERT and the COMMIT: both reach the server in
+// one round trip. A unit with nothing to write, or more rows than one statement
+// takes, commits the ordinary way.
+func (u *unit) commitPgx(ctx context.Context, envs []*outbox.Envelope) error {
+	s, tx := u.s, u.pgxTx
+	defer u.pgxConn.Release()
+	if len(envs) == 0 || len(envs) > maxRows(s.dialect) {
+		if err := s.insert(ctx, pgxQuerier{tx}, envs); err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			return s.wrap(ctx, "enqueue in transaction", duplicate(err))
+		}
+		return s.wrap(ctx, "commit", tx.Commit(ctx))
+	}
+	query, args := s.insertStatement(envs)
+	batch := &pgx.Batch{}
+	batch.Queue(query, args...)
+	batch.Queue("COMMIT")
+	br := tx.SendBatch(ctx, batch)
+	rs, err := br.Query()
+	if err == nil {
+		err = assignSeqs(rs, envs)
+	}
+	if err != nil {
+		_ = br.Close()
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return s.wrap(ctx, "enqueue in transaction", duplicate(err))
+	}
+	tag, commitErr := br.Exec()
+	if commitErr == nil && tag.String() == "ROLLBACK" {
+		commitErr = pgx.ErrTxCommitRollback
+	}
+	closeErr := br.Close()
+	if commitErr != nil {
+		// A failed COMMIT has ended the transaction; the ROLLBACK is for a server
+		// that left it open, and harmless otherwise.
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return s.wrap(ctx, "commit", commitErr)
+	}
+	// The COMMIT ran: the transaction is over whatever Close reports.
+	return s.wrap(ctx, "commit", closeErr)
+}
+
+// commitSQL writes envs with one statement on the database/sql or gorm transaction
+// and commits it.
+func (u *unit) commitSQL(ctx context.Context, envs []*outbox.Envelope) error {
+	s := u.s
+	var conn sqlConn = u.sqlTx
+	if u.gormTx != nil {
+		conn = u.gormTx.Statement.ConnPool
+	}
+	if err := s.insert(ctx, sqlQuerier{conn}, envs); err != nil {
+		u.rollback(ctx)
+		return s.wrap(ctx, "enqueue in transaction", duplicate(err))
+	}
+	var err error
+	if u.gormTx != nil {
+		err = u.gormTx.Commit().Error
+	} else {
+		err = u.sqlTx.Commit()
+	}
+	return s.wrap(ctx, "commit", err)
+}
+
+// current returns the open unit of work on ctx, or nil.
+func current(ctx context.Context) *unit {
+	u, ok := ctx.Value(currentUnitKey{}).(*unit)
+	if !ok || u.ended.Load() {
+		return nil
+	}
+	return u
+}
+
+// PgxTx returns the pgx transaction of the unit of work on ctx: call it with the ctx
+// that [Store.Transact] passes to its function, on a store built with [NewPgx].
+// Statements run on it commit or roll back with the unit's messages. ok is false
+// outside a unit of work, on a store built on another client, and once the unit has
+// ended.
+//
+// The transaction belongs to the unit: its Commit and Rollback return an error
+// wrapping [outbox.ErrMisconfigured] (return nil or an error from the function
+// instead). Savepoints (its Begin) work as usual.
+func PgxTx(ctx context.Context) (tx pgx.Tx, ok bool) {
+	u := current(ctx)
+	if u == nil || u.pgxTx == nil {
+		return nil, false
+	}
+	return unitPgxTx{u.pgxTx}, true
+}
+
+// Tx returns the database/sql transaction of the unit of work on ctx: call it with
+// the ctx that [Store.Transact] passes to its function, on a store built with
+// [NewDB], or with [NewGorm] when gorm's transaction is a *sql.Tx (its default; not
+// with PrepareStmt or a custom connection pool). ok is false outside a unit of work,
+// on a store built on another client, and once the unit has ended.
+//
+// Do not call its Commit or Rollback: return nil or an error from the function.
+func Tx(ctx context.Context) (tx *sql.Tx, ok bool) {
+	u := current(ctx)
+	if u == nil || u.sqlTx == nil {
+		return nil, false
+	}
+	return u.sqlTx, true
+}
+
+// GormTx returns the gorm transaction of the unit of work on ctx, bound to ctx (so a
+// send made from a gorm hook with tx.Statement.Context joins the unit): call it with
+// the ctx that [Store.Transact] passes to its function, on a store built with
+// [NewGorm]. ok is false outside a unit of work, on a store built on another client,
+// and once the unit has ended.
+//
+// Do not call its Commit or Rollback: return nil or an error from the function.
+// SavePoint and RollbackTo work as usual.
+func GormTx(ctx context.Context) (tx *gorm.DB, ok bool) {
+	u := current(ctx)
+	if u == nil || u.gormTx == nil {
+		return nil, false
+	}
+	return u.gormTx.WithContext(ctx), true
+}
+
+// WithTxOptions returns a ctx whose next unit of work ([Store.Transact] called with
+// it, or with a ctx derived from it) begins its transaction with opts: an isolation
+// level, read-only. On pgx they map to pgx.TxOptions (LevelSnapshot is
+// REPEATABLE READ there; levels PostgreSQL lacks are refused with
+// [outbox.ErrMisconfigured]); on database/sql and gorm the driver applies them.
+//
+// The options are for one transaction: the ctx that Transact passes to its function
+// no longer carries them. A Transact that would join an open unit of work of the same
+// store fails with [outbox.ErrMisconfigured] when its ctx carries options, since that
+// transaction has begun already.
+func WithTxOptions(ctx context.Context, opts sql.TxOptions) context.Context {
+	return context.WithValue(ctx, txOptionsKey{}, &opts)
+}
+
+func txOptionsFrom(ctx context.Context) *sql.TxOptions {
+	opts, _ := ctx.Value(txOptionsKey{}).(*sql.TxOptions)
+	return opts
+}
+
+// pgxTxOptions maps database/sql transaction options to pgx's, as pgx's stdlib
+// driver does.
+func pgxTxOptions(opts *sql.TxOptions) (pgx.TxOptions, error) {
+	var o pgx.TxOptions
+	if opts == nil {
+		return o, nil
+	}
+	switch opts.Isolation {
+	case sql.LevelDefault:
+	case sql.LevelReadUncommitted:
+		o.IsoLevel = pgx.ReadUncommitted
+	case sql.LevelReadCommitted:
+		o.IsoLevel = pgx.ReadCommitted
+	case sql.LevelRepeatableRead, sql.LevelSnapshot:
+		o.IsoLevel = pgx.RepeatableRead
+	case sql.LevelSerializable:
+		o.IsoLevel = pgx.Serializable
+	default:
+		return o, fmt.Errorf("%w: sqlstore: WithTxOptions: PostgreSQL has no isolation level %v; use LevelReadCommitted, LevelRepeatableRead or LevelSerializable", outbox.ErrMisconfigured, opts.Isolation)
+	}
+	if opts.ReadOnly {
+		o.AccessMode = pgx.ReadOnly
+	}
+	return o, nil
+}
+
+// unitPgxTx is the unit's pgx transaction as the application sees it: the unit
+// commits and rolls back, the application does not.
+type unitPgxTx struct{ pgx.Tx }
+
+func (unitPgxTx) Commit(context.Context) error { return errUnitOwnsTx }
+
+func (unitPgxTx) Rollback(context.Context) error { return errUnitOwnsTx }
+
+var errUnitOwnsTx = fmt.Errorf("%w: sqlstore: the unit of work commits and rolls back its transaction: return nil from the function given to Transact to commit, an error to roll back", outbox.ErrMisconfigured)
 
 // staged takes the envelopes staged on ctx's scope, adds extra, and checks them.
 func (s *Store) staged(ctx context.Context, extra []*outbox.Envelope) ([]*outbox.Envelope, error) {
@@ -38,199 +372,40 @@ func (s *Store) writeTx(ctx context.Context, q querier, extra []*outbox.Envelope
 	return envs, nil
 }
 
-// withScope returns ctx with a scope: ctx's own, or a new one released by the
-// returned func, so sends made inside a unit of work always have somewhere to stage.
-func withScope(ctx context.Context) (context.Context, func()) {
-	if outbox.ScopeFrom(ctx) != nil {
-		return ctx, func() {}
-	}
-	ctx, scope := outbox.NewScope(ctx)
-	return ctx, func() { scope.Release() }
-}
-
-// discardStaged empties ctx's scope after a failed unit of work: those envelopes
-// rolled back with it, and the scope's release should stay quiet.
-func discardStaged(ctx context.Context) {
-	if scope := outbox.ScopeFrom(ctx); scope != nil {
-		scope.Take()
-	}
-}
-
-// TransactPgx runs fn in a pgx transaction on the store's pool and, if fn returns
-// nil, writes every envelope staged on the context's [outbox.Scope] in that
-// transaction with one statement, commits, and wakes the local dispatcher. If fn or
-// the write fails, the transaction rolls back and nothing is written; fn's error is
-// returned as is.
+// EnqueuePgxTx writes the envelopes staged on ctx's [outbox.Scope] (see
+// [outbox.NewScope]), and extra, into a pgx transaction the application manages,
+// with one statement. It returns what it wrote; after committing, pass them to
+// [Store.NotifyCommitted] to wake the dispatchers without waiting for their poll.
+// Every envelope is checked before any SQL runs; a refused call writes nothing.
 //
-// The INSERT and the COMMIT travel to the server together in one pipelined round
-// trip, so the outbox adds no round trip to the application's transaction. fn must
-// not commit or roll back tx itself.
-func (s *Store) TransactPgx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
-	if s.pool == nil {
-		return fmt.Errorf("%w: sqlstore: TransactPgx needs a store built with NewPgx; use Transact or TransactGorm", outbox.ErrMisconfigured)
-	}
-	if err := s.begin(ctx); err != nil {
-		return err
-	}
-	ctx, release := withScope(ctx)
-	defer release()
-	conn, err := s.pool.Acquire(ctx)
-	if err != nil {
-		return s.wrap(ctx, "acquire", err)
-	}
-	// A connection left inside a transaction is destroyed by the pool on release.
-	defer conn.Release()
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		return s.wrap(ctx, "begin", err)
-	}
-	finished := false
-	defer func() {
-		if !finished {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
-		}
-	}()
-	if err := fn(ctx, tx); err != nil {
-		discardStaged(ctx)
-		return err
-	}
-	envs, err := s.staged(ctx, nil)
-	if err != nil {
-		return err
-	}
-	if len(envs) == 0 || len(envs) > maxRows(s.dialect) {
-		if err := s.insert(ctx, pgxQuerier{tx}, envs); err != nil {
-			return s.wrap(ctx, "enqueue in transaction", duplicate(err))
-		}
-		if err := tx.Commit(ctx); err != nil {
-			finished = true
-			return s.wrap(ctx, "commit", err)
-		}
-		finished = true
-		s.NotifyCommitted(envs...)
-		return nil
-	}
-	query, args := s.insertStatement(envs)
-	batch := &pgx.Batch{}
-	batch.Queue(query, args...)
-	batch.Queue("COMMIT")
-	br := tx.SendBatch(ctx, batch)
-	rs, err := br.Query()
-	if err == nil {
-		err = assignSeqs(rs, envs)
-	}
-	if err != nil {
-		_ = br.Close()
-		return s.wrap(ctx, "enqueue in transaction", duplicate(err))
-	}
-	_, commitErr := br.Exec()
-	closeErr := br.Close()
-	if commitErr != nil {
-		return s.wrap(ctx, "commit", commitErr)
-	}
-	// The COMMIT ran: the transaction is over whatever Close reports.
-	finished = true
-	if closeErr != nil {
-		return s.wrap(ctx, "commit", closeErr)
-	}
-	s.NotifyCommitted(envs...)
-	return nil
-}
-
-// EnqueuePgxTx writes every envelope staged on ctx's scope, and extra, into a pgx
-// transaction the application manages, with one statement. It returns what it wrote;
-// after committing, pass them to [Store.NotifyCommitted] to wake the local
-// dispatcher without waiting for its poll.
+// Inside [Store.Transact] no call is needed: the unit of work writes its sends.
 func (s *Store) EnqueuePgxTx(ctx context.Context, tx pgx.Tx, extra ...*outbox.Envelope) ([]*outbox.Envelope, error) {
 	if s.dialect != PostgreSQL {
-		return nil, fmt.Errorf("%w: sqlstore: EnqueuePgxTx on a %v store", outbox.ErrMisconfigured, s.dialect)
+		return nil, fmt.Errorf("%w: sqlstore: EnqueuePgxTx on a %v store; use EnqueueTx or EnqueueGormTx", outbox.ErrMisconfigured, s.dialect)
+	}
+	if tx == nil {
+		return nil, fmt.Errorf("%w: sqlstore: EnqueuePgxTx needs a pgx transaction", outbox.ErrMisconfigured)
 	}
 	return s.writeTx(ctx, pgxQuerier{tx}, extra)
 }
 
-// Transact runs fn in a database/sql transaction (opts may be nil) and, if fn
-// returns nil, writes every envelope staged on the context's [outbox.Scope] in that
-// transaction with one statement, commits, and wakes the local dispatcher. If fn or
-// the write fails, the transaction rolls back and nothing is written; fn's error is
-// returned as is.
-func (s *Store) Transact(ctx context.Context, opts *sql.TxOptions, fn func(ctx context.Context, tx *sql.Tx) error) error {
-	if s.sqlDB == nil {
-		return fmt.Errorf("%w: sqlstore: Transact needs a store built with NewDB or NewGorm; use TransactPgx", outbox.ErrMisconfigured)
-	}
-	if err := s.begin(ctx); err != nil {
-		return err
-	}
-	ctx, release := withScope(ctx)
-	defer release()
-	tx, err := s.sqlDB.BeginTx(ctx, opts)
-	if err != nil {
-		return s.wrap(ctx, "begin", err)
-	}
-	committed := false
-	defer func() {
-		if !committed {
-			_ = tx.Rollback()
-		}
-	}()
-	if err := fn(ctx, tx); err != nil {
-		discardStaged(ctx)
-		return err
-	}
-	envs, err := s.writeTx(ctx, sqlQuerier{tx}, nil)
-	if err != nil {
-		return err
-	}
-	if err := tx.Commit(); err != nil {
-		committed = true // a failed commit has ended the transaction already
-		return s.wrap(ctx, "commit", err)
-	}
-	committed = true
-	s.NotifyCommitted(envs...)
-	return nil
-}
-
-// EnqueueTx writes every envelope staged on ctx's scope, and extra, into a
-// database/sql transaction the application manages, with one statement. It returns
-// what it wrote; after committing, pass them to [Store.NotifyCommitted].
+// EnqueueTx writes the envelopes staged on ctx's [outbox.Scope] (see
+// [outbox.NewScope]), and extra, into a database/sql transaction the application
+// manages, with one statement. It returns what it wrote; after committing, pass them
+// to [Store.NotifyCommitted]. Every envelope is checked before any SQL runs; a
+// refused call writes nothing.
 func (s *Store) EnqueueTx(ctx context.Context, tx *sql.Tx, extra ...*outbox.Envelope) ([]*outbox.Envelope, error) {
+	if tx == nil {
+		return nil, fmt.Errorf("%w: sqlstore: EnqueueTx needs a *sql.Tx", outbox.ErrMisconfigured)
+	}
 	return s.writeTx(ctx, sqlQuerier{tx}, extra)
 }
 
-// TransactGorm is the outbox's db.Transaction: it runs fc in a gorm transaction
-// (bound to ctx) and, if fc returns nil, writes every envelope staged on ctx's
-// [outbox.Scope] in that transaction with one statement, commits, and wakes the
-// local dispatcher. If fc or the write fails, everything rolls back and fc's error
-// is returned as is.
-func (s *Store) TransactGorm(ctx context.Context, fc func(tx *gorm.DB) error, opts ...*sql.TxOptions) error {
-	if s.gormDB == nil {
-		return fmt.Errorf("%w: sqlstore: TransactGorm needs a store built with NewGorm", outbox.ErrMisconfigured)
-	}
-	if err := s.begin(ctx); err != nil {
-		return err
-	}
-	ctx, release := withScope(ctx)
-	defer release()
-	var envs []*outbox.Envelope
-	err := s.gormDB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		if err := fc(tx); err != nil {
-			return err
-		}
-		var err error
-		envs, err = s.writeTx(ctx, sqlQuerier{tx.Statement.ConnPool}, nil)
-		return err
-	}, opts...)
-	if err != nil {
-		discardStaged(ctx)
-		return err
-	}
-	s.NotifyCommitted(envs...)
-	return nil
-}
-
-// EnqueueGormTx writes every envelope staged on ctx's scope, and extra, into a gorm
-// transaction the application manages (the tx of db.Transaction or db.Begin), with
-// one statement. It returns what it wrote; after committing, pass them to
-// [Store.NotifyCommitted].
+// EnqueueGormTx writes the envelopes staged on ctx's [outbox.Scope] (see
+// [outbox.NewScope]), and extra, into a gorm transaction the application manages
+// (the tx of db.Transaction or db.Begin), with one statement. It returns what it
+// wrote; after committing, pass them to [Store.NotifyCommitted]. Every envelope is
+// checked before any SQL runs; a refused call writes nothing.
 func (s *Store) EnqueueGormTx(ctx context.Context, tx *gorm.DB, extra ...*outbox.Envelope) ([]*outbox.Envelope, error) {
 	if tx == nil || tx.Statement == nil || tx.Statement.ConnPool == nil {
 		return nil, fmt.Errorf("%w: sqlstore: EnqueueGormTx needs a gorm transaction", outbox.ErrMisconfigured)
