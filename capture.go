@@ -131,7 +131,7 @@ func (c *Capture) Send(ctx context.Context, msg Message) error {
 	}
 	scope := ScopeFrom(ctx)
 	if scope == nil && c.mode == Transactional {
-		return fmt.Errorf("topic %q: %w", msg.Topic, ErrNoTransaction)
+		return fmt.Errorf("%w (topic %q)", ErrNoTransaction, msg.Topic)
 	}
 	env, err := NewEnvelope(msg, c.buckets)
 	if err != nil {

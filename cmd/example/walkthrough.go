@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +12,7 @@ import (
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/dispatcher"
 	"github.com/outboxkit/outbox/middleware"
+	sqlstore "github.com/outboxkit/outbox/store/sql"
 )
 
 // topic is where order events go.
@@ -117,14 +117,15 @@ func naiveDualWrite(ctx context.Context, n *narrator, db *database, br broker) e
 // immediateMode captures the send into the outbox before the crash, then shows the
 // relay delivering it at least once across a relay crash.
 func immediateMode(ctx context.Context, n *narrator, db *database, br broker) error {
-	n.say("   The handler saves order 1002 and sends %s through a route with UseOutbox.\n", topic)
-	n.say("   The send is written to the outbox before Send returns; then the process crashes.\n")
-	ob, err := middleware.NewOutbox(db.store, middleware.Config{}) // Immediate is the default
+	n.say("   The handler saves order 1002 and sends %s through the outbox's sender in\n", topic)
+	n.say("   Immediate mode. The send is written to the outbox before Send returns; then\n")
+	n.say("   the process crashes.\n")
+	sender, err := outbox.NewSender(db.store, outbox.SenderConfig{Mode: outbox.Immediate, Transport: br})
 	if err != nil {
 		return err
 	}
 	router := middleware.NewRouter(middleware.CorrelationID())
-	router.Handle(topic, nil, ob.UseOutbox())
+	router.Handle(topic, sender)
 	if err := db.saveOrder(ctx, "1002"); err != nil {
 		return err
 	}
@@ -212,23 +213,24 @@ func immediateMode(ctx context.Context, n *narrator, db *database, br broker) er
 // transactionalMode commits the order and its send in one database transaction, then
 // shows a rollback discarding both.
 func transactionalMode(ctx context.Context, n *narrator, db *database, br broker) error {
-	ob, err := middleware.NewOutbox(db.store, middleware.Config{})
+	sender, err := outbox.NewSender(db.store, outbox.SenderConfig{Transport: br}) // Transactional: the default
 	if err != nil {
 		return err
 	}
 	router := middleware.NewRouter(middleware.CorrelationID())
-	router.Handle(topic, nil, ob.UseOutbox(middleware.WithMode(outbox.Transactional)))
+	router.Handle(topic, sender)
 	relay, err := newRelay(db.store, br)
 	if err != nil {
 		return err
 	}
 
-	// placeOrder is a request handler. The store's unit of work opens the transaction
-	// and puts a scope on ctx; the Transactional route stages the send on that scope,
-	// and the unit of work writes it in the same transaction as the order, just
-	// before the commit. A handler error rolls back both.
+	// placeOrder is a request handler. The store's unit of work opens the transaction;
+	// fn reaches it from its ctx, and every send made with that ctx is staged and
+	// written in the same transaction as the order, just before the commit. A handler
+	// error rolls back both.
 	placeOrder := func(ctx context.Context, id string, fail error) error {
-		return db.store.Transact(ctx, nil, func(ctx context.Context, tx *sql.Tx) error {
+		return db.store.Transact(ctx, func(ctx context.Context) error {
+			tx, _ := sqlstore.Tx(ctx)
 			if _, err := tx.ExecContext(ctx, db.insertOrder(), id); err != nil {
 				return err
 			}
@@ -286,6 +288,15 @@ func transactionalMode(ctx context.Context, n *narrator, db *database, br broker
 	if err := report(1, 0, 0, 1); err != nil {
 		return err
 	}
+	n.say("   A send made outside any unit of work is refused, not written on its own:\n")
+	err = router.Send(ctx, orderPlaced("1005"))
+	if !errors.Is(err, outbox.ErrNoTransaction) {
+		return fmt.Errorf("expected outbox.ErrNoTransaction, got %v", err)
+	}
+	n.say("     %v\n", err)
+	if err := report(1, 0, 0, 1); err != nil {
+		return err
+	}
 	n.say("   => Both or neither: no order without its message, no message without its order.\n")
 	return nil
 }
@@ -304,9 +315,8 @@ func orderPlaced(id string) outbox.Message {
 // newRelay builds the dispatcher the stories run one sweep at a time.
 func newRelay(store outbox.DispatchStore, broker outbox.Transport) (*dispatcher.Dispatcher, error) {
 	return dispatcher.New(store, broker, dispatcher.Config{
-		RelayID:     relayID,
-		BucketCount: store.BucketCount(),
-		Logger:      slog.New(slog.DiscardHandler), // the story is told on w
+		RelayID: relayID,
+		Logger:  slog.New(slog.DiscardHandler), // the story is told on w
 	})
 }
 
