@@ -1,4 +1,4 @@
-package sqs_test
+package sqstransport_test
 
 import (
 	"sync"
@@ -12,7 +12,7 @@ import (
 
 // harness adapts the transport to the conformance suite: every topic gets a queue of
 // its own (a FIFO queue named after the topic plus ".fifo" when fifo is set).
-func harness(fifo bool) outboxtest.TransportHarness {
+func harness(t *testing.T, fifo bool) outboxtest.TransportHarness {
 	var queues sync.Map // topic → queue URL
 	return outboxtest.TransportHarness{
 		New: func(t *testing.T, topics ...string) outbox.Transport {
@@ -41,17 +41,17 @@ func harness(fifo bool) outboxtest.TransportHarness {
 			}
 			return out
 		},
-		MaxMessageSize: sqstransport.DefaultMaxBytes,
+		MaxMessageSize: offlineTransport(t, sqstransport.Config{}).MaxMessageSize(),
 		Ordered:        fifo,
 	}
 }
 
 func TestConformanceStandardQueue(t *testing.T) {
 	t.Parallel()
-	outboxtest.RunTransportTests(t, harness(false))
+	outboxtest.RunTransportTests(t, harness(t, false))
 }
 
 func TestConformanceFIFOQueue(t *testing.T) {
 	t.Parallel()
-	outboxtest.RunTransportTests(t, harness(true))
+	outboxtest.RunTransportTests(t, harness(t, true))
 }

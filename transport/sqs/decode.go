@@ -1,4 +1,4 @@
-package sqs
+package sqstransport
 
 import (
 	"encoding/base64"
@@ -21,9 +21,21 @@ type Delivery struct {
 	// Payload is the body, base64-decoded when the transport encoded it; nil for a
 	// tombstone.
 	Payload []byte
-	// Headers are the application's headers in publish order, including
-	// [outbox.HeaderMessageID].
+	// Headers are the headers in publish order: the application's, then those the
+	// transport added (an [outbox.HeaderIdempotencyKey] unless the application set one
+	// or [Config.OmitIdempotencyKey] is set, and [outbox.HeaderMessageID]).
 	Headers []outbox.Header
+}
+
+// Header returns the value of the last header named key, and whether there was one:
+// d.Header(outbox.HeaderIdempotencyKey) is the key to deduplicate on.
+func (d *Delivery) Header(key string) ([]byte, bool) {
+	for i := len(d.Headers) - 1; i >= 0; i-- {
+		if d.Headers[i].Key == key {
+			return d.Headers[i].Value, true
+		}
+	}
+	return nil, false
 }
 
 // Decode turns a received message back into the message ID, key, headers and payload

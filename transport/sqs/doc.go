@@ -69,4 +69,4 @@
 //     MaximumMessageSize.
 //   - The transport does not retry on its own beyond the client's retry policy; the
 //     dispatcher decides when to try again.
-package sqs
+package sqstransport

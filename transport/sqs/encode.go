@@ -1,4 +1,4 @@
-package sqs
+package sqstransport
 
 import (
 	"crypto/sha256"
@@ -40,6 +40,8 @@ const (
 	maxAttributes = 10
 	// maxGroupID is SQS's limit on MessageGroupId.
 	maxGroupID = 128
+	// maxAttributeName is SQS's limit on a message attribute's name.
+	maxAttributeName = 256
 	// placeholderBody is sent for nil and empty payloads: SQS refuses an empty body.
 	placeholderBody = "-"
 
@@ -55,12 +57,66 @@ const (
 	packedToken = "*"
 )
 
-// fixedOverhead is what every message carries besides its payload, key and headers:
-// the message ID attribute (name, type and a 36-character UUID).
-const fixedOverhead = len(AttrMessageID) + len(dataTypeString) + 36
+// The transport's size accounting. SQS counts a message as its body plus every
+// attribute's name, type and value; [outbox.Message.Size] counts topic, key, payload
+// and header bytes. limitFor turns Config.MaxBytes into the largest Message.Size that
+// always encodes within it; the constants below bound, from above, what SQS counts
+// beyond the bytes Message.Size already holds.
+const (
+	// uuidText is the length of a message ID as sent.
+	uuidText = 36
+	// typeLen is the length of both data types the transport uses, "String" and
+	// "Binary".
+	typeLen = len(dataTypeString)
+	// maxLenVarint bounds a uvarint in the packed headers: every length is under
+	// 2 MiB (a message is at most MaxBytesLimit).
+	maxLenVarint = 3
 
-// idempotencyOverhead is the idempotency-key attribute the transport may add.
-const idempotencyOverhead = len(outbox.HeaderIdempotencyKey) + len(dataTypeString) + 36
+	// messageIDOverhead is the message ID attribute and its name in the layout's
+	// header order.
+	messageIDOverhead = len(AttrMessageID) + typeLen + uuidText + len(AttrMessageID) + 1
+	// idempotencyOverhead is an added idempotency-key header: as an attribute with its
+	// name in the header order (costlier than packed).
+	idempotencyOverhead = len(outbox.HeaderIdempotencyKey) + typeLen + uuidText + len(outbox.HeaderIdempotencyKey) + 1
+	// keyOverhead is the key attribute's name and type (the key itself is in Size).
+	keyOverhead = len(AttrKey) + typeLen
+	// packedOverhead is the packed attribute's name, type, version byte and count.
+	packedOverhead = len(AttrHeaders) + typeLen + 1 + maxLenVarint
+	// layoutOverhead is the layout attribute's name and type and its longest fields
+	// but the header order's names.
+	layoutOverhead = len(AttrLayout) + typeLen + len(layoutBodyBase64+";"+layoutKeyEmpty+";"+layoutHeaders)
+	// headerOverhead bounds what one application header costs beyond its name and
+	// value when packed: two length varints and its "*," in the header order.
+	headerOverhead = 2*maxLenVarint + len(packedToken) + 1
+	// nativeExtra is what a header sent as an attribute of its own may cost beyond
+	// headerOverhead: its type, and its name (up to 256 bytes) again in the order.
+	nativeExtra = typeLen + maxAttributeName + 1 - headerOverhead
+	// maxNativeHeaders bounds the headers sent as attributes of their own: the
+	// message ID and the layout attribute take two of the ten slots.
+	maxNativeHeaders = maxAttributes - 2
+
+	// coveredHeaders is how many application headers [Transport.MaxMessageSize]
+	// always leaves room for: a message within it that has at most this many headers
+	// fits [Config.MaxBytes], whatever its payload, key and header bytes.
+	coveredHeaders = 32
+
+	// reserve is what SQS may count beyond a message's own bytes, for up to
+	// coveredHeaders headers, before any idempotency key is added.
+	reserve = messageIDOverhead + keyOverhead + packedOverhead + layoutOverhead +
+		coveredHeaders*headerOverhead + maxNativeHeaders*nativeExtra
+)
+
+// limitFor is the largest [outbox.Message.Size] that always encodes within maxBytes
+// when the message has at most coveredHeaders headers. The worst case is a binary
+// payload: base64 sends 4 bytes for every 3. A message of size s (topic at least one
+// byte, which SQS does not count) then takes at most (4s+4)/3 + the overheads.
+func limitFor(maxBytes int, stampKey bool) int {
+	r := reserve
+	if stampKey {
+		r += idempotencyOverhead
+	}
+	return (3*(maxBytes-r) - 4) / 4
+}
 
 func isReserved(name string) bool {
 	switch name {
@@ -250,7 +306,7 @@ func nativeHeader(h outbox.Header) bool {
 // no "AWS." or "Amazon." prefix in any case. Names used in the layout's header order
 // must never contain ',', ';' or '='; these rules guarantee that.
 func validAttributeName(name string) bool {
-	if name == "" || len(name) > 256 {
+	if name == "" || len(name) > maxAttributeName {
 		return false
 	}
 	for i := 0; i < len(name); i++ {

@@ -1,4 +1,4 @@
-package sqs
+package sqstransport
 
 import (
 	"bytes"
@@ -167,7 +167,7 @@ func TestEncodeSizeCountsBinaryAndBase64(t *testing.T) {
 	env := newEnvelope(t, nil, bytes.Repeat([]byte{0xff}, 300))
 	e, err := encode(env, MaxBytesLimit, false)
 	require.NoError(t, err)
-	assert.Equal(t, 400+fixedOverhead+len(AttrLayout)+6+len(layoutBodyBase64), e.size)
+	assert.Equal(t, 400+len(AttrMessageID)+typeLen+uuidText+len(AttrLayout)+typeLen+len(layoutBodyBase64), e.size)
 
 	_, err = encode(env, 400, false)
 	require.ErrorIs(t, err, outbox.ErrTooLarge)
@@ -294,17 +294,33 @@ func TestConfigValidation(t *testing.T) {
 	client := &nopClient{}
 	_, err := New(nil, Config{})
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
-	_, err = New(client, Config{MaxBytes: MaxBytesLimit + 1})
-	require.ErrorIs(t, err, outbox.ErrMisconfigured)
-	require.ErrorContains(t, err, "Config.MaxBytes")
-	_, err = New(client, Config{Concurrency: -1})
-	require.ErrorContains(t, err, "Config.Concurrency")
+	require.NoError(t, Config{}.Validate(), "zero values take their defaults")
+	for _, bad := range []struct {
+		cfg   Config
+		field string
+	}{
+		{Config{MaxBytes: MaxBytesLimit + 1}, "Config.MaxBytes"},
+		{Config{MaxBytes: MinMaxBytes - 1}, "Config.MaxBytes"},
+		{Config{MaxBytes: -1}, "Config.MaxBytes"},
+		{Config{Concurrency: -1}, "Config.Concurrency"},
+	} {
+		err := bad.cfg.Validate()
+		require.ErrorIs(t, err, outbox.ErrMisconfigured)
+		require.ErrorContains(t, err, bad.field)
+		_, err = New(client, bad.cfg)
+		require.ErrorIs(t, err, outbox.ErrMisconfigured)
+		require.ErrorContains(t, err, bad.field)
+	}
 	tr, err := New(client, Config{})
 	require.NoError(t, err)
-	assert.Equal(t, DefaultMaxBytes-fixedOverhead-idempotencyOverhead, tr.MaxMessageSize())
+	// Three quarters (base64) of what MaxBytes leaves after the transport's reserve.
+	assert.Equal(t, 194_698, tr.MaxMessageSize())
 	tr, err = New(client, Config{OmitIdempotencyKey: true})
 	require.NoError(t, err)
-	assert.Equal(t, DefaultMaxBytes-fixedOverhead, tr.MaxMessageSize())
+	assert.Equal(t, 194_753, tr.MaxMessageSize())
+	tr, err = New(client, Config{MaxBytes: MaxBytesLimit})
+	require.NoError(t, err)
+	assert.Equal(t, 784_522, tr.MaxMessageSize())
 	var api API
 	require.True(t, tr.As(&api))
 	assert.Same(t, client, api)

@@ -1,6 +1,6 @@
 //go:build unix
 
-package sqs_test
+package sqstransport_test
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package sqs
+package sqstransport
 
 import (
 	"context"
@@ -28,8 +28,10 @@ const (
 	// maxEntries is SQS's limit of entries in one SendMessageBatch request.
 	maxEntries = 10
 	fifoSuffix = ".fifo"
-	// minMaxBytes leaves room for the attributes every message carries.
-	minMaxBytes = 1024
+	// MinMaxBytes is the smallest [Config.MaxBytes]: what the transport reserves for
+	// its own attributes and the framing of headers leaves at least 1 KiB for the
+	// message.
+	MinMaxBytes = 4096
 )
 
 // API is the part of the SQS client the transport uses. A *sqs.Client satisfies it;
@@ -46,8 +48,10 @@ type Config struct {
 	Resolver Resolver
 	// MaxBytes caps one message, and the sum of the messages in one SendMessageBatch
 	// request, as SQS counts them: body plus every attribute's name, type and value.
-	// Defaults to [DefaultMaxBytes] (256 KiB); SQS allows up to [MaxBytesLimit] (1 MiB)
-	// when the queue's MaximumMessageSize allows it.
+	// Keep it at or under the queues' MaximumMessageSize. Defaults to
+	// [DefaultMaxBytes] (256 KiB); at least [MinMaxBytes], at most [MaxBytesLimit]
+	// (1 MiB, what SQS allows). The limit on captured messages,
+	// [Transport.MaxMessageSize], is derived from it.
 	MaxBytes int
 	// Concurrency caps the SendMessageBatch requests one Publish has in flight.
 	// Requests to one FIFO queue are always sent one after another, to keep group
@@ -55,7 +59,8 @@ type Config struct {
 	Concurrency int
 	// OmitIdempotencyKey stops the transport from adding an
 	// [outbox.HeaderIdempotencyKey] header (equal to the message ID) to messages whose
-	// application set none. Defaults to false: every message carries one.
+	// application set none. It is the only switch for that header: capture never adds
+	// it. Defaults to false: every message carries one.
 	OmitIdempotencyKey bool
 	// Logger receives debug records of failed requests. Defaults to slog.Default().
 	Logger *slog.Logger
@@ -76,12 +81,14 @@ func (c *Config) setDefaults(client API) {
 	}
 }
 
-func (c *Config) validate() error {
-	if c.MaxBytes < minMaxBytes || c.MaxBytes > MaxBytesLimit {
-		return fmt.Errorf("%w: sqs: Config.MaxBytes %d must be between %d and %d", outbox.ErrMisconfigured, c.MaxBytes, minMaxBytes, MaxBytesLimit)
+// Validate reports the first setting that cannot work, naming its field. Zero values
+// are valid: they take their defaults.
+func (c Config) Validate() error {
+	if c.MaxBytes != 0 && (c.MaxBytes < MinMaxBytes || c.MaxBytes > MaxBytesLimit) {
+		return fmt.Errorf("%w: sqstransport: Config.MaxBytes is %d; it must be between %d and %d (or 0 for the default %d)", outbox.ErrMisconfigured, c.MaxBytes, MinMaxBytes, MaxBytesLimit, DefaultMaxBytes)
 	}
-	if c.Concurrency < 1 {
-		return fmt.Errorf("%w: sqs: Config.Concurrency %d must be at least 1", outbox.ErrMisconfigured, c.Concurrency)
+	if c.Concurrency < 0 {
+		return fmt.Errorf("%w: sqstransport: Config.Concurrency is %d; it must be at least 1 (or 0 for the default %d)", outbox.ErrMisconfigured, c.Concurrency, DefaultConcurrency)
 	}
 	return nil
 }
@@ -90,6 +97,7 @@ func (c *Config) validate() error {
 type Transport struct {
 	client API
 	cfg    Config
+	limit  int // MaxMessageSize
 }
 
 var (
@@ -98,29 +106,33 @@ var (
 )
 
 // New returns a Transport sending through client, which the caller built and
-// configured (region, credentials, endpoint, retries). New never dials.
+// configured (region, credentials, endpoint, retries). New never dials. It returns an
+// error wrapping [outbox.ErrMisconfigured] when client is nil or cfg is invalid
+// ([Config.Validate]).
 func New(client API, cfg Config) (*Transport, error) {
 	if client == nil {
-		return nil, fmt.Errorf("%w: sqs: New needs a client (sqs.NewFromConfig or sqs.New)", outbox.ErrMisconfigured)
+		return nil, fmt.Errorf("%w: sqstransport: New needs a client: pass sqs.NewFromConfig(awsCfg)", outbox.ErrMisconfigured)
 	}
-	cfg.setDefaults(client)
-	if err := cfg.validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Transport{client: client, cfg: cfg}, nil
+	cfg.setDefaults(client)
+	return &Transport{client: client, cfg: cfg, limit: limitFor(cfg.MaxBytes, !cfg.OmitIdempotencyKey)}, nil
 }
 
-// MaxMessageSize implements [outbox.SizeLimiter]: the configured byte limit less what
-// the transport adds to every message (the message ID attribute and, unless omitted,
-// the idempotency key). A message within it can still be refused at publish if base64
-// (a binary payload grows by a third) or attribute overhead takes it over
-// [Config.MaxBytes]; that failure is permanent.
-func (t *Transport) MaxMessageSize() int {
-	if t.cfg.OmitIdempotencyKey {
-		return t.cfg.MaxBytes - fixedOverhead
-	}
-	return t.cfg.MaxBytes - fixedOverhead - idempotencyOverhead
-}
+// MaxMessageSize implements [outbox.SizeLimiter]: the largest [outbox.Message.Size]
+// (of the message as captured) that the transport publishes. Any message within it
+// that has at most 32 headers fits [Config.MaxBytes] as SQS counts it, even when its
+// payload is binary and travels as base64 (4 bytes for every 3), after the transport
+// added its attributes: the message ID, the idempotency key (unless
+// [Config.OmitIdempotencyKey]), the key, the layout and the packed headers. It is
+// about three quarters of MaxBytes less 2.6 KiB: 194,644 bytes for the default 256 KiB,
+// 784,468 for 1 MiB.
+//
+// Publish refuses a larger message permanently, wrapping [outbox.ErrTooLarge], without
+// sending it. Capture refuses it at Send, before anything is written, when the
+// transport is wired in: outbox.NewSender(store, outbox.SenderConfig{Transport: t}).
+func (t *Transport) MaxMessageSize() int { return t.limit }
 
 // As gives access to the client: target may be a **sqs.Client (when the transport was
 // built on one) or a *API. It reports whether target was set.
@@ -198,8 +210,8 @@ func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error
 			}
 			urls[env.Topic] = url
 		}
-		if env.Size() > t.MaxMessageSize() {
-			failures[i] = outbox.Permanent(fmt.Errorf("sqs: message is %d bytes, over the transport's limit of %d (Config.MaxBytes less per-message attributes): %w", env.Size(), t.MaxMessageSize(), outbox.ErrTooLarge))
+		if size := env.Size(); size > t.limit {
+			failures[i] = outbox.Permanent(fmt.Errorf("%w: sqs: message is %d bytes, over the transport's limit of %d (Transport.MaxMessageSize, derived from Config.MaxBytes %d)", outbox.ErrTooLarge, size, t.limit, t.cfg.MaxBytes))
 			continue
 		}
 		enc, err := encode(env, t.cfg.MaxBytes, !t.cfg.OmitIdempotencyKey)
