@@ -6,23 +6,29 @@
 // A [Store] keeps messages in one table and coordination in two more (leases and
 // relay heartbeats), named by [Config] and created by [Store.Migrate] (or by the DDL
 // in docs/stores/sql.md, also returned by [Store.DDL]). It implements
-// [outbox.DispatchStore] and every optional capability: [outbox.Admin],
-// [outbox.Notifier], [outbox.Finder], [outbox.Retainer], [outbox.SizeLimiter].
+// [outbox.DispatchStore] (and so [outbox.Transactor]), [outbox.Admin],
+// [outbox.Notifier], [outbox.Finder], [outbox.Retainer] and [outbox.SizeLimiter].
 //
-// Units of work write the envelopes staged on the context's [outbox.Scope] inside
-// the application's own transaction, all of them in one multi-row INSERT:
+// The unit of work is [Store.Transact], the same on every client. Inside its
+// function, the application reaches the transaction from the function's ctx through
+// a typed accessor — [PgxTx] (a store built with [NewPgx]), [Tx] ([NewDB], and
+// [NewGorm]'s default transaction) or [GormTx] ([NewGorm]) — and every send made with
+// that ctx joins the transaction; when the function returns nil, the staged messages
+// are written with one multi-row INSERT and committed with the application's rows:
 //
-//	err := store.TransactPgx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+//	err := store.Transact(ctx, func(ctx context.Context) error {
+//		tx, _ := sqlstore.PgxTx(ctx)
 //		if _, err := tx.Exec(ctx, "UPDATE accounts SET ...", ...); err != nil {
 //			return err
 //		}
-//		return sender.Send(ctx, msg) // a Transactional route stages it
+//		return sender.Send(ctx, msg) // written in tx, or not at all
 //	})
 //
-// [Store.Transact] does the same with a *sql.Tx and [Store.TransactGorm] is the
-// outbox's db.Transaction. For a transaction the application manages itself,
-// [Store.EnqueuePgxTx], [Store.EnqueueTx] and [Store.EnqueueGormTx] write the staged
-// envelopes into it; call [Store.NotifyCommitted] after the commit.
+// [WithTxOptions] sets the isolation level or read-only mode of the next unit's
+// transaction. For a transaction the application manages itself, it sends on an
+// [outbox.NewScope] ctx and [Store.EnqueuePgxTx], [Store.EnqueueTx] or
+// [Store.EnqueueGormTx] write what the scope holds into it; [Store.NotifyCommitted]
+// wakes the dispatchers after the commit.
 //
 // # Semantics
 //
@@ -50,6 +56,15 @@
 //     bucket is woken, as notifications sent meanwhile were lost.
 //   - An envelope ID is stored once: writing it again fails with
 //     [outbox.ErrInvalidMessage].
+//   - Every write path (Enqueue, Transact's commit, the EnqueueTx methods) checks
+//     every envelope before it runs any statement of its own: [outbox.Message.Validate] (so a NUL byte or
+//     invalid UTF-8 in a topic or header key is [outbox.ErrInvalidMessage]), its
+//     bucket count ([outbox.ErrMisconfigured]) and [Config.MaxMessageSize]
+//     ([outbox.ErrTooLarge]). A refused call writes nothing.
+//   - A table that does not exist (the store used before [Store.Migrate]) is an
+//     error wrapping [outbox.ErrMisconfigured] that says to run Migrate, from every
+//     call that touches the tables.
+//   - On pgx, a unit's INSERT and its COMMIT travel in one pipelined round trip.
 //
 // # Limitations
 //
@@ -62,6 +77,13 @@
 //     loses the wake-up (other relays find the messages on their next poll). A
 //     transaction written with an EnqueueTx method wakes nobody until
 //     [Store.NotifyCommitted] is called.
+//   - The function given to Transact must not commit or roll back the transaction
+//     itself. The pgx.Tx that [PgxTx] returns refuses to; a *sql.Tx or *gorm.DB
+//     cannot refuse, and Transact then fails when it writes the messages: the
+//     application's rows are committed, its messages are not.
+//   - [WithTxOptions] is applied by the driver on database/sql and gorm: SQLite's
+//     pure-Go driver begins a read-only transaction as a plain deferred one, which
+//     does not refuse writes.
 //   - LISTEN through *sql.DB needs pgx's stdlib driver; another PostgreSQL driver
 //     gets in-process wake-ups only. The LISTEN connection is taken from the
 //     caller's pool for the store's lifetime.
