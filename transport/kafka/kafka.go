@@ -17,36 +17,53 @@ import (
 // [Config.MaxMessageSize].
 const DefaultMaxMessageSize = 1 << 20
 
-// framingAllowance is the room left in a producer batch for the record batch header
-// (61 bytes), one record's length fields, and the two headers the transport stamps
-// (a name and a 36-byte UUID each).
+// framingAllowance is the room [Config.MaxMessageSize] leaves in a producer batch
+// beyond the message's own bytes: the record batch header, the record's own fields,
+// the two headers the transport adds and the framing of up to coveredHeaders
+// application headers.
 const framingAllowance = 512
 
 // Wire sizes of Kafka's record batch format (v2), for the bound in wireSize.
 const (
 	defaultBatchMaxBytes = 1_000_012 // kgo's default ProducerBatchMaxBytes
-	batchHeaderSize      = 61
-	maxVarint            = 5
+	// batchHeaderSize is a record batch without records as kgo counts it against
+	// ProducerBatchMaxBytes: Kafka's 61-byte header and the 4-byte array length.
+	batchHeaderSize = 65
+	maxVarint       = 5
 	// recordFraming bounds a record's own fields: length, attributes, timestamp and
 	// offset deltas, key and value lengths, header count.
 	recordFraming = 6*maxVarint + 1 + 10
+	// headerFraming bounds one header's key and value lengths.
+	headerFraming = 2 * maxVarint
 	// uuidText is the length of a message id as stamped.
 	uuidText = 36
+	// stampedHeaders bounds the two headers the transport adds.
+	stampedHeaders = 2*headerFraming + len(outbox.HeaderMessageID) + len(outbox.HeaderIdempotencyKey) + 2*uuidText
+	// coveredHeaders is how many application headers framingAllowance always has
+	// room for (28): a message within MaxMessageSize with at most this many headers
+	// fits the client's batches.
+	coveredHeaders = (framingAllowance - batchHeaderSize - recordFraming - stampedHeaders) / headerFraming
 )
 
 // Config tunes a [Transport]. The zero value is ready to use.
 type Config struct {
-	// MaxMessageSize is the largest [outbox.Message.Size] the transport accepts; a
-	// larger message fails permanently without being sent, and capture refuses it up
-	// front through [outbox.SizeLimiter]. Defaults to 1 MiB (Kafka's default message
+	// MaxMessageSize is the largest [outbox.Message.Size] (of the message as
+	// captured) the transport publishes; [Transport.MaxMessageSize] reports it. A
+	// larger message fails permanently, wrapping [outbox.ErrTooLarge], without being
+	// sent; capture refuses it at Send when the transport is wired in through
+	// outbox.SenderConfig.Transport. Defaults to 1 MiB (Kafka's default message
 	// limit), lowered to the client's ProducerBatchMaxBytes (kgo's default is
 	// 1,000,012 bytes) less 512 bytes of framing. It may not exceed that either:
-	// raise kgo.ProducerBatchMaxBytes (and the topic's max.message.bytes) first.
+	// raise kgo.ProducerBatchMaxBytes (and the topic's max.message.bytes) first. The
+	// 512 bytes hold the record's framing, the headers the transport adds, and the
+	// framing of 28 application headers, so a message within the limit with at most
+	// 28 headers always fits the client's batches.
 	MaxMessageSize int
 
 	// OmitIdempotencyKey stops the transport from adding an [outbox.HeaderIdempotencyKey]
-	// header (set to the message id) to messages captured without one. Defaults to
-	// false: every record carries the header.
+	// header (set to the message id) to messages captured without one. It is the only
+	// switch for that header: capture never adds it. Defaults to false: every record
+	// carries the header.
 	OmitIdempotencyKey bool
 
 	// UnknownTopicPermanent reports a topic the cluster does not know as a permanent
@@ -77,6 +94,16 @@ type Config struct {
 // DefaultAckTimeout is the default [Config.AckTimeout].
 const DefaultAckTimeout = 10 * time.Second
 
+// Validate reports the first setting that cannot work, naming its field. Zero values
+// are valid: they take their defaults. [New] also checks MaxMessageSize against what
+// the client's batches carry.
+func (c Config) Validate() error {
+	if c.MaxMessageSize < 0 {
+		return fmt.Errorf("%w: kafka: Config.MaxMessageSize is %d; it must be positive (or 0 for the default)", outbox.ErrMisconfigured, c.MaxMessageSize)
+	}
+	return nil
+}
+
 // Transport publishes outbox envelopes to Kafka through a franz-go client. It is safe
 // for concurrent use.
 type Transport struct {
@@ -102,7 +129,8 @@ var (
 // kgo.RequiredAcks(kgo.AllISRAcks())) and idempotent writes (kgo's default; see
 // [Config.AllowNonIdempotent]). It must not be transactional, since the transport
 // does not begin or end transactions. New returns an error wrapping
-// [outbox.ErrMisconfigured] otherwise, or when cfg is invalid.
+// [outbox.ErrMisconfigured] otherwise, or when cfg is invalid ([Config.Validate], and
+// a MaxMessageSize the client's batches cannot carry).
 //
 // To publish messages that name a partition, build the client with
 // kgo.RecordPartitioner([Partitioner](nil)); without it, such messages fail
@@ -110,6 +138,9 @@ var (
 func New(client *kgo.Client, cfg Config) (*Transport, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: kafka: client is nil: pass a *kgo.Client built with kgo.NewClient", outbox.ErrMisconfigured)
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	if acks, _ := client.OptValue(kgo.RequiredAcks).(kgo.Acks); acks != kgo.AllISRAcks() {
 		return nil, fmt.Errorf("%w: kafka: client must require acks from all in-sync replicas: drop kgo.RequiredAcks or pass kgo.RequiredAcks(kgo.AllISRAcks())", outbox.ErrMisconfigured)
@@ -126,8 +157,6 @@ func New(client *kgo.Client, cfg Config) (*Transport, error) {
 	}
 	capacity := batchMax - framingAllowance
 	switch {
-	case cfg.MaxMessageSize < 0:
-		return nil, fmt.Errorf("%w: kafka: Config.MaxMessageSize %d is negative", outbox.ErrMisconfigured, cfg.MaxMessageSize)
 	case cfg.MaxMessageSize == 0:
 		cfg.MaxMessageSize = min(DefaultMaxMessageSize, capacity)
 	case cfg.MaxMessageSize > capacity:
@@ -146,7 +175,10 @@ func New(client *kgo.Client, cfg Config) (*Transport, error) {
 // therefore sends a key's messages together in one Publish call.
 func (t *Transport) KeepsKeyOrder() bool { return true }
 
-// MaxMessageSize implements [outbox.SizeLimiter].
+// MaxMessageSize implements [outbox.SizeLimiter]: [Config.MaxMessageSize], or its
+// default. Capture refuses a larger message at Send, before anything is written, when
+// the transport is wired in: outbox.NewSender(store, outbox.SenderConfig{Transport: t}).
+// Publish refuses it permanently, wrapping [outbox.ErrTooLarge].
 func (t *Transport) MaxMessageSize() int { return t.cfg.MaxMessageSize }
 
 // As reaches the underlying client: target must be a **kgo.Client.
@@ -304,11 +336,9 @@ func keyOf(env *outbox.Envelope) string { return env.Topic + "\x00" + string(env
 func wireSize(env *outbox.Envelope) int {
 	n := recordFraming + len(env.Key) + len(env.Payload)
 	for _, h := range env.Headers {
-		n += 2*maxVarint + len(h.Key) + len(h.Value)
+		n += headerFraming + len(h.Key) + len(h.Value)
 	}
-	n += 2*maxVarint + len(outbox.HeaderMessageID) + uuidText
-	n += 2*maxVarint + len(outbox.HeaderIdempotencyKey) + uuidText
-	return n
+	return n + stampedHeaders
 }
 
 // check refuses, before anything is sent, what the client or broker could never
@@ -316,10 +346,10 @@ func wireSize(env *outbox.Envelope) int {
 // message: the client would go on producing the key's later messages.
 func (t *Transport) check(env *outbox.Envelope) error {
 	if size := env.Size(); size > t.cfg.MaxMessageSize {
-		return outbox.Permanent(fmt.Errorf("%w: kafka: message of %d bytes exceeds the transport's limit of %d", outbox.ErrTooLarge, size, t.cfg.MaxMessageSize))
+		return outbox.Permanent(fmt.Errorf("%w: kafka: message of %d bytes exceeds the transport's limit of %d (Config.MaxMessageSize)", outbox.ErrTooLarge, size, t.cfg.MaxMessageSize))
 	}
 	if size := wireSize(env); size > t.recordLimit {
-		return outbox.Permanent(fmt.Errorf("%w: kafka: message takes up to %d bytes as a record, more than the %d the client's batches carry (kgo.ProducerBatchMaxBytes)", outbox.ErrTooLarge, size, t.recordLimit))
+		return outbox.Permanent(fmt.Errorf("%w: kafka: message with %d headers takes up to %d bytes as a record, more than the %d the client's batches carry (kgo.ProducerBatchMaxBytes)", outbox.ErrTooLarge, len(env.Headers), size, t.recordLimit))
 	}
 	if env.Partition != nil && !t.explicitPartitions {
 		return outbox.Permanent(fmt.Errorf("%w: kafka: message names partition %d but the client's partitioner ignores explicit partitions: build the client with kgo.RecordPartitioner(kafka.Partitioner(nil))", outbox.ErrMisconfigured, *env.Partition))
