@@ -10,13 +10,31 @@
 //
 // A consumer turns records back into messages with [Decode].
 //
+// Give the writers' capture the same transport, so that it refuses at Send what the
+// transport could never publish:
+//
+//	transport, err := kafka.New(client, kafka.Config{})
+//	sender, err := outbox.NewSender(store, outbox.SenderConfig{Transport: transport})
+//
 // # Semantics
 //
 //   - Topic → topic. Key, payload and headers are passed through byte for byte; a nil
 //     payload is produced as a null value (a tombstone), a nil key as a null key.
 //   - Every record carries the [outbox.HeaderMessageID] header (the envelope's id) after
 //     the application's headers, and an [outbox.HeaderIdempotencyKey] header equal to
-//     the message id when the application set none (see [Config.OmitIdempotencyKey]).
+//     the message id when the application set none, unless
+//     [Config.OmitIdempotencyKey] is set; capture never adds it, so that setting is the
+//     one switch.
+//   - Sizes are checked in two places. [Config.MaxMessageSize] (reported by
+//     [Transport.MaxMessageSize], an [outbox.SizeLimiter]) is a limit on
+//     [outbox.Message.Size] of the message as captured; its default leaves room in the
+//     client's batches for the record's framing, the two headers the transport adds
+//     and the framing of 28 application headers. Capture enforces it at Send, before
+//     anything is written, when the transport is wired in through
+//     outbox.SenderConfig.Transport. Publish always enforces it, and also bounds the
+//     record's wire size against kgo.ProducerBatchMaxBytes; a message over either
+//     fails permanently with [outbox.ErrTooLarge] without being sent, and the
+//     dispatcher parks it.
 //   - Partitioning is the client's: with kgo's default partitioner, keyed records land
 //     where Kafka's Java client puts them (murmur2), which is also how the outbox
 //     buckets keys, so a topic with as many partitions as the outbox has buckets is fed
@@ -59,6 +77,10 @@
 //   - The record timestamp is the produce time. The capture time is not used, so that
 //     time-based retention never deletes a record that waited in the outbox.
 //   - [Config.MaxMessageSize] compares [outbox.Message.Size] (topic, key, payload and
-//     header bytes); the wire adds a few bytes per header, so a message just under the
-//     limit with very many headers can still be refused by the client, permanently.
+//     header bytes); the wire adds a few bytes per header, so a message within the
+//     limit with more than 28 headers can still be refused at publish, permanently.
+//   - The transport cannot see the topic's max.message.bytes: a smaller broker limit
+//     is only learnt from the broker's MESSAGE_TOO_LARGE answer (permanent). Set
+//     [Config.MaxMessageSize] 512 bytes under it so that capture refuses such
+//     messages.
 package kafka

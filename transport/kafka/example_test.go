@@ -2,6 +2,7 @@ package kafka_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/store/memory"
 	"github.com/outboxkit/outbox/transport/kafka"
 )
 
@@ -86,4 +88,43 @@ func Example() {
 	// Output:
 	// orders key=order-1 payload="{\"status\":\"placed\"}" tombstone=false id-matches=true headers=3
 	// orders key=order-1 payload="" tombstone=true id-matches=true headers=2
+}
+
+// Capture learns the transport's size limit when the transport is wired into
+// outbox.NewSender: a message the transport could never publish is refused at Send,
+// before anything is written, instead of being parked by the relay later.
+func ExampleTransport_MaxMessageSize() {
+	// kgo.NewClient never dials until the client is used; a real program also passes
+	// kgo.SeedBrokers.
+	client, err := kgo.NewClient()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+	transport, err := kafka.New(client, kafka.Config{MaxMessageSize: 64 << 10})
+	if err != nil {
+		log.Fatal(err)
+	}
+	store, err := memory.New(memory.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	sender, err := outbox.NewSender(store, outbox.SenderConfig{Transport: transport})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	ctx := context.Background()
+	for _, size := range []int{1 << 10, 100 << 10} {
+		err := store.Transact(ctx, func(ctx context.Context) error {
+			return sender.Send(ctx, outbox.Message{Topic: "orders", Payload: make([]byte, size)})
+		})
+		fmt.Printf("%d KiB: too large: %v\n", size>>10, errors.Is(err, outbox.ErrTooLarge))
+	}
+	fmt.Println("capture's limit:", sender.MaxMessageSize())
+	// Output:
+	// 1 KiB: too large: false
+	// 100 KiB: too large: true
+	// capture's limit: 65536
 }

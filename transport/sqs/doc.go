@@ -1,11 +1,18 @@
-// Package sqs is an [outbox.Transport] for Amazon SQS, standard and FIFO queues, on
-// aws-sdk-go-v2.
+// Package sqstransport is an [outbox.Transport] for Amazon SQS, standard and FIFO
+// queues, on aws-sdk-go-v2. It lives in the transport/sqs directory; its name keeps
+// it apart from the SDK's sqs package, which programs import beside it.
 //
 // [New] takes an SQS client the caller built (region, credentials, endpoint, retry
 // policy) and never dials. A [Resolver] maps each message's topic to a queue URL:
 // [Queues] is a static map, [NameResolver] (the default) treats the topic as a queue
 // name and caches GetQueueUrl answers. [Decode] turns a received message back into the
 // message ID, key, headers and payload the outbox published.
+//
+// Give the writers' capture the same transport, so that it refuses at Send what SQS
+// could never carry:
+//
+//	transport, err := sqstransport.New(sqs.NewFromConfig(awsCfg), sqstransport.Config{})
+//	sender, err := outbox.NewSender(store, outbox.SenderConfig{Transport: transport})
 //
 // # Semantics
 //
@@ -22,8 +29,18 @@
 //     "x-outbox-message-id" ([AttrMessageID]), which is also the
 //     [outbox.HeaderMessageID] header. A message whose application set no
 //     [outbox.HeaderIdempotencyKey] header gets one equal to the envelope ID, unless
-//     [Config.OmitIdempotencyKey] is set. A non-empty key travels in "x-outbox-key"
-//     ([AttrKey]): a String attribute when it is valid SQS text, Binary otherwise.
+//     [Config.OmitIdempotencyKey] is set; capture never adds it, so that setting is
+//     the one switch. A non-empty key travels in "x-outbox-key" ([AttrKey]): a String
+//     attribute when it is valid SQS text, Binary otherwise.
+//   - Sizes are checked in two places. [Transport.MaxMessageSize] ([outbox.SizeLimiter])
+//     is a limit on [outbox.Message.Size] of the message as captured, derived from
+//     [Config.MaxBytes] so that any message within it with at most 32 headers fits
+//     after base64 and the transport's attributes (194,698 bytes for the default
+//     256 KiB). Capture enforces it at Send, before anything is written, when the
+//     transport is wired in through outbox.SenderConfig.Transport. Publish always
+//     enforces it, and also measures each message as SQS counts it against MaxBytes;
+//     a message over either fails permanently with [outbox.ErrTooLarge] without being
+//     sent, and the dispatcher parks it.
 //   - Headers travel as message attributes of their own, named after the header: a
 //     String attribute when the value is valid SQS text, Binary otherwise. SQS allows
 //     ten attributes per message; headers that do not fit, or that cannot be
@@ -50,7 +67,8 @@
 //     message failed transiently, the later messages of its key in the batch are held
 //     back (reported failed, transient) so they cannot overtake it. So, on FIFO queues,
 //     the transport keeps the promise of [outbox.KeyOrderKeeper]; it does not declare
-//     it, because standard queues give no such promise. Keyless messages of one bucket share a group, several to a request.
+//     it, because standard queues give no such promise. Keyless messages of one
+//     bucket share a group, several to a request.
 //   - Requests to standard queues, and to different queues, run concurrently, up to
 //     [Config.Concurrency]. Publish waits for all of them and starts no goroutine that
 //     outlives it.
@@ -64,9 +82,15 @@
 //   - Headers that share a name are kept (packed) but only the first can be a native
 //     attribute; SQS subscription filters and consumers that do not use [Decode] see
 //     packed headers only as the opaque "x-outbox-headers" attribute.
-//   - Emulators may count attribute sizes differently (some count Binary values by
-//     their base64 length); keep [Config.MaxBytes] at or under the queue's
-//     MaximumMessageSize.
+//   - The size limit assumes the worst: a binary payload grows by a third through
+//     base64, so a text message between [Transport.MaxMessageSize] and
+//     [Config.MaxBytes] is refused although SQS would take it; raise MaxBytes (up to
+//     1 MiB, with the queues' MaximumMessageSize) to send larger ones. A message
+//     within the limit with more than 32 headers can still exceed MaxBytes; publish
+//     then refuses it, permanently.
+//   - The transport cannot see a queue's MaximumMessageSize: keep [Config.MaxBytes] at
+//     or under it, or SQS refuses larger messages (permanently). Emulators may count
+//     attribute sizes differently (some count Binary values by their base64 length).
 //   - The transport does not retry on its own beyond the client's retry policy; the
 //     dispatcher decides when to try again.
 package sqstransport

@@ -2,6 +2,7 @@ package sqstransport_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
+	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/dispatcher"
 	"github.com/outboxkit/outbox/store/memory"
 	sqstransport "github.com/outboxkit/outbox/transport/sqs"
@@ -46,8 +48,9 @@ func ExampleDecode() {
 }
 
 // A relay publishing to SQS: the client is built by the caller (region, credentials,
-// endpoint); topics are queue names, looked up once each. This example needs AWS (or
-// an emulator through AWS_ENDPOINT_URL_SQS), so it is compiled but not run.
+// endpoint); topics are queue names, looked up once each. The writers' capture gets
+// the same transport, so it refuses what SQS could never carry. This example needs
+// AWS (or an emulator through AWS_ENDPOINT_URL_SQS), so it is compiled but not run.
 func Example_relay() {
 	ctx := context.Background()
 	// In a real program: awsCfg, err := config.LoadDefaultConfig(ctx), from the
@@ -63,6 +66,10 @@ func Example_relay() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	sender, err := outbox.NewSender(store, outbox.SenderConfig{Transport: transport})
+	if err != nil {
+		log.Fatal(err)
+	}
 	relay, err := dispatcher.New(store, transport, dispatcher.Config{})
 	if err != nil {
 		log.Fatal(err)
@@ -71,4 +78,47 @@ func Example_relay() {
 		log.Fatal(err)
 	}
 	defer relay.Stop(ctx)
+
+	err = store.Transact(ctx, func(ctx context.Context) error {
+		// ... the application's writes in the same transaction ...
+		return sender.Send(ctx, outbox.Message{Topic: "orders", Key: []byte("order-7"), Payload: []byte(`{"status":"placed"}`)})
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+}
+
+// Capture learns the transport's size limit when the transport is wired into
+// outbox.NewSender: a message SQS could never carry is refused at Send, before
+// anything is written, instead of being parked by the relay later. The limit is on
+// the message as captured; it leaves room for base64 and the attributes the
+// transport adds, within Config.MaxBytes.
+func ExampleTransport_MaxMessageSize() {
+	// New never dials; a real client comes from sqs.NewFromConfig.
+	transport, err := sqstransport.New(sqs.New(sqs.Options{Region: "eu-west-1"}), sqstransport.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	store, err := memory.New(memory.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	sender, err := outbox.NewSender(store, outbox.SenderConfig{Transport: transport})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	ctx := context.Background()
+	for _, size := range []int{100 << 10, 500 << 10} {
+		err := store.Transact(ctx, func(ctx context.Context) error {
+			return sender.Send(ctx, outbox.Message{Topic: "orders", Payload: make([]byte, size)})
+		})
+		fmt.Printf("%d KiB: too large: %v\n", size>>10, errors.Is(err, outbox.ErrTooLarge))
+	}
+	fmt.Println("capture's limit:", sender.MaxMessageSize(), "of", sqstransport.DefaultMaxBytes)
+	// Output:
+	// 100 KiB: too large: false
+	// 500 KiB: too large: true
+	// capture's limit: 194698 of 262144
 }
