@@ -151,7 +151,7 @@ func TestStoreOutageBacksOffAndRecovers(t *testing.T) {
 	rec := outboxtest.NewRecorder()
 	const renew = 200 * time.Millisecond
 	d, err := dispatcher.New(store, rec, dispatcher.Config{
-		BucketCount: 4, PollInterval: 5 * time.Millisecond,
+		PollInterval:  5 * time.Millisecond,
 		LeaseDuration: 3 * renew, LeaseRenewInterval: renew,
 		Logger: slog.New(slog.DiscardHandler),
 	})
@@ -219,7 +219,7 @@ func drainBacklog(b *testing.B, gogc, n, batch int) {
 		require.NoError(b, err)
 		enqueueN(b, store, n, 0)
 		rec := &outboxtest.Recorder{CountOnly: true}
-		d, err := dispatcher.New(store, rec, dispatcher.Config{BucketCount: 8, BatchSize: batch, RelayID: "bench", Logger: slog.New(slog.DiscardHandler)})
+		d, err := dispatcher.New(store, rec, dispatcher.Config{BatchSize: batch, RelayID: "bench", Logger: slog.New(slog.DiscardHandler)})
 		require.NoError(b, err)
 		runtime.GC()
 		baseLive, baseHeap := heapBytes()

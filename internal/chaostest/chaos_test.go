@@ -3,11 +3,11 @@ package chaostest
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"os"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -62,9 +62,7 @@ func TestChaosMemory(t *testing.T) {
 			require.NoError(t, err)
 			return s
 		},
-		Transact: func(ctx context.Context, s outbox.DispatchStore, fn func(ctx context.Context) error) error {
-			return s.(*memory.Store).Transact(ctx, fn)
-		},
+		// No Transact: the writers use the store's own unit of work.
 	}, chaosConfig())
 	verify(t, rep, chaosConfig())
 }
@@ -88,8 +86,12 @@ func TestChaosPostgresPgx(t *testing.T) {
 			return migrated(t, s, err)
 		},
 		Transact: func(ctx context.Context, s outbox.DispatchStore, fn func(ctx context.Context) error) error {
-			return s.(*sqlstore.Store).TransactPgx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+			return s.Transact(ctx, func(ctx context.Context) error {
 				// The application's own write, in the same transaction.
+				tx, ok := sqlstore.PgxTx(ctx)
+				if !ok {
+					return errors.New("no pgx transaction inside the unit of work")
+				}
 				if _, err := tx.Exec(ctx, "select 1"); err != nil {
 					return err
 				}
@@ -130,7 +132,11 @@ func sqlHarness(db func(t *testing.T) *sql.DB, dialect sqlstore.Dialect) outboxt
 			return migrated(t, s, err)
 		},
 		Transact: func(ctx context.Context, s outbox.DispatchStore, fn func(ctx context.Context) error) error {
-			return s.(*sqlstore.Store).Transact(ctx, nil, func(ctx context.Context, tx *sql.Tx) error {
+			return s.Transact(ctx, func(ctx context.Context) error {
+				tx, ok := sqlstore.Tx(ctx)
+				if !ok {
+					return errors.New("no *sql.Tx inside the unit of work")
+				}
 				if _, err := tx.ExecContext(ctx, "select 1"); err != nil {
 					return err
 				}

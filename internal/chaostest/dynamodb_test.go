@@ -9,14 +9,13 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	ddb "github.com/aws/aws-sdk-go-v2/service/dynamodb"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/stretchr/testify/require"
 	"github.com/truora/minidyn/server"
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/outboxtest/chaos"
-	dynamodb "github.com/outboxkit/outbox/store/dynamodb"
+	dynamostore "github.com/outboxkit/outbox/store/dynamodb"
 )
 
 // dynamoClient starts an in-process DynamoDB API server and returns an SDK client
@@ -50,70 +49,24 @@ func dynamoConfig() chaos.Config {
 func TestChaosDynamoDB(t *testing.T) {
 	cfg := dynamoConfig()
 	cfg.Reopen = func(t *testing.T, s outbox.DispatchStore) outbox.DispatchStore {
-		st := s.(*dynamodb.Store)
+		st := s.(*dynamostore.Store)
 		var client *ddb.Client
 		require.True(t, st.As(&client))
-		other, err := dynamodb.New(client, st.Options())
+		other, err := dynamostore.New(client, st.Config())
 		require.NoError(t, err)
 		return other
 	}
 	rep := chaos.Run(t, outboxtest.StoreHarness{
 		New: func(t *testing.T, bucketCount int) outbox.DispatchStore {
 			client := dynamoClient(t)
-			opts := dynamodb.Options{TableName: "outbox", BucketCount: bucketCount}
+			cfg := dynamostore.Config{TableName: "outbox", BucketCount: bucketCount}
 			// The table exists before any concurrent work starts.
-			require.NoError(t, dynamodb.CreateIfNotExists(context.Background(), client, opts))
-			s, err := dynamodb.New(client, opts)
+			require.NoError(t, dynamostore.CreateIfNotExists(context.Background(), client, cfg))
+			s, err := dynamostore.New(client, cfg)
 			require.NoError(t, err)
 			return s
 		},
-		Transact: func(ctx context.Context, s outbox.DispatchStore, fn func(ctx context.Context) error) error {
-			return s.(*dynamodb.Store).Transact(ctx, func(ctx context.Context) ([]types.TransactWriteItem, error) {
-				return nil, fn(ctx)
-			})
-		},
+		// No Transact: the writers use the store's own unit of work.
 	}, cfg)
 	verify(t, rep, cfg)
-}
-
-// TestDynamoDBUnitOfWorkOverItsLimits: a unit of work beyond one TransactWriteItems
-// request (100 items) or with nothing in it is refused with a clear error before
-// anything is sent, and nothing is written.
-func TestDynamoDBUnitOfWorkOverItsLimits(t *testing.T) {
-	ctx := context.Background()
-	client := dynamoClient(t)
-	opts := dynamodb.Options{TableName: "outbox", BucketCount: 4}
-	require.NoError(t, dynamodb.CreateIfNotExists(ctx, client, opts))
-	s, err := dynamodb.New(client, opts)
-	require.NoError(t, err)
-	defer func() { _ = s.Close() }()
-
-	stage := func(n int) context.Context {
-		uctx, scope := outbox.NewScope(ctx)
-		t.Cleanup(func() { scope.Release() })
-		for i := range n {
-			env, err := outbox.NewEnvelope(outbox.Message{Topic: "t", Key: []byte{byte(i)}, Payload: []byte("p")}, 4)
-			require.NoError(t, err)
-			require.NoError(t, scope.Stage(env))
-		}
-		return uctx
-	}
-	app := types.TransactWriteItem{Put: &types.Put{TableName: aws.String("outbox"), Item: map[string]types.AttributeValue{
-		"PK": &types.AttributeValueMemberS{Value: "APP#1"}, "SK": &types.AttributeValueMemberS{Value: "state"},
-	}}}
-
-	err = s.Commit(stage(dynamodb.MaxEnqueue), app)
-	require.ErrorIs(t, err, outbox.ErrTooLarge, "100 envelopes and an application item exceed one request")
-	require.Contains(t, err.Error(), "100")
-	err = s.Commit(stage(dynamodb.MaxEnqueue + 1))
-	require.ErrorIs(t, err, outbox.ErrTooLarge)
-	require.ErrorIs(t, s.Commit(stage(0)), dynamodb.ErrNothingToCommit)
-	require.Zero(t, pendingCount(t, s), "a refused unit of work writes nothing")
-	out, err := client.GetItem(ctx, &ddb.GetItemInput{TableName: aws.String("outbox"), Key: app.Put.Item})
-	require.NoError(t, err)
-	require.Empty(t, out.Item, "the application's item is not written either")
-
-	// At the limit it commits.
-	require.NoError(t, s.Commit(stage(dynamodb.MaxEnqueue-1), app))
-	require.Equal(t, dynamodb.MaxEnqueue-1, pendingCount(t, s))
 }

@@ -17,13 +17,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/middleware"
 	sqlstore "github.com/outboxkit/outbox/store/sql"
 	"github.com/outboxkit/outbox/transport/kafka"
 )
@@ -215,7 +213,7 @@ func TestKilledRelayProcessLosesNothing(t *testing.T) {
 		rolledBack = map[unit]bool{}
 		writeErr   error
 	)
-	ob, err := middleware.NewOutbox(store, middleware.Config{Mode: outbox.Transactional})
+	sender, err := outbox.NewSender(store, outbox.SenderConfig{})
 	require.NoError(t, err)
 	writeCtx, stopWriting := context.WithCancel(ctx)
 	defer stopWriting()
@@ -232,10 +230,9 @@ func TestKilledRelayProcessLosesNothing(t *testing.T) {
 				msgs = append(msgs, unit{k, seq[k]})
 			}
 			rollback := rng.IntN(10) == 0
-			uctx, scope := outbox.NewScope(ctx)
-			err := store.TransactPgx(uctx, func(ctx context.Context, tx pgx.Tx) error {
+			err := store.Transact(ctx, func(ctx context.Context) error {
 				for _, m := range msgs {
-					err := ob.Send(ctx, outbox.Message{Topic: killTopic, Key: fmt.Appendf(nil, "key-%d", m.key), Payload: fmt.Appendf(nil, "%d:%d", m.key, m.seq)})
+					err := sender.Send(ctx, outbox.Message{Topic: killTopic, Key: fmt.Appendf(nil, "key-%d", m.key), Payload: fmt.Appendf(nil, "%d:%d", m.key, m.seq)})
 					if err != nil {
 						return err
 					}
@@ -245,7 +242,6 @@ func TestKilledRelayProcessLosesNothing(t *testing.T) {
 				}
 				return nil
 			})
-			scope.Release()
 			wmu.Lock()
 			for _, m := range msgs {
 				switch {

@@ -45,7 +45,7 @@ func TestLateCommitKeepsKeyOrderAcrossProcesses(t *testing.T) {
 	require.NoError(t, s.Enqueue(ctx, msg("other", "O1")))
 	rec := outboxtest.NewRecorder()
 	relay := func() {
-		d, err := dispatcher.New(relayStore, rec, dispatcher.Config{BucketCount: 1, RelayID: "late"})
+		d, err := dispatcher.New(relayStore, rec, dispatcher.Config{RelayID: "late"})
 		require.NoError(t, err)
 		_, err = d.RunOnce(ctx)
 		require.NoError(t, err)

@@ -85,7 +85,6 @@ func run() error {
 
 	d, err := dispatcher.New(store, counted, dispatcher.Config{
 		RelayID:            *id,
-		BucketCount:        *buckets,
 		BatchSize:          *batch,
 		PollInterval:       *poll,
 		LeaseDuration:      *lease,
