@@ -350,3 +350,10 @@ func BenchmarkEncode(b *testing.B) {
 		}
 	}
 }
+
+// The reserve the documentation states.
+func TestReserveAsDocumented(t *testing.T) {
+	t.Parallel()
+	assert.Equal(t, 2472, reserve)
+	assert.Equal(t, 2545, reserve+idempotencyOverhead)
+}

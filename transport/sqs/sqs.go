@@ -126,8 +126,8 @@ func New(client API, cfg Config) (*Transport, error) {
 // payload is binary and travels as base64 (4 bytes for every 3), after the transport
 // added its attributes: the message ID, the idempotency key (unless
 // [Config.OmitIdempotencyKey]), the key, the layout and the packed headers. It is
-// about three quarters of MaxBytes less 2.6 KiB: 194,644 bytes for the default 256 KiB,
-// 784,468 for 1 MiB.
+// three quarters of what MaxBytes leaves after a reserve of 2,545 bytes (2,472 with
+// OmitIdempotencyKey): 194,698 bytes for the default 256 KiB, 784,522 for 1 MiB.
 //
 // Publish refuses a larger message permanently, wrapping [outbox.ErrTooLarge], without
 // sending it. Capture refuses it at Send, before anything is written, when the
