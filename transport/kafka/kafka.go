@@ -349,7 +349,7 @@ func (t *Transport) check(env *outbox.Envelope) error {
 		return outbox.Permanent(fmt.Errorf("%w: kafka: message of %d bytes exceeds the transport's limit of %d (Config.MaxMessageSize)", outbox.ErrTooLarge, size, t.cfg.MaxMessageSize))
 	}
 	if size := wireSize(env); size > t.recordLimit {
-		return outbox.Permanent(fmt.Errorf("%w: kafka: message with %d headers takes up to %d bytes as a record, more than the %d the client's batches carry (kgo.ProducerBatchMaxBytes)", outbox.ErrTooLarge, len(env.Headers), size, t.recordLimit))
+		return outbox.Permanent(fmt.Errorf("%w: kafka: message with %d headers takes up to %d bytes as a record, more than the %d the client's batches carry (kgo.ProducerBatchMaxBytes); Config.MaxMessageSize leaves room for the framing of %d headers", outbox.ErrTooLarge, len(env.Headers), size, t.recordLimit, coveredHeaders))
 	}
 	if env.Partition != nil && !t.explicitPartitions {
 		return outbox.Permanent(fmt.Errorf("%w: kafka: message names partition %d but the client's partitioner ignores explicit partitions: build the client with kgo.RecordPartitioner(kafka.Partitioner(nil))", outbox.ErrMisconfigured, *env.Partition))
