@@ -1,6 +1,7 @@
 // Package chaostest runs the chaos harness of package
-// github.com/outboxkit/outbox/outboxtest/chaos on every store, and kills real relay
-// processes (built from ./relay) against PostgreSQL and Kafka. It holds tests only.
+// github.com/outboxkit/outbox/outboxtest/chaos on every store, kills and stops real
+// relay processes (built from ./relay) against PostgreSQL and Kafka, and checks that
+// bad input gets a clear error and loses nothing on every store. It holds tests only.
 //
 // # Semantics
 //

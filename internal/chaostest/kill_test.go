@@ -147,11 +147,18 @@ func startRelay(t *testing.T, bin, id string, args ...string) *relayProc {
 	return p
 }
 
-// TestKilledRelayProcessLosesNothing runs three relay processes against PostgreSQL
-// and a Kafka cluster, SIGKILLs one while it publishes, and checks that its buckets
-// move to the survivors only after its lease lapsed, and that every committed message
-// reaches Kafka, first deliveries of each key in commit order.
-func TestKilledRelayProcessLosesNothing(t *testing.T) {
+// fleet is a PostgreSQL store and a Kafka cluster that relay processes share.
+type fleet struct {
+	store   *sqlstore.Store
+	cluster *kfake.Cluster
+	bin     string
+	args    []string
+}
+
+// newFleet migrates fresh tables, starts a Kafka cluster and builds the relay; the
+// relays it starts use lease and renew.
+func newFleet(t *testing.T, lease, renew time.Duration) *fleet {
+	t.Helper()
 	ctx := context.Background()
 	pool := postgresPool(t, 8)
 	table := uniqueTable("kill")
@@ -169,20 +176,21 @@ func TestKilledRelayProcessLosesNothing(t *testing.T) {
 	for _, addr := range cluster.ListenAddrs() {
 		require.True(t, strings.HasPrefix(addr, "127.0.0.1:"), "the cluster must listen on loopback, got %s", addr)
 	}
-
-	bin := buildRelay(t)
-	args := []string{
+	return &fleet{store: store, cluster: cluster, bin: buildRelay(t), args: []string{
 		"-postgres", postgresURL(), "-table", table, "-brokers", strings.Join(cluster.ListenAddrs(), ","),
-		"-buckets", strconv.Itoa(killBuckets), "-lease", killLease.String(), "-renew", killRenew.String(),
-		"-publish-delay", "5ms", "-ack-delay", "30ms", "-batch", "20",
-	}
-	relays := []*relayProc{
-		startRelay(t, bin, "relay-a", args...),
-		startRelay(t, bin, "relay-b", args...),
-		startRelay(t, bin, "relay-c", args...),
-	}
+		"-buckets", strconv.Itoa(killBuckets), "-lease", lease.String(), "-renew", renew.String(),
+	}}
+}
 
-	// Wait for the fleet to settle: every bucket owned, by exactly one relay.
+func (f *fleet) start(t *testing.T, id string, extra ...string) *relayProc {
+	t.Helper()
+	return startRelay(t, f.bin, id, append(slices.Clone(f.args), extra...)...)
+}
+
+// waitSplit waits until every bucket is owned by exactly one of relays, each of which
+// owns some.
+func waitSplit(t *testing.T, relays []*relayProc, within time.Duration) {
+	t.Helper()
 	require.Eventually(t, func() bool {
 		seen := map[int]int{}
 		for _, p := range relays {
@@ -203,7 +211,26 @@ func TestKilledRelayProcessLosesNothing(t *testing.T) {
 			}
 		}
 		return true
-	}, 20*time.Second, 20*time.Millisecond, "the three relays never split the buckets")
+	}, within, 20*time.Millisecond, "the relays never split the buckets")
+}
+
+// TestKilledRelayProcessLosesNothing runs three relay processes against PostgreSQL
+// and a Kafka cluster, SIGKILLs one while it publishes, and checks that its buckets
+// move to the survivors only after its lease lapsed, and that every committed message
+// reaches Kafka, first deliveries of each key in commit order.
+func TestKilledRelayProcessLosesNothing(t *testing.T) {
+	ctx := context.Background()
+	f := newFleet(t, killLease, killRenew)
+	store, cluster := f.store, f.cluster
+	slow := []string{"-publish-delay", "5ms", "-ack-delay", "30ms", "-batch", "20"}
+	relays := []*relayProc{
+		f.start(t, "relay-a", slow...),
+		f.start(t, "relay-b", slow...),
+		f.start(t, "relay-c", slow...),
+	}
+
+	// Wait for the fleet to settle: every bucket owned, by exactly one relay.
+	waitSplit(t, relays, 20*time.Second)
 
 	// One writer commits units of work (a tenth rolled back) for a few seconds.
 	type unit struct{ key, seq int }
@@ -401,3 +428,59 @@ func TestKilledRelayProcessLosesNothing(t *testing.T) {
 }
 
 var errRolledBack = errors.New("rolled back on purpose")
+
+// TestStoppedRelayProcessHandsBucketsOver: a relay process stopped with SIGTERM, whose
+// Stop is given the signal's context, already cancelled (the `defer d.Stop(ctx)`
+// pattern), still stamps itself stopped and hands its leases back: it exits cleanly,
+// and the other relay owns every bucket long before the stopped relay's leases would
+// have lapsed, not LeaseDuration later as after a crash.
+func TestStoppedRelayProcessHandsBucketsOver(t *testing.T) {
+	ctx := context.Background()
+	// A lease far longer than a round: a hand-over that waited for it to lapse would
+	// fail the test, whatever the machine's load.
+	const lease, renew = 30 * time.Second, 500 * time.Millisecond
+	f := newFleet(t, lease, renew)
+	a, b := f.start(t, "relay-a"), f.start(t, "relay-b")
+	waitSplit(t, []*relayProc{a, b}, 20*time.Second)
+
+	view, err := f.store.ReadCoordination(ctx)
+	require.NoError(t, err)
+	var lapse time.Time // when the first of a's leases would lapse
+	for _, l := range view.Leases {
+		if l.Owner == a.id && (lapse.IsZero() || l.ExpiresAt.Before(lapse)) {
+			lapse = l.ExpiresAt
+		}
+	}
+	require.False(t, lapse.IsZero(), "relay-a holds no lease")
+
+	require.NoError(t, a.cmd.Process.Signal(syscall.SIGTERM))
+	stoppedAt := time.Now()
+	select {
+	case <-a.exited:
+		require.NoError(t, a.err, "relay-a: %s", a.stderr.String())
+	case <-time.After(15 * time.Second):
+		t.Fatal("relay-a did not stop after SIGTERM")
+	}
+	view, err = f.store.ReadCoordination(ctx)
+	require.NoError(t, err)
+	for _, r := range view.Relays {
+		if r.ID == a.id {
+			require.True(t, r.Stopped(), "relay-a is stamped stopped")
+		}
+	}
+
+	require.Eventually(t, func() bool {
+		_, owned, _ := b.snapshot()
+		return len(owned) == killBuckets
+	}, time.Until(lapse), 20*time.Millisecond, "relay-b did not take every bucket before relay-a's leases lapsed")
+	t.Logf("relay-b owned every bucket %s after the SIGTERM; relay-a's leases would have lapsed %s after it",
+		time.Since(stoppedAt).Round(time.Millisecond), lapse.Sub(stoppedAt).Round(time.Millisecond))
+
+	require.NoError(t, b.cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case <-b.exited:
+		require.NoError(t, b.err, "relay-b: %s", b.stderr.String())
+	case <-time.After(15 * time.Second):
+		t.Fatal("relay-b did not stop after SIGTERM")
+	}
+}

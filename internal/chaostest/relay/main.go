@@ -2,7 +2,8 @@
 // on a PostgreSQL store publishing to Kafka. It prints the buckets it owns whenever
 // they change (and every few hundred milliseconds), and how many messages it has
 // published, so the test can follow its leases from outside. SIGTERM or SIGINT stop
-// it gracefully; SIGKILL is the point of the test.
+// it gracefully, with Stop given the signal's (already cancelled) context; SIGKILL
+// stops it as a crash does.
 //
 // Output lines:
 //
@@ -13,6 +14,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -109,9 +111,13 @@ func run() error {
 	for {
 		select {
 		case <-ctx.Done():
-			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			return d.Stop(sctx)
+			// Stop with the signal's context, already done, as a service that defers
+			// Stop with the context it started with does: the leases are still handed
+			// back, and Stop reports the context's end.
+			if err := d.Stop(ctx); err != nil && !errors.Is(err, context.Canceled) {
+				return err
+			}
+			return nil
 		case <-d.Stopped():
 			return fmt.Errorf("dispatcher stopped on its own: %w", d.Err())
 		case <-tick.C:
