@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"sync/atomic"
 )
 
@@ -121,15 +122,20 @@ func (c *Capture) WithMode(mode WriteMode) (*Capture, error) {
 // back or panicking unit discards its sends quietly.
 func (c *Capture) Abandoned() int64 { return c.abandoned.Load() }
 
-// Send captures msg. Inside a unit of work (or on a [NewScope] scope) the envelope
-// is staged and written by the transaction; outside one, [Immediate] writes it with
-// [Store.Enqueue] before Send returns and [Transactional] fails with
-// [ErrNoTransaction]. Nothing is written when Send returns an error.
+// Send captures msg. Inside a unit of work of the capture's store (or on a
+// [NewScope] scope) the envelope is staged and written by the transaction; outside
+// one, [Immediate] writes it with [Store.Enqueue] before Send returns and
+// [Transactional] fails with [ErrNoTransaction]. Inside a unit of work of another
+// store only, Send fails with [ErrMisconfigured]. Nothing is written when Send
+// returns an error.
 func (c *Capture) Send(ctx context.Context, msg Message) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	scope := ScopeFrom(ctx)
+	scope, err := c.scopeFor(ctx)
+	if err != nil {
+		return err
+	}
 	if scope == nil && c.mode == Transactional {
 		return fmt.Errorf("%w (topic %q)", ErrNoTransaction, msg.Topic)
 	}
@@ -152,6 +158,30 @@ func (c *Capture) Send(ctx context.Context, msg Message) error {
 		return fmt.Errorf("outbox: send on topic %q: %w", msg.Topic, err)
 	}
 	return nil
+}
+
+// scopeFor returns the scope a send with ctx joins: the unit of work of c's store
+// (found even with another store's unit inside it), else an application's own scope
+// ([NewScope]), else nil. A ctx whose innermost unit of work belongs to another
+// store is a wiring mistake: the send could not be atomic with that transaction.
+func (c *Capture) scopeFor(ctx context.Context) (*Scope, error) {
+	for s := c.store; s != nil; {
+		if reflect.TypeOf(s).Comparable() {
+			if sc, ok := ctx.Value(unitKey{s}).(*Scope); ok {
+				return sc, nil
+			}
+		}
+		w, ok := s.(interface{ Unwrap() Store })
+		if !ok {
+			break
+		}
+		s = w.Unwrap()
+	}
+	sc := ScopeFrom(ctx)
+	if sc != nil && sc.owner != nil {
+		return nil, fmt.Errorf("%w: outbox: send inside a unit of work of another store: build the sender with outbox.NewSender on the store whose Transact you call (a store that wraps another implements Unwrap() outbox.Store)", ErrMisconfigured)
+	}
+	return sc, nil
 }
 
 func (c *Capture) reportAbandoned(n int) {

@@ -164,3 +164,41 @@ func TestNestedUnitsOfDifferentStores(t *testing.T) {
 	require.ErrorIs(t, err, boom)
 	require.Zero(t, pending(t, a), "and rolled back with it")
 }
+
+// A sender joins only a unit of work of its own store: inside another store's unit
+// alone, a send is a wiring mistake, not a message written to the wrong store.
+func TestSendInsideAnotherStoresUnitOfWork(t *testing.T) {
+	t.Parallel()
+	a, b := newStore(t, memory.Config{BucketCount: 1}), newStore(t, memory.Config{BucketCount: 1})
+	toA := newSender(t, a, outbox.SenderConfig{Mode: outbox.Immediate})
+	err := b.Transact(context.Background(), func(ctx context.Context) error {
+		return toA.Send(ctx, outbox.Message{Topic: "a"})
+	})
+	require.ErrorIs(t, err, outbox.ErrMisconfigured)
+	require.ErrorContains(t, err, "another store")
+	require.Zero(t, pending(t, a))
+	require.Zero(t, pending(t, b))
+
+	// Inside its own store's unit, with another store's unit in between, it joins its
+	// own: written when a's unit commits.
+	require.NoError(t, a.Transact(context.Background(), func(ctx context.Context) error {
+		return b.Transact(ctx, func(ctx context.Context) error {
+			require.NoError(t, toA.Send(ctx, outbox.Message{Topic: "a"}))
+			require.Zero(t, pending(t, a), "staged on a's unit, not written yet")
+			return nil
+		})
+	}))
+	require.Equal(t, 1, pending(t, a))
+	require.Zero(t, pending(t, b))
+
+	// A wrapper that unwraps to the store joins the store's units.
+	wrapped := newSender(t, unwrapping{a}, outbox.SenderConfig{})
+	require.NoError(t, a.Transact(context.Background(), func(ctx context.Context) error {
+		return wrapped.Send(ctx, outbox.Message{Topic: "a"})
+	}))
+	require.Equal(t, 2, pending(t, a))
+}
+
+type unwrapping struct{ outbox.Store }
+
+func (u unwrapping) Unwrap() outbox.Store { return u.Store }

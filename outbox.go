@@ -297,7 +297,8 @@ func (tooLarge) Error() string { return "outbox: too large" }
 func (tooLarge) Unwrap() error { return ErrInvalidMessage }
 
 // Store is what every store offers applications: a unit of work and a writer, both
-// used by [Capture]. Dispatchers need [DispatchStore]. Further capabilities
+// used by [Capture]. A store that wraps another (to add metrics, say) implements
+// Unwrap() Store, so a capture built on the wrapper joins the inner store's units. Dispatchers need [DispatchStore]. Further capabilities
 // ([Admin], [Notifier], [Finder], [Retainer], [Prober], [SizeLimiter]) are optional
 // and found by type assertion.
 type Store interface {

@@ -524,6 +524,9 @@ type otherCount struct {
 
 func (o otherCount) BucketCount() int { return o.n }
 
+// Unwrap lets the wrapper's sends join the wrapped store's units of work.
+func (o otherCount) Unwrap() outbox.Store { return o.Store }
+
 func (s storeSuite) unitOfWorkMismatch(t *testing.T) {
 	ctx := testContext(t)
 	st := s.store(t, 2)

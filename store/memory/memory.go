@@ -3,9 +3,9 @@
 //
 // It is the reference store. It serves tests, demos and single-process tools, and every
 // conformance test in package outboxtest runs against it first. Its unit of work,
-// [Store.Commit], writes the envelopes staged on a scope atomically with an
-// application-supplied state change, so code that uses the Transactional write mode can
-// show (and test) atomicity without a database.
+// [Store.Transact], behaves as every store's does, so a service's handler written
+// against [outbox.Transactor] and [outbox.Sender] runs on it in tests unchanged, and
+// [OnCommit] lets a test double of the application's repository commit with it.
 //
 // # Semantics
 //

@@ -106,6 +106,8 @@ type otherCount struct {
 
 func (o otherCount) BucketCount() int { return o.n }
 
+func (o otherCount) Unwrap() outbox.Store { return o.Store }
+
 func TestTooLarge(t *testing.T) {
 	t.Parallel()
 	s, err := memory.New(memory.Config{BucketCount: 1, MaxMessageSize: 10})
