@@ -285,8 +285,10 @@ func TestEmptyUnitOfWorkMakesNoRequest(t *testing.T) {
 }
 
 // noLimit hides the store's size limit from capture, so a message too large for an
-// item reaches the commit.
+// item reaches the commit. It unwraps to the store, so its sends join its units.
 type noLimit struct{ outbox.Store }
+
+func (n noLimit) Unwrap() outbox.Store { return n.Store }
 
 func TestTransactLimits(t *testing.T) {
 	t.Parallel()
