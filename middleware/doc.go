@@ -1,14 +1,19 @@
 // Package middleware routes an application's sends and stamps them on the way: a
-// topic [Router], [Middleware] and [Chain] over [outbox.Sender], header stamping
-// ([TraceContext], [CorrelationID]), an [HTTP] middleware that carries an incoming
-// request's trace context and request id to the messages its handler sends, and
-// [Inline] for routes that publish without the outbox.
+// topic [Router], [Middleware] and [Chain] over [outbox.Sender], correlation-id
+// stamping ([CorrelationID]), an [HTTP] middleware that carries an incoming request's
+// X-Request-ID to the messages its handler sends, and [Inline] for routes that
+// publish without the outbox.
+//
+// Trace context lives in its own package,
+// [github.com/outboxkit/outbox/middleware/tracecontext], so that an application that
+// does not use OpenTelemetry does not compile it: its Stamp middleware goes on a
+// route like any other, and its HTTP middleware replaces this package's.
 //
 // A route ends at a terminal Sender, usually the capture that [outbox.NewSender]
 // returns:
 //
 //	sender, err := outbox.NewSender(store, outbox.SenderConfig{})
-//	router := middleware.NewRouter(middleware.TraceContext(nil), middleware.CorrelationID())
+//	router := middleware.NewRouter(middleware.CorrelationID())
 //	router.Handle("orders", sender)
 //	router.Handle("metrics", middleware.Inline(transport))
 //
@@ -31,24 +36,21 @@
 //     capture with its mode overridden: capture.WithMode(outbox.Immediate).
 //   - The terminal's error comes back through the route as the terminal returned it.
 //     A topic with no route fails with an error wrapping [outbox.ErrNoRoute].
-//   - [TraceContext] writes what its propagator injects (for W3C: traceparent and
-//     tracestate), replacing headers of the same name. With a nil propagator it uses
-//     the global one at each send; until the application installs one
-//     (otel.SetTextMapPropagator), that writes nothing.
 //   - [CorrelationID] keeps an [outbox.HeaderCorrelationID] header the application
 //     set; otherwise it stamps the id on the ctx ([WithCorrelationID], or the
 //     X-Request-ID header through [HTTP]), otherwise a new random id.
-//   - [HTTP] extracts the trace context from the request's headers (through its
-//     propagator, or the global one at each request when it is nil) and takes
-//     X-Request-ID as the correlation id, on the request's ctx. It opens no unit of
-//     work: the handler does, with the store's Transact.
+//   - [HTTP] takes X-Request-ID as the correlation id, on the request's ctx; a
+//     request without it is passed on unchanged, so [CorrelationID] stamps a new id
+//     per message. HTTP opens no unit of work: the handler does, with the store's
+//     Transact.
 //   - Middleware never writes into the caller's header slice: a header is added to a
 //     copy.
 //   - The idempotency-key header is not stamped here: the Kafka and SQS transports
 //     stamp it when they publish (their OmitIdempotencyKey turns it off), relayed and
 //     [Inline] messages alike.
 //   - Handle panics on an empty topic, a nil terminal or a topic registered twice,
-//     and Chain on a nil terminal: each is a programming error found at start-up.
+//     Chain on a nil terminal, Inline on a nil transport and HTTP on a nil handler:
+//     each is a programming error found at start-up.
 //
 // # Limitations
 //

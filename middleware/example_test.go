@@ -7,8 +7,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 
-	"go.opentelemetry.io/otel/propagation"
-
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/middleware"
 	"github.com/outboxkit/outbox/store/memory"
@@ -27,7 +25,7 @@ func Example() {
 		panic(err)
 	}
 	router := middleware.NewRouter(middleware.CorrelationID())
-	router.Handle("orders", sender, middleware.TraceContext(nil))
+	router.Handle("orders", sender)
 
 	var send outbox.Sender = router
 	ctx = middleware.WithCorrelationID(ctx, "req-1")
@@ -77,16 +75,14 @@ func Example_routeMode() {
 	// stored: 1 audit
 }
 
-// HTTP carries an incoming request's W3C trace context and X-Request-ID to the
-// messages its handler sends through a route with TraceContext and CorrelationID.
-// With a nil propagator HTTP and TraceContext use the global one, installed at
-// start-up with otel.SetTextMapPropagator(propagation.TraceContext{}).
+// HTTP carries an incoming request's X-Request-ID to the messages its handler sends
+// through a route with CorrelationID. For the trace context as well, wrap the handler
+// in the tracecontext package's HTTP instead.
 func ExampleHTTP() {
 	store, _ := memory.New(memory.Config{})
 	defer store.Close()
 	sender, _ := outbox.NewSender(store, outbox.SenderConfig{})
-	w3c := propagation.TraceContext{}
-	router := middleware.NewRouter(middleware.TraceContext(w3c), middleware.CorrelationID())
+	router := middleware.NewRouter(middleware.CorrelationID())
 	router.Handle("orders", sender)
 
 	placeOrder := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -99,23 +95,19 @@ func ExampleHTTP() {
 		}
 		w.WriteHeader(http.StatusCreated)
 	})
-	handler := middleware.HTTP(w3c)(placeOrder)
+	handler := middleware.HTTP(placeOrder)
 
 	req := httptest.NewRequest(http.MethodPost, "/orders", nil)
-	req.Header.Set("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
 	req.Header.Set("X-Request-ID", "req-42")
 	rec := httptest.NewRecorder()
 	handler.ServeHTTP(rec, req)
 
 	envs, _ := store.List(context.Background(), outbox.Pending, outbox.Cursor{}, 10)
-	tp, _ := envs[0].Header("traceparent")
 	cid, _ := envs[0].Header(outbox.HeaderCorrelationID)
 	fmt.Println(rec.Code)
-	fmt.Println("traceparent:", string(tp))
 	fmt.Println("correlation id:", string(cid))
 	// Output:
 	// 201
-	// traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01
 	// correlation id: req-42
 }
 

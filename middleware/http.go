@@ -2,33 +2,26 @@ package middleware
 
 import (
 	"net/http"
-
-	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/propagation"
 )
 
 // HeaderRequestID is the incoming HTTP header [HTTP] takes a correlation id from.
 const HeaderRequestID = "X-Request-ID"
 
-// HTTP returns HTTP middleware that carries an incoming request's context to the
-// messages its handler sends: it extracts the trace context from the request headers
-// through p (for W3C, traceparent and tracestate), so [TraceContext] stamps the
-// caller's trace on each message, and takes the X-Request-ID header as the
-// correlation id that [CorrelationID] stamps. A nil p uses the global propagator,
-// looked up on each request; install one with otel.SetTextMapPropagator (for W3C:
-// propagation.TraceContext{}).
-func HTTP(p propagation.TextMapPropagator) func(http.Handler) http.Handler {
-	return func(next http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			prop := p
-			if prop == nil {
-				prop = otel.GetTextMapPropagator()
-			}
-			ctx := prop.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-			if id := r.Header.Get(HeaderRequestID); id != "" {
-				ctx = WithCorrelationID(ctx, id)
-			}
-			next.ServeHTTP(w, r.WithContext(ctx))
-		})
+// HTTP is HTTP middleware that carries an incoming request's X-Request-ID header to
+// the messages its handler sends: the header's value becomes the correlation id on the
+// request's context, which [CorrelationID] stamps. A request without the header is
+// passed on unchanged. HTTP opens no unit of work.
+//
+// Trace context is not read here; for OpenTelemetry, the tracecontext package's HTTP
+// middleware extracts it and does what HTTP does, in one wrapper.
+func HTTP(next http.Handler) http.Handler {
+	if next == nil {
+		panic("middleware: HTTP with a nil handler")
 	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if id := r.Header.Get(HeaderRequestID); id != "" {
+			r = r.WithContext(WithCorrelationID(r.Context(), id))
+		}
+		next.ServeHTTP(w, r)
+	})
 }

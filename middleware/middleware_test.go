@@ -9,9 +9,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/propagation"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/middleware"
@@ -53,6 +50,7 @@ func TestChainPanicsOnNilTerminal(t *testing.T) {
 	assert.Panics(t, func() { middleware.Chain(nil, middleware.CorrelationID()) })
 	assert.Panics(t, func() { middleware.Chain(nil) })
 	assert.Panics(t, func() { middleware.Inline(nil) })
+	assert.Panics(t, func() { middleware.HTTP(nil) })
 }
 
 func TestChainOrder(t *testing.T) {
@@ -86,153 +84,51 @@ func TestChainOrder(t *testing.T) {
 func TestRouteReturnsTheTerminalsError(t *testing.T) {
 	t.Parallel()
 	broken := errors.New("terminal failed")
+	passThrough := func(next outbox.Sender) outbox.Sender { return next }
 	r := middleware.NewRouter(middleware.CorrelationID())
 	r.Handle("orders", outbox.SenderFunc(func(context.Context, outbox.Message) error { return broken }),
-		middleware.TraceContext(propagation.TraceContext{}))
+		passThrough)
 	require.ErrorIs(t, r.Send(t.Context(), outbox.Message{Topic: "orders"}), broken)
 }
 
-func testSpanContext(t *testing.T) trace.SpanContext {
-	t.Helper()
-	traceID, err := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
-	require.NoError(t, err)
-	spanID, err := trace.SpanIDFromHex("00f067aa0ba902b7")
-	require.NoError(t, err)
-	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: traceID, SpanID: spanID, TraceFlags: trace.FlagsSampled})
-	require.True(t, sc.IsValid())
-	return sc
-}
-
-// A route with TraceContext and CorrelationID that ends at the capture: the envelope
-// stored by the unit of work carries the stamped headers, and the caller's header
-// slice is never written to.
+// A route with CorrelationID that ends at the capture: the envelope stored by the
+// unit of work carries the stamped header after the application's own, and the
+// caller's header slice is never written to.
 func TestStampedHeadersReachTheStoredEnvelope(t *testing.T) {
 	t.Parallel()
 	store := newStore(t)
 	sender := newSender(t, store, outbox.SenderConfig{})
 	r := middleware.NewRouter(middleware.CorrelationID())
-	r.Handle("orders", sender, middleware.TraceContext(propagation.TraceContext{}))
+	r.Handle("orders", sender)
+	ctx := middleware.WithCorrelationID(t.Context(), "req-123")
 
-	ts, err := trace.ParseTraceState("vendor=abc")
-	require.NoError(t, err)
-	ctx := trace.ContextWithSpanContext(t.Context(), testSpanContext(t).WithTraceState(ts))
-	ctx = middleware.WithCorrelationID(ctx, "req-123")
-
-	// Spare capacity: an append in place would write into it unseen. The stale
-	// traceparent must be replaced, in a copy.
-	backing := make([]outbox.Header, 2, 8)
+	// Spare capacity: an append in place would write into it unseen.
+	backing := make([]outbox.Header, 1, 8)
 	backing[0] = outbox.Header{Key: "content-type", Value: []byte("application/json")}
-	backing[1] = outbox.Header{Key: "traceparent", Value: []byte("00-stale")}
 	want := append([]outbox.Header(nil), backing...)
 
-	err = store.Transact(ctx, func(ctx context.Context) error {
-		return r.Send(ctx, outbox.Message{Topic: "orders", Key: []byte("order-7"), Headers: backing})
+	err := store.Transact(ctx, func(ctx context.Context) error {
+		return errors.Join(
+			r.Send(ctx, outbox.Message{Topic: "orders", Key: []byte("order-7"), Headers: backing}),
+			r.Send(ctx, outbox.Message{Topic: "orders", Key: []byte("order-8"), Headers: backing}),
+		)
 	})
 	require.NoError(t, err)
 
 	full := backing[:cap(backing)]
-	assert.Equal(t, want, full[:2], "the caller's headers are unchanged")
-	for i := 2; i < len(full); i++ {
+	assert.Equal(t, want, full[:1], "the caller's headers are unchanged")
+	for i := 1; i < len(full); i++ {
 		assert.Zero(t, full[i], "slot %d of the caller's array was written", i)
 	}
 
 	envs := stored(t, store)
-	require.Len(t, envs, 1)
-	env := envs[0]
-	// The application's header stays first; the stamped ones follow, each once (the
-	// propagator decides the order of its own).
-	require.NotEmpty(t, env.Headers)
-	assert.Equal(t, backing[0], env.Headers[0])
-	got := map[string]string{}
-	for _, h := range env.Headers {
-		require.Equal(t, 1, headerCount(env, h.Key), "header %s appears once", h.Key)
-		got[h.Key] = string(h.Value)
-	}
-	assert.Equal(t, map[string]string{
-		"content-type":             "application/json",
-		"traceparent":              "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-		"tracestate":               "vendor=abc",
-		outbox.HeaderCorrelationID: "req-123",
-	}, got)
-
-	// A consumer extracts the same span context from the stored headers.
-	carrier := propagation.MapCarrier{}
-	for _, h := range env.Headers {
-		carrier[h.Key] = string(h.Value)
-	}
-	sc := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), carrier))
-	assert.Equal(t, testSpanContext(t).TraceID(), sc.TraceID())
-	assert.Equal(t, testSpanContext(t).SpanID(), sc.SpanID())
-	assert.Equal(t, "vendor=abc", sc.TraceState().String())
-}
-
-// A unit of work that fails stores nothing, stamped or not: the route adds headers,
-// the unit decides what is written.
-func TestStampedSendsRollBackWithTheUnit(t *testing.T) {
-	t.Parallel()
-	store := newStore(t)
-	r := middleware.NewRouter(middleware.TraceContext(propagation.TraceContext{}), middleware.CorrelationID())
-	r.Handle("orders", newSender(t, store, outbox.SenderConfig{}))
-	failed := errors.New("card declined")
-	err := store.Transact(t.Context(), func(ctx context.Context) error {
-		if err := r.Send(ctx, outbox.Message{Topic: "orders"}); err != nil {
-			return err
-		}
-		return failed
-	})
-	require.ErrorIs(t, err, failed)
-	assert.Empty(t, stored(t, store))
-}
-
-func TestTraceContextWithoutPropagatorOrSpanWritesNothing(t *testing.T) {
-	t.Parallel()
-	store := newStore(t)
-	sender := newSender(t, store, outbox.SenderConfig{Mode: outbox.Immediate})
-	r := middleware.NewRouter()
-	// nil: the global propagator, a no-op in this test binary when the parallel tests
-	// run (TestGlobalPropagatorIsLookedUpAtEachSend restores it).
-	r.Handle("no-propagator", sender, middleware.TraceContext(nil))
-	// A real propagator, but no span on the context.
-	r.Handle("no-span", sender, middleware.TraceContext(propagation.TraceContext{}))
-
-	spanCtx := trace.ContextWithSpanContext(t.Context(), testSpanContext(t))
-	require.NoError(t, r.Send(spanCtx, outbox.Message{Topic: "no-propagator"}))
-	require.NoError(t, r.Send(t.Context(), outbox.Message{Topic: "no-span"}))
-	envs := stored(t, store)
 	require.Len(t, envs, 2)
 	for _, env := range envs {
-		assert.Empty(t, env.Headers, "topic %s", env.Topic)
+		assert.Equal(t, []outbox.Header{
+			backing[0],
+			{Key: outbox.HeaderCorrelationID, Value: []byte("req-123")},
+		}, env.Headers, "message %s: the application's header first, the stamped one after it, once", env.Key)
 	}
-}
-
-// TraceContext(nil) and HTTP(nil) use the global propagator as it is at each send or
-// request, so one installed after the routes were built still counts.
-func TestGlobalPropagatorIsLookedUpAtEachSend(t *testing.T) {
-	// Not parallel: it installs a process-wide propagator, then restores a no-op one
-	// before the parallel tests run.
-	store := newStore(t)
-	r := middleware.NewRouter(middleware.TraceContext(nil), middleware.CorrelationID())
-	r.Handle("orders", newSender(t, store, outbox.SenderConfig{}))
-	var sendErr error
-	h := middleware.HTTP(nil)(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		sendErr = store.Transact(req.Context(), func(ctx context.Context) error {
-			return r.Send(ctx, outbox.Message{Topic: "orders"})
-		})
-	}))
-
-	otel.SetTextMapPropagator(propagation.TraceContext{})
-	defer otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator())
-
-	req := httptest.NewRequest(http.MethodPost, "/orders", nil)
-	req.Header.Set("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
-	h.ServeHTTP(httptest.NewRecorder(), req)
-	require.NoError(t, sendErr)
-
-	envs := stored(t, store)
-	require.Len(t, envs, 1)
-	tp, ok := envs[0].Header("traceparent")
-	require.True(t, ok, "the global propagator extracted and injected the trace context")
-	assert.Equal(t, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", string(tp))
 }
 
 func TestCorrelationID(t *testing.T) {
@@ -327,19 +223,24 @@ func TestRouteModeOverride(t *testing.T) {
 	assert.Equal(t, map[string]int{"audit/outside": 1, "orders/committed": 1, "audit/committed": 1}, got)
 }
 
-// HTTP extracts the incoming W3C trace context and X-Request-ID; a handler that
-// sends inside a unit of work through a route with TraceContext and CorrelationID
-// stores them on the message.
-func TestHTTPCarriesTraceContextAndRequestID(t *testing.T) {
+// HTTP takes X-Request-ID as the correlation id on the request's ctx; a handler that
+// sends inside a unit of work through a route with CorrelationID stores it on the
+// message. Trace-context headers on the request are not read.
+func TestHTTPCarriesRequestID(t *testing.T) {
 	t.Parallel()
-	const incoming = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 	store := newStore(t)
-	r := middleware.NewRouter(middleware.TraceContext(propagation.TraceContext{}), middleware.CorrelationID())
+	r := middleware.NewRouter(middleware.CorrelationID())
 	r.Handle("orders", newSender(t, store, outbox.SenderConfig{}))
 
+	incoming := map[string]*http.Request{} // by key, as sent
+	seen := map[string]string{}            // by key, the correlation id on the handler's ctx
+	passedOn := map[string]bool{}          // by key, whether the handler got the request as sent
 	placeOrder := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		key := req.URL.Query().Get("id")
+		seen[key], _ = middleware.CorrelationIDFrom(req.Context())
+		passedOn[key] = req == incoming[key]
 		err := store.Transact(req.Context(), func(ctx context.Context) error {
-			return r.Send(ctx, outbox.Message{Topic: "orders", Key: []byte(req.URL.Query().Get("id"))})
+			return r.Send(ctx, outbox.Message{Topic: "orders", Key: []byte(key)})
 		})
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
@@ -347,20 +248,28 @@ func TestHTTPCarriesTraceContextAndRequestID(t *testing.T) {
 		}
 		w.WriteHeader(http.StatusCreated)
 	})
-	h := middleware.HTTP(propagation.TraceContext{})(placeOrder)
+	h := middleware.HTTP(placeOrder)
 
-	req := httptest.NewRequest(http.MethodPost, "/orders?id=with-headers", nil)
-	req.Header.Set("traceparent", incoming)
-	req.Header.Set("tracestate", "vendor=abc")
+	req := httptest.NewRequest(http.MethodPost, "/orders?id=with-id", nil)
+	req.Header.Set("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
 	req.Header.Set(middleware.HeaderRequestID, "req-42")
+	incoming["with-id"] = req
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, req)
 	require.Equal(t, http.StatusCreated, rec.Code, rec.Body.String())
+	_, ok := middleware.CorrelationIDFrom(req.Context())
+	assert.False(t, ok, "the caller's request is not changed")
 
-	// A request with neither header: no trace context, a fresh correlation id.
+	// A request without X-Request-ID: no id on the ctx, a fresh correlation id.
+	req = httptest.NewRequest(http.MethodPost, "/orders?id=bare", nil)
+	incoming["bare"] = req
 	rec = httptest.NewRecorder()
-	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/orders?id=bare", nil))
+	h.ServeHTTP(rec, req)
 	require.Equal(t, http.StatusCreated, rec.Code, rec.Body.String())
+
+	assert.Equal(t, map[string]string{"with-id": "req-42", "bare": ""}, seen, "X-Request-ID is on the handler's ctx")
+	assert.Equal(t, map[string]bool{"with-id": false, "bare": true}, passedOn,
+		"a request without X-Request-ID is passed on as it came")
 
 	byKey := map[string]*outbox.Envelope{}
 	for _, env := range stored(t, store) {
@@ -368,25 +277,14 @@ func TestHTTPCarriesTraceContextAndRequestID(t *testing.T) {
 	}
 	require.Len(t, byKey, 2)
 
-	env := byKey["with-headers"]
-	tp, ok := env.Header("traceparent")
-	require.True(t, ok)
-	carrier := propagation.MapCarrier{"traceparent": string(tp)}
-	if ts, ok := env.Header("tracestate"); ok {
-		carrier["tracestate"] = string(ts)
-	}
-	got := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), carrier))
-	assert.Equal(t, "4bf92f3577b34da6a3ce929d0e0e4736", got.TraceID().String(), "the caller's trace id")
-	assert.True(t, got.IsSampled())
-	assert.Equal(t, "vendor=abc", got.TraceState().String())
+	env := byKey["with-id"]
 	cid, ok := env.Header(outbox.HeaderCorrelationID)
 	require.True(t, ok)
 	assert.Equal(t, "req-42", string(cid), "X-Request-ID becomes the correlation id")
+	_, ok = env.Header("traceparent")
+	assert.False(t, ok, "trace context is the tracecontext package's business")
 
-	bare := byKey["bare"]
-	_, ok = bare.Header("traceparent")
-	assert.False(t, ok, "no incoming trace context, none stamped")
-	cid, ok = bare.Header(outbox.HeaderCorrelationID)
+	cid, ok = byKey["bare"].Header(outbox.HeaderCorrelationID)
 	require.True(t, ok)
 	assert.NotEmpty(t, cid)
 	assert.NotEqual(t, "req-42", string(cid))
