@@ -1,0 +1,60 @@
+package tracecontext_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/store/memory"
+)
+
+// newStore returns an empty memory store, closed when the test ends.
+func newStore(t *testing.T) *memory.Store {
+	t.Helper()
+	s, err := memory.New(memory.Config{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// newSender returns the capture into store with cfg.
+func newSender(t *testing.T, store outbox.Store, cfg outbox.SenderConfig) *outbox.Capture {
+	t.Helper()
+	c, err := outbox.NewSender(store, cfg)
+	require.NoError(t, err)
+	return c
+}
+
+// stored returns every pending envelope in the store, by bucket then Seq.
+func stored(t *testing.T, s *memory.Store) []*outbox.Envelope {
+	t.Helper()
+	envs, err := s.List(t.Context(), outbox.Pending, outbox.Cursor{}, 1000)
+	require.NoError(t, err)
+	return envs
+}
+
+// headerCount counts the headers named key.
+func headerCount(env *outbox.Envelope, key string) int {
+	n := 0
+	for _, h := range env.Headers {
+		if h.Key == key {
+			n++
+		}
+	}
+	return n
+}
+
+// testSpanContext is the span context of the W3C traceparent
+// 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01.
+func testSpanContext(t *testing.T) trace.SpanContext {
+	t.Helper()
+	traceID, err := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
+	require.NoError(t, err)
+	spanID, err := trace.SpanIDFromHex("00f067aa0ba902b7")
+	require.NoError(t, err)
+	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: traceID, SpanID: spanID, TraceFlags: trace.FlagsSampled})
+	require.True(t, sc.IsValid())
+	return sc
+}
