@@ -10,7 +10,7 @@ const HeaderRequestID = "X-Request-ID"
 // HTTP is HTTP middleware that carries an incoming request's X-Request-ID header to
 // the messages its handler sends: the header's value becomes the correlation id on the
 // request's context, which [CorrelationID] stamps. A request without the header is
-// passed on unchanged. HTTP opens no unit of work.
+// passed on unchanged. HTTP opens no unit of work, and panics on a nil next.
 //
 // Trace context is not read here; for OpenTelemetry, the tracecontext package's HTTP
 // middleware extracts it and does what HTTP does, in one wrapper.
