@@ -23,7 +23,7 @@ type rows interface {
 	Close()
 }
 
-// sqlConn is satisfied by *sql.DB, *sql.Tx, *sql.Conn and gorm's ConnPool.
+// sqlConn is satisfied by *sql.DB, *sql.Tx and *sql.Conn.
 type sqlConn interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)

@@ -1,7 +1,9 @@
 // Package sqlstore is the outbox store for SQL databases: PostgreSQL, MySQL/MariaDB
-// and SQLite, on a client the application built — a *pgxpool.Pool ([NewPgx]), a
-// *sql.DB with its [Dialect] ([NewDB]) or a *gorm.DB ([NewGorm]). It never opens a
-// connection and imports no database driver.
+// and SQLite, on a client the application built — a *pgxpool.Pool ([NewPgx]) or a
+// *sql.DB with its [Dialect] ([NewDB]). It never opens a connection and imports no
+// database driver and no ORM. The store on a *gorm.DB is package gormstore
+// (github.com/outboxkit/outbox/store/sql/gormstore), built on [NewORM], the
+// extension point for an ORM that begins its own transactions.
 //
 // A [Store] keeps messages in one table and coordination in two more (leases and
 // relay heartbeats), named by [Config] and created by [Store.Migrate] (or by the DDL
@@ -11,9 +13,9 @@
 //
 // The unit of work is [Store.Transact], the same on every client. Inside its
 // function, the application reaches the transaction from the function's ctx through
-// a typed accessor — [PgxTx] (a store built with [NewPgx]), [Tx] ([NewDB], and
-// [NewGorm]'s default transaction) or [GormTx] ([NewGorm]) — and every send made with
-// that ctx joins the transaction; when the function returns nil, the staged messages
+// a typed accessor — [PgxTx] (a store built with [NewPgx]), [Tx] ([NewDB] and
+// [NewORM]) or an ORM package's own (gormstore.Tx) — and every send made with that
+// ctx joins the transaction; when the function returns nil, the staged messages
 // are written with one multi-row INSERT and committed with the application's rows:
 //
 //	err := store.Transact(ctx, func(ctx context.Context) error {
@@ -26,8 +28,8 @@
 //
 // [WithTxOptions] sets the isolation level or read-only mode of the next unit's
 // transaction. For a transaction the application manages itself, it sends on an
-// [outbox.NewScope] ctx and [Store.EnqueuePgxTx], [Store.EnqueueTx] or
-// [Store.EnqueueGormTx] write what the scope holds into it; [Store.NotifyCommitted]
+// [outbox.NewScope] ctx and [Store.EnqueuePgxTx] or [Store.EnqueueTx] (gorm:
+// gormstore.EnqueueTx) write what the scope holds into it; [Store.NotifyCommitted]
 // wakes the dispatchers after the commit.
 //
 // # Semantics
@@ -78,10 +80,10 @@
 //     transaction written with an EnqueueTx method wakes nobody until
 //     [Store.NotifyCommitted] is called.
 //   - The function given to Transact must not commit or roll back the transaction
-//     itself. The pgx.Tx that [PgxTx] returns refuses to; a *sql.Tx or *gorm.DB
-//     cannot refuse, and Transact then fails when it writes the messages: the
-//     application's rows are committed, its messages are not.
-//   - [WithTxOptions] is applied by the driver on database/sql and gorm: SQLite's
+//     itself. The pgx.Tx that [PgxTx] returns refuses to; a *sql.Tx (or an ORM's
+//     transaction object) cannot refuse, and Transact then fails when it writes the
+//     messages: the application's rows are committed, its messages are not.
+//   - [WithTxOptions] is applied by the driver on database/sql: SQLite's
 //     pure-Go driver begins a read-only transaction as a plain deferred one, which
 //     does not refuse writes.
 //   - LISTEN through *sql.DB needs pgx's stdlib driver; another PostgreSQL driver

@@ -9,10 +9,7 @@ import (
 	"path/filepath"
 
 	_ "github.com/glebarez/go-sqlite" // registers the pure-Go "sqlite" driver
-	"github.com/glebarez/sqlite"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/dispatcher"
@@ -191,48 +188,6 @@ func ExampleStore_EnqueueTx() {
 	fmt.Println("written:", len(written), "left on the scope:", scope.Len())
 	// Output:
 	// written: 1 left on the scope: 0
-}
-
-// On a gorm store, GormTx is the unit's transaction, already bound to the unit's ctx.
-func ExampleGormTx() {
-	ctx := context.Background()
-	dir, _ := os.MkdirTemp("", "outbox-example")
-	defer os.RemoveAll(dir)
-	db, err := gorm.Open(sqlite.Open("file:"+filepath.Join(dir, "app.db")+
-		"?_txlock=immediate&_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)"),
-		&gorm.Config{Logger: logger.Discard})
-	if err != nil {
-		panic(err)
-	}
-	type Order struct{ ID string }
-	if err := db.AutoMigrate(&Order{}); err != nil {
-		panic(err)
-	}
-	store, err := sqlstore.NewGorm(db, sqlstore.Config{})
-	if err != nil {
-		panic(err)
-	}
-	defer store.Close()
-	if err := store.Migrate(ctx); err != nil {
-		panic(err)
-	}
-	sender, _ := outbox.NewSender(store, outbox.SenderConfig{})
-
-	err = store.Transact(ctx, func(ctx context.Context) error {
-		tx, _ := sqlstore.GormTx(ctx)
-		if err := tx.Create(&Order{ID: "order-1"}).Error; err != nil {
-			return err
-		}
-		return sender.Send(ctx, outbox.Message{Topic: "orders", Key: []byte("order-1"), Payload: []byte("created")})
-	})
-	if err != nil {
-		panic(err)
-	}
-	var orders int64
-	db.Model(&Order{}).Count(&orders)
-	fmt.Println("orders:", orders, "messages:", pendingMessages(ctx, store))
-	// Output:
-	// orders: 1 messages: 1
 }
 
 // On a pgx store, PgxTx is the unit's transaction. (Needs a PostgreSQL server, so

@@ -69,7 +69,7 @@ func TestCauseWithAnyBytesIsStored(t *testing.T) {
 func TestRelayIDsTheColumnsCannotHoldAreRefused(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t)
-	s := backends[len(backends)-2].open(t, sqlstore.Config{BucketCount: 1}) // SQLite: no server needed
+	s := backendNamed("sqlite/database-sql").open(t, sqlstore.Config{BucketCount: 1}) // no server needed
 	now := time.Now()
 	_, err := s.Claim(ctx, 0, "", now, now.Add(time.Minute))
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)

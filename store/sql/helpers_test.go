@@ -13,15 +13,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/glebarez/sqlite"
+	_ "github.com/glebarez/go-sqlite"
 	_ "github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
-	gormmysql "gorm.io/driver/mysql"
-	gormpostgres "gorm.io/driver/postgres"
-	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
 
 	"github.com/outboxkit/outbox"
 	sqlstore "github.com/outboxkit/outbox/store/sql"
@@ -38,11 +34,10 @@ var (
 // Shared clients: one per server and client kind, opened on first use. Tests isolate
 // themselves by table names.
 var (
-	pgPoolOnce, pgDBOnce, pgGormOnce, myDBOnce, myGormOnce sync.Once
-	pgPool                                                 *pgxpool.Pool
-	pgDB, myDB                                             *sql.DB
-	pgGorm, myGorm                                         *gorm.DB
-	pgPoolErr, pgDBErr, pgGormErr, myDBErr, myGormErr      error
+	pgPoolOnce, pgDBOnce, myDBOnce sync.Once
+	pgPool                         *pgxpool.Pool
+	pgDB, myDB                     *sql.DB
+	pgPoolErr, pgDBErr, myDBErr    error
 )
 
 func ping(ctx context.Context, db *sql.DB) error {
@@ -86,28 +81,6 @@ func postgresDB(t testing.TB) *sql.DB {
 	return pgDB
 }
 
-// quietGorm returns a fresh config per Open: gorm keeps the pointer and stores the
-// connection pool in it.
-func quietGorm() *gorm.Config { return &gorm.Config{Logger: logger.Default.LogMode(logger.Silent)} }
-
-func postgresGorm(t testing.TB) *gorm.DB {
-	pgGormOnce.Do(func() {
-		pgGorm, pgGormErr = gorm.Open(gormpostgres.Open(postgresURL()), quietGorm())
-		if pgGormErr == nil {
-			var db *sql.DB
-			db, pgGormErr = pgGorm.DB()
-			if pgGormErr == nil {
-				db.SetMaxOpenConns(16)
-				pgGormErr = ping(context.Background(), db)
-			}
-		}
-	})
-	if pgGormErr != nil {
-		unavailable(t, "PostgreSQL", pgGormErr)
-	}
-	return pgGorm
-}
-
 func mysqlDB(t testing.TB) *sql.DB {
 	myDBOnce.Do(func() {
 		myDB, myDBErr = sql.Open("mysql", mysqlDSN())
@@ -120,24 +93,6 @@ func mysqlDB(t testing.TB) *sql.DB {
 		unavailable(t, "MariaDB/MySQL", myDBErr)
 	}
 	return myDB
-}
-
-func mysqlGorm(t testing.TB) *gorm.DB {
-	myGormOnce.Do(func() {
-		myGorm, myGormErr = gorm.Open(gormmysql.Open(mysqlDSN()), quietGorm())
-		if myGormErr == nil {
-			var db *sql.DB
-			db, myGormErr = myGorm.DB()
-			if myGormErr == nil {
-				db.SetMaxOpenConns(16)
-				myGormErr = ping(context.Background(), db)
-			}
-		}
-	})
-	if myGormErr != nil {
-		unavailable(t, "MariaDB/MySQL", myGormErr)
-	}
-	return myGorm
 }
 
 // sqliteDSN is the DSN every SQLite test uses: immediate transactions, WAL and a
@@ -153,17 +108,6 @@ func sqliteDB(t testing.TB) *sql.DB {
 	return db
 }
 
-func sqliteGorm(t testing.TB) *gorm.DB {
-	db, err := gorm.Open(sqlite.Open(sqliteDSN(filepath.Join(t.TempDir(), "outbox.db"))), quietGorm())
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		if sqlDB, err := db.DB(); err == nil {
-			_ = sqlDB.Close()
-		}
-	})
-	return db
-}
-
 func uniqueTable() string {
 	b := make([]byte, 5)
 	_, _ = rand.Read(b)
@@ -173,8 +117,8 @@ func uniqueTable() string {
 // backend is one database and client kind.
 type backend struct {
 	name string
-	// client is the kind of client the store is built on: "pgx", "database/sql" or
-	// "gorm".
+	// client is the kind of client the store is built on: "pgx" or "database/sql".
+	// (The gorm store is tested in package gormstore.)
 	client string
 	// build returns a store on the shared client without migrating it.
 	build func(t testing.TB, cfg sqlstore.Config) (*sqlstore.Store, error)
@@ -194,14 +138,11 @@ func (b backend) transact(ctx context.Context, s *sqlstore.Store, fn func(ctx co
 }
 
 // execInUnit runs a statement ('?' placeholders) in the unit of work on ctx, through
-// PgxTx, GormTx or Tx, whichever the store's client offers.
+// PgxTx or Tx, whichever the store's client offers.
 func execInUnit(ctx context.Context, s *sqlstore.Store, q string, args ...any) error {
 	if tx, ok := sqlstore.PgxTx(ctx); ok {
 		_, err := tx.Exec(ctx, rebind(q), args...)
 		return err
-	}
-	if tx, ok := sqlstore.GormTx(ctx); ok {
-		return tx.Exec(q, args...).Error
 	}
 	if tx, ok := sqlstore.Tx(ctx); ok {
 		if s.Dialect() == sqlstore.PostgreSQL {
@@ -268,33 +209,15 @@ var backends = []backend{
 		},
 	},
 	{
-		name: "postgres/gorm", client: "gorm",
-		build: func(t testing.TB, cfg sqlstore.Config) (*sqlstore.Store, error) {
-			return sqlstore.NewGorm(postgresGorm(t), cfg)
-		},
-	},
-	{
 		name: "mysql/database-sql", client: "database/sql",
 		build: func(t testing.TB, cfg sqlstore.Config) (*sqlstore.Store, error) {
 			return sqlstore.NewDB(mysqlDB(t), sqlstore.MySQL, cfg)
 		},
 	},
 	{
-		name: "mysql/gorm", client: "gorm",
-		build: func(t testing.TB, cfg sqlstore.Config) (*sqlstore.Store, error) {
-			return sqlstore.NewGorm(mysqlGorm(t), cfg)
-		},
-	},
-	{
 		name: "sqlite/database-sql", client: "database/sql",
 		build: func(t testing.TB, cfg sqlstore.Config) (*sqlstore.Store, error) {
 			return sqlstore.NewDB(sqliteDB(t), sqlstore.SQLite, cfg)
-		},
-	},
-	{
-		name: "sqlite/gorm", client: "gorm",
-		build: func(t testing.TB, cfg sqlstore.Config) (*sqlstore.Store, error) {
-			return sqlstore.NewGorm(sqliteGorm(t), cfg)
 		},
 	},
 }
@@ -307,6 +230,16 @@ func init() {
 			return migrated(t, s, err)
 		}
 	}
+}
+
+// backendNamed returns the backend of that name.
+func backendNamed(name string) backend {
+	for _, b := range backends {
+		if b.name == name {
+			return b
+		}
+	}
+	panic("no backend " + name)
 }
 
 // eachBackend runs test once per database and client kind, in parallel.

@@ -13,7 +13,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"gorm.io/gorm"
 
 	"github.com/outboxkit/outbox"
 )
@@ -27,9 +26,9 @@ type Store struct {
 	stmts   statements
 	db      querier // the pool or *sql.DB, for statements outside a caller's transaction
 
-	pool   *pgxpool.Pool
-	sqlDB  *sql.DB
-	gormDB *gorm.DB
+	pool     *pgxpool.Pool
+	sqlDB    *sql.DB
+	beginner Beginner // NewORM: begins the units' transactions
 
 	hub    outbox.Hub
 	closed atomic.Bool
@@ -86,36 +85,39 @@ func NewDB(db *sql.DB, dialect Dialect, cfg Config) (*Store, error) {
 	return s, nil
 }
 
-// NewGorm returns a store on a *gorm.DB the caller opened with the postgres, mysql or
-// sqlite dialector; the dialect follows the dialector. Inside [Store.Transact],
-// [GormTx] (and [Tx]) reach the unit's transaction; a transaction the application
-// manages takes the staged messages with [Store.EnqueueGormTx].
-func NewGorm(db *gorm.DB, cfg Config) (*Store, error) {
+// Beginner begins the transaction of each unit of work of a store built with
+// [NewORM]. It is the extension point for an ORM on database/sql, which begins its
+// transactions through its own API and hands the application its own object for
+// them; package gormstore (store/sql/gormstore) is the one for gorm.
+//
+// A Beginner may also have a method As(target any) bool, which [Store.As] calls for
+// a target it does not take itself: the ORM's handle of the database, say.
+type Beginner interface {
+	// BeginTx begins a transaction with opts (nil when the unit's ctx carries no
+	// [WithTxOptions]). The unit writes its messages in tx and commits or rolls tx
+	// back itself; handle is the ORM's own object for tx, which [TxHandle] returns
+	// inside the unit. On error BeginTx leaves no transaction open.
+	BeginTx(ctx context.Context, opts *sql.TxOptions) (tx *sql.Tx, handle any, err error)
+}
+
+// NewORM returns a store on a *sql.DB, for the given dialect, whose units of work
+// begin their transactions with begin instead of db.BeginTx: everything else (the
+// relay side, Enqueue, [Store.EnqueueTx]) runs on db, as with [NewDB]. Inside
+// [Store.Transact], [Tx] reaches the unit's *sql.Tx and [TxHandle] the handle that
+// begin returned with it. Applications call an ORM package's constructor, such as
+// gormstore.New, rather than NewORM.
+func NewORM(db *sql.DB, dialect Dialect, begin Beginner, cfg Config) (*Store, error) {
 	if db == nil {
-		return nil, fmt.Errorf("%w: sqlstore: NewGorm needs a *gorm.DB", outbox.ErrMisconfigured)
+		return nil, fmt.Errorf("%w: sqlstore: NewORM needs a *sql.DB", outbox.ErrMisconfigured)
 	}
-	var dialect Dialect
-	switch name := db.Dialector.Name(); name {
-	case "postgres":
-		dialect = PostgreSQL
-	case "mysql":
-		dialect = MySQL
-	case "sqlite":
-		dialect = SQLite
-	default:
-		return nil, fmt.Errorf("%w: sqlstore: gorm dialector %q is not supported (postgres, mysql or sqlite)", outbox.ErrMisconfigured, name)
+	if begin == nil {
+		return nil, fmt.Errorf("%w: sqlstore: NewORM needs a Beginner; without one use NewDB", outbox.ErrMisconfigured)
 	}
-	sqlDB, err := db.DB()
-	if err != nil {
-		return nil, fmt.Errorf("%w: sqlstore: gorm has no *sql.DB: %v", outbox.ErrMisconfigured, err)
-	}
-	s, err := newStore(dialect, cfg)
+	s, err := NewDB(db, dialect, cfg)
 	if err != nil {
 		return nil, err
 	}
-	s.gormDB = db
-	s.sqlDB = sqlDB
-	s.db = sqlQuerier{sqlDB}
+	s.beginner = begin
 	return s, nil
 }
 
@@ -145,8 +147,9 @@ func (s *Store) BucketCount() int { return s.cfg.BucketCount }
 // MaxMessageSize implements [outbox.SizeLimiter].
 func (s *Store) MaxMessageSize() int { return s.cfg.MaxMessageSize }
 
-// As reaches the client the store was built on: target may be a **pgxpool.Pool,
-// **sql.DB or **gorm.DB.
+// As reaches the client the store was built on: target may be a **pgxpool.Pool or
+// **sql.DB. On a store built with [NewORM], any other target goes to the
+// [Beginner]'s As method, if it has one (a gorm store takes **gorm.DB).
 func (s *Store) As(target any) bool {
 	switch t := target.(type) {
 	case **pgxpool.Pool:
@@ -155,9 +158,9 @@ func (s *Store) As(target any) bool {
 	case **sql.DB:
 		*t = s.sqlDB
 		return s.sqlDB != nil
-	case **gorm.DB:
-		*t = s.gormDB
-		return s.gormDB != nil
+	}
+	if a, ok := s.beginner.(interface{ As(target any) bool }); ok {
+		return a.As(target)
 	}
 	return false
 }

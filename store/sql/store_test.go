@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"gorm.io/gorm"
 
 	"github.com/outboxkit/outbox"
 	sqlstore "github.com/outboxkit/outbox/store/sql"
@@ -104,26 +103,19 @@ func TestMigrateIsIdempotentAndDDLMatches(t *testing.T) {
 
 func TestMisuseIsExplained(t *testing.T) {
 	ctx := testContext(t)
-	s := backends[5].open(t, sqlstore.Config{}) // sqlite/database-sql
+	s := backendNamed("sqlite/database-sql").open(t, sqlstore.Config{})
 	_, err := s.EnqueuePgxTx(ctx, nil)
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
 	require.ErrorContains(t, err, "EnqueueTx")
 	_, err = s.EnqueueTx(ctx, nil)
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
 
-	g := backends[6].open(t, sqlstore.Config{}) // sqlite/gorm
-	var gdb *gorm.DB
-	require.True(t, g.As(&gdb))
-	_, err = g.EnqueueGormTx(ctx, gdb)
-	require.ErrorIs(t, err, outbox.ErrMisconfigured, "a *gorm.DB outside a transaction is refused")
-	require.ErrorContains(t, err, "db.Begin")
-
 	// Outside a unit of work no accessor finds a transaction.
 	_, ok := sqlstore.Tx(ctx)
 	require.False(t, ok)
 	_, ok = sqlstore.PgxTx(ctx)
 	require.False(t, ok)
-	_, ok = sqlstore.GormTx(ctx)
+	_, ok = sqlstore.TxHandle(ctx)
 	require.False(t, ok)
 }
 
@@ -236,7 +228,7 @@ func TestEnqueueTxRollsBackWithTheApplication(t *testing.T) {
 
 func TestHeadersSurviveAnyBytes(t *testing.T) {
 	ctx := testContext(t)
-	s := backends[5].open(t, sqlstore.Config{})
+	s := backendNamed("sqlite/database-sql").open(t, sqlstore.Config{})
 	hs := []outbox.Header{{Key: "bin", Value: []byte{0, 1, 2, 255}}, {Key: "nil"}, {Key: "empty", Value: []byte{}},
 		{Key: "long", Value: []byte(strings.Repeat("v", 300))}, {Key: "bin", Value: []byte("dup")}}
 	env, err := outbox.NewEnvelope(outbox.Message{Topic: "t", Key: []byte{0, 0xff}, Payload: []byte{0}, Headers: hs}, s.BucketCount())

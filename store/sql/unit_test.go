@@ -74,13 +74,10 @@ func TestAccessorsMatchTheClient(t *testing.T) {
 			leaked = ctx
 			_, isPgx := sqlstore.PgxTx(ctx)
 			_, isSQL := sqlstore.Tx(ctx)
-			gtx, isGorm := sqlstore.GormTx(ctx)
+			_, hasHandle := sqlstore.TxHandle(ctx)
 			require.Equal(t, b.client == "pgx", isPgx, "PgxTx")
-			require.Equal(t, b.client != "pgx", isSQL, "Tx: database/sql, and gorm's default transaction")
-			require.Equal(t, b.client == "gorm", isGorm, "GormTx")
-			if isGorm {
-				require.NotNil(t, outbox.ScopeFrom(gtx.Statement.Context), "GormTx is bound to the unit's ctx, so gorm hooks send into the unit")
-			}
+			require.Equal(t, b.client == "database/sql", isSQL, "Tx")
+			require.False(t, hasHandle, "TxHandle: only a store built with NewORM")
 			if tx, ok := sqlstore.PgxTx(ctx); ok {
 				require.ErrorIs(t, tx.Commit(ctx), outbox.ErrMisconfigured, "the unit commits its own transaction")
 				require.ErrorIs(t, tx.Rollback(ctx), outbox.ErrMisconfigured)
@@ -93,7 +90,7 @@ func TestAccessorsMatchTheClient(t *testing.T) {
 		require.False(t, ok, "no transaction once the unit ended")
 		_, ok = sqlstore.Tx(leaked)
 		require.False(t, ok)
-		_, ok = sqlstore.GormTx(leaked)
+		_, ok = sqlstore.TxHandle(leaked)
 		require.False(t, ok)
 	})
 }
@@ -142,9 +139,6 @@ func TestNestedTransactJoinsOuter(t *testing.T) {
 func sameTx(ctx context.Context) any {
 	if tx, ok := sqlstore.PgxTx(ctx); ok {
 		return tx.Conn()
-	}
-	if tx, ok := sqlstore.GormTx(ctx); ok {
-		return tx.Statement.ConnPool
 	}
 	tx, _ := sqlstore.Tx(ctx)
 	return tx
@@ -293,10 +287,6 @@ func queryInUnit(t *testing.T, ctx context.Context, q string) string {
 	var v string
 	if tx, ok := sqlstore.PgxTx(ctx); ok {
 		require.NoError(t, tx.QueryRow(ctx, q).Scan(&v))
-		return v
-	}
-	if tx, ok := sqlstore.GormTx(ctx); ok {
-		require.NoError(t, tx.Raw(q).Row().Scan(&v))
 		return v
 	}
 	tx, ok := sqlstore.Tx(ctx)

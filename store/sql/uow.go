@@ -8,16 +8,15 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"gorm.io/gorm"
 
 	"github.com/outboxkit/outbox"
 )
 
 // Transact runs fn as a unit of work (see [outbox.Transactor]) in a transaction of
-// the client the store was built with: a pgx transaction ([NewPgx]), a *sql.Tx
-// ([NewDB]) or a gorm transaction ([NewGorm]). Inside fn, [PgxTx], [Tx] and [GormTx]
-// reach that transaction from fn's ctx, and every send made with fn's ctx, whatever
-// the sender's [outbox.WriteMode], is staged on the unit.
+// the client the store was built with: a pgx transaction ([NewPgx]) or a *sql.Tx
+// ([NewDB], or begun by the [Beginner] of [NewORM]). Inside fn, [PgxTx], [Tx] and
+// [TxHandle] reach that transaction from fn's ctx, and every send made with fn's
+// ctx, whatever the sender's [outbox.WriteMode], is staged on the unit.
 //
 // When fn returns nil, Transact writes every staged envelope in the transaction with
 // one multi-row INSERT, commits, and wakes the dispatchers (as [Store.NotifyCommitted]
@@ -58,8 +57,8 @@ type unit struct {
 
 	pgxConn *pgxpool.Conn // pgx: the connection, released when the unit ends
 	pgxTx   pgx.Tx
-	sqlTx   *sql.Tx  // database/sql, or gorm's transaction when it is a *sql.Tx
-	gormTx  *gorm.DB // gorm
+	sqlTx   *sql.Tx // database/sql
+	handle  any     // NewORM: the Beginner's handle of sqlTx
 }
 
 // unitKey finds a store's unit on a ctx; currentUnitKey the unit of the innermost
@@ -96,21 +95,15 @@ func (s *Store) beginUnit(ctx context.Context) (context.Context, outbox.Tx, erro
 			return ctx, nil, s.wrap(ctx, "begin", err)
 		}
 		u.pgxConn, u.pgxTx = conn, tx
-	case s.gormDB != nil:
-		var gopts []*sql.TxOptions
-		if opts != nil {
-			gopts = append(gopts, opts)
+	case s.beginner != nil:
+		tx, handle, err := s.beginner.BeginTx(ctx, opts)
+		if err != nil {
+			return ctx, nil, s.wrap(ctx, "begin", err)
 		}
-		tx := s.gormDB.WithContext(ctx).Begin(gopts...)
-		if tx.Error != nil {
-			return ctx, nil, s.wrap(ctx, "begin", tx.Error)
+		if tx == nil {
+			return ctx, nil, fmt.Errorf("%w: sqlstore: the Beginner given to NewORM returned no *sql.Tx and no error", outbox.ErrMisconfigured)
 		}
-		u.gormTx = tx
-		pool := tx.Statement.ConnPool
-		if p, ok := pool.(*gorm.PreparedStmtTX); ok {
-			pool = p.Tx
-		}
-		u.sqlTx, _ = pool.(*sql.Tx)
+		u.sqlTx, u.handle = tx, handle
 	default:
 		tx, err := s.sqlDB.BeginTx(ctx, opts)
 		if err != nil {
@@ -163,8 +156,6 @@ func (u *unit) rollback(ctx context.Context) {
 	case u.pgxTx != nil:
 		_ = u.pgxTx.Rollback(ctx)
 		u.pgxConn.Release()
-	case u.gormTx != nil:
-		u.gormTx.Rollback()
 	default:
 		_ = u.sqlTx.Rollback()
 	}
@@ -212,25 +203,15 @@ func (u *unit) commitPgx(ctx context.Context, envs []*outbox.Envelope) error {
 	return s.wrap(ctx, "commit", closeErr)
 }
 
-// commitSQL writes envs with one statement on the database/sql or gorm transaction
-// and commits it.
+// commitSQL writes envs with one statement on the database/sql transaction and
+// commits it.
 func (u *unit) commitSQL(ctx context.Context, envs []*outbox.Envelope) error {
 	s := u.s
-	var conn sqlConn = u.sqlTx
-	if u.gormTx != nil {
-		conn = u.gormTx.Statement.ConnPool
-	}
-	if err := s.insert(ctx, sqlQuerier{conn}, envs); err != nil {
+	if err := s.insert(ctx, sqlQuerier{u.sqlTx}, envs); err != nil {
 		u.rollback(ctx)
 		return s.wrap(ctx, "enqueue in transaction", duplicate(err))
 	}
-	var err error
-	if u.gormTx != nil {
-		err = u.gormTx.Commit().Error
-	} else {
-		err = u.sqlTx.Commit()
-	}
-	return s.wrap(ctx, "commit", err)
+	return s.wrap(ctx, "commit", u.sqlTx.Commit())
 }
 
 // current returns the open unit of work on ctx, or nil.
@@ -261,9 +242,8 @@ func PgxTx(ctx context.Context) (tx pgx.Tx, ok bool) {
 
 // Tx returns the database/sql transaction of the unit of work on ctx: call it with
 // the ctx that [Store.Transact] passes to its function, on a store built with
-// [NewDB], or with [NewGorm] when gorm's transaction is a *sql.Tx (its default; not
-// with PrepareStmt or a custom connection pool). ok is false outside a unit of work,
-// on a store built on another client, and once the unit has ended.
+// [NewDB] or [NewORM] (a gorm store too). ok is false outside a unit of work, on a
+// store built on another client, and once the unit has ended.
 //
 // Do not call its Commit or Rollback: return nil or an error from the function.
 func Tx(ctx context.Context) (tx *sql.Tx, ok bool) {
@@ -274,27 +254,25 @@ func Tx(ctx context.Context) (tx *sql.Tx, ok bool) {
 	return u.sqlTx, true
 }
 
-// GormTx returns the gorm transaction of the unit of work on ctx, bound to ctx (so a
-// send made from a gorm hook with tx.Statement.Context joins the unit): call it with
-// the ctx that [Store.Transact] passes to its function, on a store built with
-// [NewGorm]. ok is false outside a unit of work, on a store built on another client,
-// and once the unit has ended.
-//
-// Do not call its Commit or Rollback: return nil or an error from the function.
-// SavePoint and RollbackTo work as usual.
-func GormTx(ctx context.Context) (tx *gorm.DB, ok bool) {
+// TxHandle returns the handle that the [Beginner] of a store built with [NewORM]
+// returned with the transaction of the unit of work on ctx: the ORM's own object
+// for it. An ORM package wraps it in a typed accessor (gormstore.Tx); applications
+// call that. ok is false outside a unit of work, on a store built otherwise, when
+// the Beginner returned a nil handle, and once the unit has ended.
+func TxHandle(ctx context.Context) (handle any, ok bool) {
 	u := current(ctx)
-	if u == nil || u.gormTx == nil {
+	if u == nil || u.handle == nil {
 		return nil, false
 	}
-	return u.gormTx.WithContext(ctx), true
+	return u.handle, true
 }
 
 // WithTxOptions returns a ctx whose next unit of work ([Store.Transact] called with
 // it, or with a ctx derived from it) begins its transaction with opts: an isolation
 // level, read-only. On pgx they map to pgx.TxOptions (LevelSnapshot is
 // REPEATABLE READ there; levels PostgreSQL lacks are refused with
-// [outbox.ErrMisconfigured]); on database/sql and gorm the driver applies them.
+// [outbox.ErrMisconfigured]); on database/sql (and an ORM's [Beginner]) the driver
+// applies them.
 //
 // The options are for one transaction: the ctx that Transact passes to its function
 // no longer carries them. A Transact that would join an open unit of work of the same
@@ -381,7 +359,7 @@ func (s *Store) writeTx(ctx context.Context, q querier, extra []*outbox.Envelope
 // Inside [Store.Transact] no call is needed: the unit of work writes its sends.
 func (s *Store) EnqueuePgxTx(ctx context.Context, tx pgx.Tx, extra ...*outbox.Envelope) ([]*outbox.Envelope, error) {
 	if s.dialect != PostgreSQL {
-		return nil, fmt.Errorf("%w: sqlstore: EnqueuePgxTx on a %v store; use EnqueueTx or EnqueueGormTx", outbox.ErrMisconfigured, s.dialect)
+		return nil, fmt.Errorf("%w: sqlstore: EnqueuePgxTx on a %v store; use EnqueueTx", outbox.ErrMisconfigured, s.dialect)
 	}
 	if tx == nil {
 		return nil, fmt.Errorf("%w: sqlstore: EnqueuePgxTx needs a pgx transaction", outbox.ErrMisconfigured)
@@ -399,19 +377,4 @@ func (s *Store) EnqueueTx(ctx context.Context, tx *sql.Tx, extra ...*outbox.Enve
 		return nil, fmt.Errorf("%w: sqlstore: EnqueueTx needs a *sql.Tx", outbox.ErrMisconfigured)
 	}
 	return s.writeTx(ctx, sqlQuerier{tx}, extra)
-}
-
-// EnqueueGormTx writes the envelopes staged on ctx's [outbox.Scope] (see
-// [outbox.NewScope]), and extra, into a gorm transaction the application manages
-// (the tx of db.Transaction or db.Begin), with one statement. It returns what it
-// wrote; after committing, pass them to [Store.NotifyCommitted]. Every envelope is
-// checked before any SQL runs; a refused call writes nothing.
-func (s *Store) EnqueueGormTx(ctx context.Context, tx *gorm.DB, extra ...*outbox.Envelope) ([]*outbox.Envelope, error) {
-	if tx == nil || tx.Statement == nil || tx.Statement.ConnPool == nil {
-		return nil, fmt.Errorf("%w: sqlstore: EnqueueGormTx needs a gorm transaction", outbox.ErrMisconfigured)
-	}
-	if _, ok := tx.Statement.ConnPool.(gorm.TxCommitter); !ok {
-		return nil, fmt.Errorf("%w: sqlstore: EnqueueGormTx needs a transaction (db.Begin or the tx of db.Transaction), not a *gorm.DB outside one", outbox.ErrMisconfigured)
-	}
-	return s.writeTx(ctx, sqlQuerier{tx.Statement.ConnPool}, extra)
 }
