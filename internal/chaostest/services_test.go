@@ -24,6 +24,7 @@ import (
 	dynamostore "github.com/outboxkit/outbox/store/dynamodb"
 	"github.com/outboxkit/outbox/store/memory"
 	sqlstore "github.com/outboxkit/outbox/store/sql"
+	"github.com/outboxkit/outbox/store/sql/gormstore"
 )
 
 var (
@@ -121,7 +122,7 @@ func sqlKinds() []sqlKind {
 		}},
 		{"postgres/gorm", func(t *testing.T) (*sqlstore.Store, *sql.DB) {
 			g := postgresGorm(t)
-			s, err := sqlstore.NewGorm(g, table())
+			s, err := gormstore.New(g, table())
 			require.NoError(t, err)
 			db, err := g.DB()
 			require.NoError(t, err)
@@ -187,7 +188,7 @@ func execInUnit(ctx context.Context, query string) error {
 		_, err := tx.Exec(ctx, query)
 		return err
 	}
-	if tx, ok := sqlstore.GormTx(ctx); ok {
+	if tx, ok := gormstore.Tx(ctx); ok {
 		return tx.Exec(query).Error
 	}
 	if tx, ok := sqlstore.Tx(ctx); ok {
