@@ -186,23 +186,20 @@ func (s *Server) CreateQueue(tb testing.TB, name string, attrs map[string]string
 	return *out.QueueUrl
 }
 
-// findDir finds testdata/sqs above the working directory (go test runs in the
-// package directory).
+// findDir finds the repository's testdata/sqs above the working directory (go test
+// runs in the package directory, which may sit in a module nested in the repository).
 func findDir() (string, error) {
 	wd, err := os.Getwd()
 	if err != nil {
 		return "", err
 	}
 	for dir := wd; ; dir = filepath.Dir(dir) {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			d := filepath.Join(dir, "testdata", "sqs")
-			if _, err := os.Stat(filepath.Join(d, "package.json")); err != nil {
-				return "", fmt.Errorf("no emulator set-up in %s: %w", d, err)
-			}
+		d := filepath.Join(dir, "testdata", "sqs")
+		if _, err := os.Stat(filepath.Join(d, "package.json")); err == nil {
 			return d, nil
 		}
 		if filepath.Dir(dir) == dir {
-			return "", errors.New("module root (go.mod) not found above " + wd)
+			return "", errors.New("no emulator set-up (testdata/sqs/package.json) above " + wd)
 		}
 	}
 }
