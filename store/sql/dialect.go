@@ -3,7 +3,8 @@ package sqlstore
 import (
 	"strconv"
 	"strings"
-	"sync/atomic"
+
+	"github.com/outboxkit/outbox/store/sql/internal/hooks"
 )
 
 // Column order shared by every SELECT of messages and by scanEnvelope.
@@ -25,15 +26,11 @@ func maxParams(d Dialect) int {
 }
 
 func maxRows(d Dialect) int {
-	if n := rowsPerStatement.Load(); n > 0 {
+	if n := hooks.RowsPerStatement.Load(); n > 0 { // set by tests only
 		return int(n)
 	}
 	return maxParams(d) / insertColumnCount
 }
-
-// rowsPerStatement overrides maxRows in tests, so splitting a batch is exercised
-// without binding tens of thousands of parameters.
-var rowsPerStatement atomic.Int64
 
 // statements holds every fixed statement, rendered once for the configured tables.
 // Placeholders are written as '?' and rebound to $n for PostgreSQL.

@@ -1,47 +1,41 @@
 package sqlstore_test
 
+// These examples need a PostgreSQL server, so they are compiled but not run; their
+// runnable versions, on SQLite, are in the module's internal tests package. The tests
+// of package sqlstore need no module the package itself does not: an application's
+// go mod tidy loads them too.
+
 import (
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 
-	_ "github.com/glebarez/go-sqlite" // registers the pure-Go "sqlite" driver
 	"github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/dispatcher"
-	"github.com/outboxkit/outbox/outboxtest"
 	sqlstore "github.com/outboxkit/outbox/store/sql"
 )
 
-// A unit of work on SQLite: the order row and its message commit together, and a
-// relay publishes the message.
+// A unit of work on PostgreSQL through pgx: the order row and its message commit
+// together, and a relay publishes the message. (Needs a PostgreSQL server, so this
+// example is compiled but not run.)
 func Example() {
 	ctx := context.Background()
-	dir, _ := os.MkdirTemp("", "outbox-example")
-	defer os.RemoveAll(dir)
-
-	// One writer at a time: immediate transactions, WAL and a busy timeout make
-	// concurrent writers wait instead of failing with SQLITE_BUSY.
-	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "app.db")+
-		"?_txlock=immediate&_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)")
+	pool, err := pgxpool.New(ctx, "postgres://app@localhost:5432/app")
 	if err != nil {
 		panic(err)
 	}
-	defer db.Close()
+	defer pool.Close()
 
-	store, err := sqlstore.NewDB(db, sqlstore.SQLite, sqlstore.Config{})
+	store, err := sqlstore.NewPgx(pool, sqlstore.Config{})
 	if err != nil {
 		panic(err)
 	}
 	defer store.Close()
 	if err := store.Migrate(ctx); err != nil {
-		panic(err)
-	}
-	if _, err := db.ExecContext(ctx, "CREATE TABLE orders (id TEXT PRIMARY KEY)"); err != nil {
 		panic(err)
 	}
 	sender, err := outbox.NewSender(store, outbox.SenderConfig{})
@@ -50,8 +44,8 @@ func Example() {
 	}
 
 	err = store.Transact(ctx, func(ctx context.Context) error {
-		tx, _ := sqlstore.Tx(ctx) // the unit's *sql.Tx
-		if _, err := tx.ExecContext(ctx, "INSERT INTO orders (id) VALUES ('order-1')"); err != nil {
+		tx, _ := sqlstore.PgxTx(ctx) // the unit's pgx.Tx
+		if _, err := tx.Exec(ctx, "INSERT INTO orders (id) VALUES ($1)", "order-1"); err != nil {
 			return err
 		}
 		// Sent with fn's ctx: written in the same transaction.
@@ -61,106 +55,79 @@ func Example() {
 		panic(err)
 	}
 
-	rec := outboxtest.NewRecorder()
-	relay, err := dispatcher.New(store, rec, dispatcher.Config{})
+	// stdoutTransport stands in for the application's transport (package kafka, ...).
+	relay, err := dispatcher.New(store, stdoutTransport{}, dispatcher.Config{})
 	if err != nil {
 		panic(err)
 	}
-	res, err := relay.RunOnce(ctx)
+	res, err := relay.RunOnce(ctx) // prints "orders order-1 created"
 	if err != nil {
 		panic(err)
 	}
-	fmt.Println("published:", res.Published)
-	for _, m := range rec.Messages() {
-		fmt.Printf("%s %s %s\n", m.Topic, m.Key, m.Payload)
-	}
-	// Output:
-	// published: 1
-	// orders order-1 created
+	fmt.Println("published:", res.Published) // "published: 1"
 }
 
-// exampleDB opens a SQLite database in dir with the orders table and a migrated
-// store on it.
-func exampleDB(dir string) (*sql.DB, *sqlstore.Store) {
-	ctx := context.Background()
-	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "app.db")+
-		"?_txlock=immediate&_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)")
-	if err != nil {
-		panic(err)
-	}
-	store, err := sqlstore.NewDB(db, sqlstore.SQLite, sqlstore.Config{})
-	if err != nil {
-		panic(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		panic(err)
-	}
-	if _, err := db.ExecContext(ctx, "CREATE TABLE orders (id TEXT PRIMARY KEY)"); err != nil {
-		panic(err)
-	}
-	return db, store
-}
+// stdoutTransport prints what it publishes.
+type stdoutTransport struct{}
 
-// pendingMessages counts the messages waiting in store.
-func pendingMessages(ctx context.Context, store *sqlstore.Store) int {
-	stats, err := store.Stats(ctx)
-	if err != nil {
-		panic(err)
+func (stdoutTransport) Publish(_ context.Context, batch []*outbox.Envelope) error {
+	for _, env := range batch {
+		fmt.Printf("%s %s %s\n", env.Topic, env.Key, env.Payload)
 	}
-	n := 0
-	for _, c := range stats.Pending {
-		n += c
-	}
-	return n
+	return nil
 }
 
 // A unit of work whose function fails writes nothing: neither the order row nor the
-// message, whatever the sender's mode.
+// message, whatever the sender's mode. (Needs a PostgreSQL server, so this example
+// is compiled but not run.)
 func ExampleStore_Transact() {
 	ctx := context.Background()
-	dir, _ := os.MkdirTemp("", "outbox-example")
-	defer os.RemoveAll(dir)
-	db, store := exampleDB(dir)
-	defer db.Close()
+	pool, err := pgxpool.New(ctx, "postgres://app@localhost:5432/app")
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	store, err := sqlstore.NewPgx(pool, sqlstore.Config{})
+	if err != nil {
+		panic(err)
+	}
 	defer store.Close()
 	sender, _ := outbox.NewSender(store, outbox.SenderConfig{Mode: outbox.Immediate})
 
 	errOutOfStock := errors.New("out of stock")
-	err := store.Transact(ctx, func(ctx context.Context) error {
-		tx, _ := sqlstore.Tx(ctx)
-		if _, err := tx.ExecContext(ctx, "INSERT INTO orders (id) VALUES ('order-1')"); err != nil {
+	err = store.Transact(ctx, func(ctx context.Context) error {
+		tx, _ := sqlstore.PgxTx(ctx)
+		if _, err := tx.Exec(ctx, "INSERT INTO orders (id) VALUES ($1)", "order-1"); err != nil {
 			return err
 		}
 		if err := sender.Send(ctx, outbox.Message{Topic: "orders", Key: []byte("order-1"), Payload: []byte("created")}); err != nil {
 			return err
 		}
-		return errOutOfStock
+		return errOutOfStock // the order row and the message roll back
 	})
-	fmt.Println("Transact:", err)
-
-	var orders int
-	_ = db.QueryRowContext(ctx, "SELECT COUNT(*) FROM orders").Scan(&orders)
-	fmt.Println("orders:", orders, "messages:", pendingMessages(ctx, store))
+	fmt.Println("Transact:", err) // "Transact: out of stock"
 
 	// A send with a ctx outside any unit of work, in the default Transactional mode,
 	// fails instead of escaping the transaction.
 	strict, _ := outbox.NewSender(store, outbox.SenderConfig{})
 	err = strict.Send(ctx, outbox.Message{Topic: "orders", Payload: []byte("lost?")})
-	fmt.Println(errors.Is(err, outbox.ErrNoTransaction))
-	// Output:
-	// Transact: out of stock
-	// orders: 0 messages: 0
-	// true
+	fmt.Println(errors.Is(err, outbox.ErrNoTransaction)) // "true"
 }
 
 // An application that runs its own transaction opens a scope, sends with its ctx,
-// and writes what the scope holds into the transaction with EnqueueTx.
+// and writes what the scope holds into the transaction with EnqueueTx. (Needs a
+// PostgreSQL server, so this example is compiled but not run.)
 func ExampleStore_EnqueueTx() {
 	ctx := context.Background()
-	dir, _ := os.MkdirTemp("", "outbox-example")
-	defer os.RemoveAll(dir)
-	db, store := exampleDB(dir)
+	db, err := sql.Open("pgx", "postgres://app@localhost:5432/app")
+	if err != nil {
+		panic(err)
+	}
 	defer db.Close()
+	store, err := sqlstore.NewDB(db, sqlstore.PostgreSQL, sqlstore.Config{})
+	if err != nil {
+		panic(err)
+	}
 	defer store.Close()
 	sender, _ := outbox.NewSender(store, outbox.SenderConfig{})
 
@@ -171,7 +138,7 @@ func ExampleStore_EnqueueTx() {
 		panic(err)
 	}
 	defer tx.Rollback() // a no-op after Commit
-	if _, err := tx.ExecContext(ctx, "INSERT INTO orders (id) VALUES ('order-1')"); err != nil {
+	if _, err := tx.ExecContext(ctx, "INSERT INTO orders (id) VALUES ($1)", "order-1"); err != nil {
 		panic(err)
 	}
 	if err := sender.Send(ctx, outbox.Message{Topic: "orders", Key: []byte("order-1"), Payload: []byte("created")}); err != nil {
@@ -185,9 +152,8 @@ func ExampleStore_EnqueueTx() {
 		panic(err)
 	}
 	store.NotifyCommitted(written...) // after the commit, never before
+	// Prints "written: 1 left on the scope: 0".
 	fmt.Println("written:", len(written), "left on the scope:", scope.Len())
-	// Output:
-	// written: 1 left on the scope: 0
 }
 
 // On a pgx store, PgxTx is the unit's transaction. (Needs a PostgreSQL server, so

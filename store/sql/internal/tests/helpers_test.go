@@ -1,4 +1,10 @@
-package sqlstore_test
+// Package tests holds the tests of package sqlstore that run on a database: the
+// store suite and the store's own tests on PostgreSQL (pgx and database/sql),
+// MariaDB/MySQL and SQLite, the benchmarks, and the runnable examples on SQLite.
+// They live in a package no application imports because go mod tidy also loads the
+// tests of the packages an application imports: in package sqlstore, the SQLite
+// driver they need would be downloaded by every application that uses the store.
+package tests
 
 import (
 	"context"
@@ -21,6 +27,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	sqlstore "github.com/outboxkit/outbox/store/sql"
+	"github.com/outboxkit/outbox/store/sql/internal/hooks"
 
 	"github.com/outboxkit/outbox/internal/testenv"
 )
@@ -263,6 +270,12 @@ func testContext(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// splitBatchesAt makes Enqueue split batches every n rows until the test ends.
+func splitBatchesAt(t testing.TB, n int) {
+	hooks.RowsPerStatement.Store(int64(n))
+	t.Cleanup(func() { hooks.RowsPerStatement.Store(0) })
 }
 
 func sqlstoreConfig() sqlstore.Config { return sqlstore.Config{} }

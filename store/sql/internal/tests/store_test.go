@@ -1,4 +1,4 @@
-package sqlstore_test
+package tests
 
 import (
 	"database/sql"
@@ -130,7 +130,7 @@ func TestLimitsAndLargeBatches(t *testing.T) {
 		require.Zero(t, countRows(t, s, s.Config().Table), "nothing of a refused batch is written")
 
 		// More rows than one statement takes: several INSERTs, one transaction.
-		sqlstore.SplitBatchesAt(t, 300)
+		splitBatchesAt(t, 300)
 		const n = 1000
 		envs := make([]*outbox.Envelope, n)
 		for i := range envs {
