@@ -1,4 +1,4 @@
-package kafka_test
+package tests
 
 import (
 	"context"
@@ -157,17 +157,6 @@ func TestIdempotencyKeyIsAddedByTheTransport(t *testing.T) {
 		key, _ = got[1].Header(outbox.HeaderIdempotencyKey)
 		assert.Equal(t, "charge-2", string(key), "the application's key is kept")
 	}
-}
-
-// Config.Validate names the field; New applies it and also checks the limit against
-// the client's batches.
-func TestConfigValidate(t *testing.T) {
-	t.Parallel()
-	require.NoError(t, kafka.Config{}.Validate())
-	err := kafka.Config{MaxMessageSize: -1}.Validate()
-	require.ErrorIs(t, err, outbox.ErrMisconfigured)
-	assert.Contains(t, err.Error(), "Config.MaxMessageSize")
-	require.NoError(t, kafka.Config{MaxMessageSize: 2 << 20}.Validate(), "the client decides whether it carries it")
 }
 
 func total(counts []int) int {
