@@ -10,11 +10,13 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
@@ -35,11 +37,17 @@ type testDB struct {
 }
 
 // proxy counts requests per operation and ConditionalCheckFailedException responses,
-// and can lose the response of chosen requests after the server applied them.
+// describing each refused write, and can lose the response of chosen requests after
+// the server applied them.
 type proxy struct {
 	mu       sync.Mutex
 	requests map[string]int
 	refused  int
+	// refusals describes the refused writes counted in refused.
+	refusals []refusal
+	// attempts lists, per SDK invocation, what each of its attempts got, so the
+	// refusal of a retried request shows what the earlier attempts got.
+	attempts map[string][]string
 	// loseResponses, per operation, is how many upcoming responses are replaced by an
 	// internal server error (the request itself was applied).
 	loseResponses map[string]int
@@ -58,13 +66,19 @@ func newTestDB(t testing.TB) *testDB {
 	t.Cleanup(backend.Close)
 	target, err := url.Parse(backend.URL)
 	require.NoError(t, err)
-	p := &proxy{requests: map[string]int{}, loseResponses: map[string]int{}}
+	p := &proxy{requests: map[string]int{}, loseResponses: map[string]int{}, attempts: map[string][]string{}}
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
+			at := time.Now()
 			r.SetURL(target)
-			hideEmptyBinaries(r.Out)
+			body := hideEmptyBinaries(r.Out)
+			r.Out = r.Out.WithContext(context.WithValue(r.Out.Context(), sentKey{}, sentRequest{body: body, at: at}))
 		},
 		ModifyResponse: p.inspect,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			p.attempt(r, "no response: "+err.Error())
+			w.WriteHeader(http.StatusBadGateway)
+		},
 	}
 	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if p.serialised() {
@@ -154,20 +168,108 @@ func rebaseTicks(body []byte, toServer bool) []byte {
 	return out
 }
 
-func hideEmptyBinaries(r *http.Request) {
+// hideEmptyBinaries rewrites the request body for the server, and returns it as the
+// client sent it.
+func hideEmptyBinaries(r *http.Request) []byte {
 	if r.Body == nil {
-		return
+		return nil
 	}
-	body, err := io.ReadAll(r.Body)
+	sent, err := io.ReadAll(r.Body)
 	_ = r.Body.Close()
 	if err != nil {
-		return
+		return nil
 	}
-	body = bytes.ReplaceAll(body, emptyBinary, binaryMarker)
+	body := bytes.ReplaceAll(sent, emptyBinary, binaryMarker)
 	body = rebaseTicks(body, true)
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body))
 	r.Header.Set("Content-Length", fmt.Sprint(len(body)))
+	return sent
+}
+
+// sentKey carries a sentRequest from the proxy's Rewrite to inspect.
+type sentKey struct{}
+
+// sentRequest is a request body as the client sent it, and when the proxy got it.
+type sentRequest struct {
+	body []byte
+	at   time.Time
+}
+
+// refusal describes one write the server refused with ConditionalCheckFailedException.
+type refusal struct {
+	At        time.Time // when the proxy received the request
+	Op        string    // the operation, e.g. UpdateItem
+	Item      string    // the item's key: which lease, relay record or message
+	Condition string    // the ConditionExpression, names and values filled in
+	Attempt   string    // the SDK's attempt header: attempt=2 and later are retries
+	Earlier   []string  // what the earlier attempts of the same call got
+}
+
+func (r refusal) String() string {
+	s := fmt.Sprintf("%s %s %s if %s [%s]", r.At.UTC().Format("15:04:05.000000"), r.Op, r.Item, r.Condition, r.Attempt)
+	if len(r.Earlier) > 0 {
+		s += fmt.Sprintf(", earlier attempts: %v", r.Earlier)
+	}
+	return s
+}
+
+// describeWrite reads the item key and the condition of a write request body; tick
+// values show as UTC times.
+func describeWrite(op string, sent sentRequest) refusal {
+	r := refusal{At: sent.at, Op: op}
+	var in struct {
+		Key                       map[string]map[string]any
+		Item                      map[string]map[string]any
+		ConditionExpression       string
+		ExpressionAttributeNames  map[string]string
+		ExpressionAttributeValues map[string]map[string]any
+	}
+	if err := json.Unmarshal(sent.body, &in); err != nil {
+		r.Item = fmt.Sprintf("(request body not decoded: %v)", err)
+		return r
+	}
+	key := in.Key
+	if key == nil {
+		// A PutItem's item: its key attributes, named as the tests name them, and a
+		// message's ID.
+		key = map[string]map[string]any{}
+		for name, v := range in.Item {
+			if strings.EqualFold(name, "PK") || strings.EqualFold(name, "SK") || name == "MessageId" {
+				key[name] = v
+			}
+		}
+	}
+	var parts []string
+	for name, v := range key {
+		parts = append(parts, name+"="+showValue(v))
+	}
+	slices.Sort(parts)
+	r.Item = strings.Join(parts, " ")
+	cond := in.ConditionExpression
+	for name, attr := range in.ExpressionAttributeNames {
+		cond = strings.ReplaceAll(cond, name, attr)
+	}
+	for name, v := range in.ExpressionAttributeValues {
+		cond = strings.ReplaceAll(cond, name, name+"("+showValue(v)+")")
+	}
+	r.Condition = cond
+	return r
+}
+
+// showValue renders an attribute value, a tick count as a UTC time.
+func showValue(v map[string]any) string {
+	if n, ok := v["N"].(string); ok {
+		if x, err := strconv.ParseInt(n, 10, 64); err == nil && x >= 100_000_000_000_000_000 {
+			const unixEpochTicks = 621_355_968_000_000_000
+			return time.Unix(0, (x-unixEpochTicks)*100).UTC().Format("15:04:05.000000")
+		}
+		return n
+	}
+	if s, ok := v["S"].(string); ok {
+		return strconv.Quote(s)
+	}
+	return fmt.Sprint(v)
 }
 
 func (p *proxy) inspect(resp *http.Response) error {
@@ -179,12 +281,22 @@ func (p *proxy) inspect(resp *http.Response) error {
 	}
 	_ = resp.Body.Close()
 	body = bytes.ReplaceAll(rebaseTicks(body, false), binaryMarker, emptyBinary)
+	sent, _ := resp.Request.Context().Value(sentKey{}).(sentRequest)
 	p.mu.Lock()
+	lose := p.loseResponses[op] > 0
+	outcome := resp.Status
+	if lose {
+		outcome += ", response lost"
+	}
+	earlier := p.attemptLocked(resp.Request, outcome)
 	p.requests[op]++
 	if bytes.Contains(body, []byte("ConditionalCheckFailedException")) {
 		p.refused++
+		r := describeWrite(op, sent)
+		r.Attempt, r.Earlier = resp.Request.Header.Get("Amz-Sdk-Request"), earlier
+		p.refusals = append(p.refusals, r)
 	}
-	if p.loseResponses[op] > 0 {
+	if lose {
 		p.loseResponses[op]--
 		body = []byte(`{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError","message":"injected: response lost"}`)
 		resp.StatusCode = http.StatusInternalServerError
@@ -197,14 +309,41 @@ func (p *proxy) inspect(resp *http.Response) error {
 	return nil
 }
 
-// counts returns the requests per operation and the refused conditional writes since
+// take returns the requests per operation and the refused conditional writes since
 // the last reset, and resets them.
 func (p *proxy) take() (map[string]int, int) {
+	reqs, refusals := p.takeRefusals()
+	return reqs, len(refusals)
+}
+
+// takeRefusals is take with a description of each refused write.
+func (p *proxy) takeRefusals() (map[string]int, []refusal) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	reqs, refused := p.requests, p.refused
-	p.requests, p.refused = map[string]int{}, 0
-	return reqs, refused
+	reqs, refusals := p.requests, p.refusals
+	p.requests, p.refused, p.refusals = map[string]int{}, 0, nil
+	return reqs, refusals
+}
+
+// attempt records what one attempt of an SDK call got (the SDK names the call in a
+// header), and returns what the call's earlier attempts got.
+func (p *proxy) attempt(r *http.Request, outcome string) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.attemptLocked(r, outcome)
+}
+
+func (p *proxy) attemptLocked(r *http.Request, outcome string) []string {
+	call := r.Header.Get("Amz-Sdk-Invocation-Id")
+	if call == "" {
+		return nil
+	}
+	if len(p.attempts) >= 100_000 {
+		clear(p.attempts) // bounds benchmarks; a call's attempts come within seconds
+	}
+	earlier := p.attempts[call]
+	p.attempts[call] = append(slices.Clip(earlier), r.Header.Get("Amz-Sdk-Request")+": "+outcome)
+	return earlier
 }
 
 func (p *proxy) refusedSoFar() int {
