@@ -1,4 +1,10 @@
-package dynamostore_test
+// Package tests holds the tests of package dynamostore that run against a DynamoDB API
+// server in the process: the store suite and the chaos run, the store's own tests,
+// the relay fleet, the benchmarks, and the runnable examples. They live in a package no
+// application imports because go mod tidy also loads the tests of the packages an
+// application imports: in package dynamostore, the test-only server they need would be
+// downloaded by every application that uses the store.
+package tests
 
 import (
 	"bytes"

@@ -1,4 +1,4 @@
-package dynamostore_test
+package tests
 
 import (
 	"context"
@@ -15,43 +15,6 @@ import (
 	"github.com/outboxkit/outbox"
 	dynamostore "github.com/outboxkit/outbox/store/dynamodb"
 )
-
-func TestConfigValidate(t *testing.T) {
-	t.Parallel()
-	cases := []struct {
-		name  string
-		opts  dynamostore.Config
-		field string
-	}{
-		{"no table", dynamostore.Config{}, "TableName"},
-		{"short table", dynamostore.Config{TableName: "ab"}, "TableName"},
-		{"bad table", dynamostore.Config{TableName: "a b c"}, "TableName"},
-		{"prefix with separator", dynamostore.Config{TableName: "t-1", KeyPrefix: "A#B"}, "KeyPrefix"},
-		{"same key names", dynamostore.Config{TableName: "t-1", PartitionKeyAttributeName: "K", SortKeyAttributeName: "K"}, "SortKeyAttributeName"},
-		{"default clash", dynamostore.Config{TableName: "t-1", PartitionKeyAttributeName: "SK"}, "SortKeyAttributeName"},
-		{"negative buckets", dynamostore.Config{TableName: "t-1", BucketCount: -1}, "BucketCount"},
-		{"negative concurrency", dynamostore.Config{TableName: "t-1", MaxConcurrency: -2}, "MaxConcurrency"},
-		{"negative count limit", dynamostore.Config{TableName: "t-1", PendingCountLimit: -3}, "PendingCountLimit"},
-	}
-	for _, c := range cases {
-		err := c.opts.Validate()
-		require.ErrorIs(t, err, outbox.ErrMisconfigured, c.name)
-		assert.Contains(t, err.Error(), "Config."+c.field, c.name)
-	}
-	require.NoError(t, dynamostore.Config{TableName: "orders-outbox"}.Validate())
-
-	s, err := dynamostore.New(ddb.New(ddb.Options{Region: "us-east-1"}), dynamostore.Config{TableName: "orders-outbox"})
-	require.NoError(t, err)
-	got := s.Config()
-	assert.Equal(t, "PK", got.PartitionKeyAttributeName)
-	assert.Equal(t, "SK", got.SortKeyAttributeName)
-	assert.Equal(t, "OUTBOX", got.KeyPrefix)
-	assert.Equal(t, 8, got.BucketCount)
-	assert.Equal(t, 8, got.MaxConcurrency)
-	assert.Equal(t, 10_000, got.PendingCountLimit)
-	_, err = dynamostore.New(nil, dynamostore.Config{TableName: "orders-outbox"})
-	require.ErrorIs(t, err, outbox.ErrMisconfigured)
-}
 
 // rawItem reads one item with a strongly consistent query, bypassing the store.
 func rawItem(t *testing.T, d *testDB, table, pk, sk string) map[string]types.AttributeValue {
