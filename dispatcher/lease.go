@@ -66,9 +66,13 @@ func (d *Dispatcher) coordinate(ctx context.Context) error {
 	}
 	d.mu.Unlock()
 
-	exp := now.Add(d.cfg.LeaseDuration)
+	// Each conditional write reads the clock as it is sent: a round slowed past a
+	// lease's expiry must not revive that lease with a renewal dated at the round's
+	// start, and a late claim gets a whole lease.
 	for _, l := range plan.Renew {
-		ok, err := d.store.Renew(ctx, l, now, exp)
+		at := d.now()
+		exp := at.Add(d.cfg.LeaseDuration)
+		ok, err := d.store.Renew(ctx, l, at, exp)
 		if err != nil {
 			return storeErr(ctx, err, "renew bucket %d", l.Bucket)
 		}
@@ -113,7 +117,9 @@ func (d *Dispatcher) coordinate(ctx context.Context) error {
 	// plan is empty then).
 	if beat || !plan.ClockBehind {
 		for _, b := range plan.Claim {
-			ok, err := d.store.Claim(ctx, b, self, now, exp)
+			at := d.now()
+			exp := at.Add(d.cfg.LeaseDuration)
+			ok, err := d.store.Claim(ctx, b, self, at, exp)
 			if err != nil {
 				return storeErr(ctx, err, "claim bucket %d", b)
 			}

@@ -453,3 +453,37 @@ func TestInFlightRenewalAfterAStallIsRefused(t *testing.T) {
 	require.Len(t, f.relays["b"].Owned(), 4)
 	f.checkOneOwner()
 }
+
+// A round slowed past the expiry of a lease it planned to renew must not revive it:
+// every lease write reads the clock as it is sent.
+func TestRenewalOfALeaseThatLapsedDuringTheRoundIsRefused(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFleet(t, 2)
+	stalling := &stallingStore{Store: f.store}
+	cfg := Config{RelayID: "a", LeaseDuration: testLD, LeaseRenewInterval: testRI,
+		Logger: quietLogger(), Now: f.clock.Now}
+	a, err := New(stalling, outboxtest.NewRecorder(), cfg)
+	require.NoError(t, err)
+	f.relays["a"] = a
+	f.round("a")
+	require.Equal(t, []int{0, 1}, a.Owned())
+	before, err := f.store.ReadCoordination(ctx)
+	require.NoError(t, err)
+
+	// A round later "a" reads, then stalls past its leases before renewing; nobody
+	// else runs.
+	f.clock.Advance(testRI)
+	stalling.afterRead = func() { f.clock.Advance(testLD) }
+	require.NoError(t, a.coordinate(ctx))
+	require.EqualValues(t, 2, a.Stats().RefusedWrites, "both renewals of lapsed leases are refused")
+	require.Empty(t, a.Owned(), "a relay publishes nothing from a lease that lapsed")
+	after, err := f.store.ReadCoordination(ctx)
+	require.NoError(t, err)
+	require.Equal(t, before.Leases, after.Leases, "the lapsed leases were not revived")
+
+	// The next round claims the free buckets afresh.
+	f.clock.Advance(testRI)
+	f.round("a")
+	require.Equal(t, []int{0, 1}, a.Owned())
+}
