@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
@@ -58,6 +59,43 @@ func TestBatchesAreOnePublishAndOneComplete(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 100, rec.Len())
 	require.Equal(t, 2, rec.Batches(), "distinct keys: one Publish per batch of 50")
+}
+
+// countingCompletes counts Complete calls and the envelopes they carry.
+type countingCompletes struct {
+	*memory.Store
+	mu        sync.Mutex
+	calls     int
+	envelopes int
+}
+
+func (c *countingCompletes) Complete(ctx context.Context, envs []*outbox.Envelope) error {
+	c.mu.Lock()
+	c.calls++
+	c.envelopes += len(envs)
+	c.mu.Unlock()
+	return c.Store.Complete(ctx, envs)
+}
+
+// Waves of one key's messages (a transport that does not keep key order gets at most
+// one message per key per Publish) still cost one Complete per drain pass.
+func TestWavesShareOneCompletePerPass(t *testing.T) {
+	t.Parallel()
+	c := newClock()
+	store := &countingCompletes{Store: newStore(t, 1)}
+	rec := outboxtest.NewRecorder()
+	d := newDispatcher(t, store, rec, testConfig(c, "r"))
+	for _, key := range []string{"a", "b", "c"} {
+		enqueue(t, store, []byte(key), 4) // four waves
+	}
+	res, err := d.RunOnce(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 12, res.Published)
+	require.Equal(t, 4, rec.Batches(), "one Publish per wave")
+	requireKeyOrder(t, rec)
+	require.Equal(t, 1, store.calls, "one Complete for the whole pass")
+	require.Equal(t, 12, store.envelopes)
+	require.Zero(t, pending(t, store.Store))
 }
 
 func TestPerKeyOrderHoldsUnderFailures(t *testing.T) {

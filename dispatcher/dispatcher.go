@@ -581,6 +581,17 @@ func (d *Dispatcher) drainOnce(ctx context.Context, b int, upTo int64) (pass, er
 			waves[w] = append(waves[w], e)
 		}
 	}
+	// What the broker acknowledged in every wave is completed in one call at the end
+	// of the pass (and before an early return), so waves cost no extra store write.
+	var acked []*outbox.Envelope
+	completeAll := func() error {
+		if err := d.complete(ctx, acked); err != nil {
+			return err
+		}
+		p.Published += len(acked)
+		acked = nil
+		return nil
+	}
 	for i, wave := range waves {
 		if i > 0 {
 			// Drop envelopes whose key failed in an earlier wave.
@@ -591,15 +602,19 @@ func (d *Dispatcher) drainOnce(ctx context.Context, b int, upTo int64) (pass, er
 		}
 		left, ok := d.leaseLeft(b, d.now())
 		if !ok {
-			return p, nil
+			return p, completeAll()
 		}
-		res, failedKeys, err := d.publish(ctx, wave, left)
+		res, failedKeys, ackedWave, err := d.publish(ctx, wave, left)
 		p.add(res)
+		acked = append(acked, ackedWave...)
 		if errors.Is(err, errLeaseRanOut) {
 			d.log.Warn("dispatcher: a publish outlasted the bucket's lease and was abandoned; its messages go out again", "bucket", b)
-			return p, nil
+			return p, completeAll()
 		}
 		if err != nil {
+			if ctx.Err() == nil {
+				_ = completeAll() // what the broker took need not go out again
+			}
 			return p, err
 		}
 		if !d.cfg.Unordered {
@@ -607,6 +622,9 @@ func (d *Dispatcher) drainOnce(ctx context.Context, b int, upTo int64) (pass, er
 				blocked[k] = true
 			}
 		}
+	}
+	if err := completeAll(); err != nil {
+		return p, err
 	}
 	progressed := p.Published+p.Retried+p.Parked > 0
 	p.more = fetched == d.cfg.BatchSize && progressed
@@ -624,7 +642,7 @@ func (d *Dispatcher) drainOnce(ctx context.Context, b int, upTo int64) (pass, er
 // The publish may take at most leaseLeft: a peer can claim the bucket once the lease
 // lapses, so a batch still in flight then is abandoned (errLeaseRanOut), with nothing
 // assumed sent and no attempt charged.
-func (d *Dispatcher) publish(ctx context.Context, batch []*outbox.Envelope, leaseLeft time.Duration) (Result, map[string]bool, error) {
+func (d *Dispatcher) publish(ctx context.Context, batch []*outbox.Envelope, leaseLeft time.Duration) (Result, map[string]bool, []*outbox.Envelope, error) {
 	var res Result
 	pctx, cancel := context.WithTimeout(ctx, leaseLeft)
 	err := d.transport.Publish(pctx, batch)
@@ -632,10 +650,10 @@ func (d *Dispatcher) publish(ctx context.Context, batch []*outbox.Envelope, leas
 	if err != nil && pctx.Err() != nil {
 		if ctx.Err() != nil {
 			// Shutting down: nothing is assumed sent and nothing counts as an attempt.
-			return res, nil, ctx.Err()
+			return res, nil, nil, ctx.Err()
 		}
 		if errors.Is(pctx.Err(), context.DeadlineExceeded) {
-			return res, nil, errLeaseRanOut
+			return res, nil, nil, errLeaseRanOut
 		}
 	}
 	failed := make(map[uuid.UUID]error)
@@ -668,20 +686,6 @@ func (d *Dispatcher) publish(ctx context.Context, batch []*outbox.Envelope, leas
 		}
 		acked = append(acked, e)
 	}
-	if len(acked) > 0 {
-		var err error
-		if d.cfg.Retention > 0 {
-			err = d.retainer.MarkDispatched(ctx, acked, now)
-		} else {
-			err = d.store.Complete(ctx, acked)
-		}
-		if err != nil {
-			// They stay pending and go out again: duplicates, never a loss.
-			return res, failedKeys, err
-		}
-		res.Published = len(acked)
-		d.published.Add(int64(len(acked)))
-	}
 	// Only a key's first failure in the batch is an attempt. The key's later failed
 	// envelopes were held back by it (or share its fate): they stay pending and due,
 	// and the next fetch holds them behind it, at no cost in attempts or backoff.
@@ -702,7 +706,7 @@ func (d *Dispatcher) publish(ctx context.Context, batch []*outbox.Envelope, leas
 		permanent := outbox.IsPermanent(cause)
 		if permanent || attempts >= d.cfg.MaxAttempts {
 			if err := d.store.Park(ctx, e, msg); err != nil {
-				return res, failedKeys, err
+				return res, failedKeys, acked, err
 			}
 			res.Parked++
 			d.parked.Add(1)
@@ -713,13 +717,33 @@ func (d *Dispatcher) publish(ctx context.Context, batch []*outbox.Envelope, leas
 		}
 		next := now.Add(d.backoff(attempts))
 		if err := d.store.Reschedule(ctx, e, next, msg); err != nil {
-			return res, failedKeys, err
+			return res, failedKeys, acked, err
 		}
 		res.Retried++
 		d.retried.Add(1)
 		d.logFailure(e, attempts, next, msg, now)
 	}
-	return res, failedKeys, nil
+	return res, failedKeys, acked, nil
+}
+
+// complete forgets what the broker acknowledged in a drain pass, in one call: deletes
+// it, or marks it dispatched when retention is on. On failure the envelopes stay
+// pending and go out again: duplicates, never a loss.
+func (d *Dispatcher) complete(ctx context.Context, acked []*outbox.Envelope) error {
+	if len(acked) == 0 {
+		return nil
+	}
+	var err error
+	if d.cfg.Retention > 0 {
+		err = d.retainer.MarkDispatched(ctx, acked, d.now())
+	} else {
+		err = d.store.Complete(ctx, acked)
+	}
+	if err != nil {
+		return err
+	}
+	d.published.Add(int64(len(acked)))
+	return nil
 }
 
 // failLogState is one bucket's publish-failure warning rate limit.
