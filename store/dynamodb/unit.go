@@ -140,10 +140,10 @@ func (u *unit) add(items []types.TransactWriteItem) error {
 func (u *unit) Commit(ctx context.Context, envs []*outbox.Envelope) error {
 	u.mu.Lock()
 	u.ended = true
-	items := u.items
+	items, size := u.items, u.size
 	u.items = nil
 	u.mu.Unlock()
-	return u.s.commit(ctx, items, envs)
+	return u.s.commit(ctx, items, size, envs)
 }
 
 // Rollback drops the unit: nothing was sent, nothing was reserved.
@@ -155,7 +155,10 @@ func (u *unit) Rollback(context.Context) {
 }
 
 // commit writes items and envs in one request, after checking DynamoDB's limits.
-func (s *Store) commit(ctx context.Context, items []types.TransactWriteItem, envs []*outbox.Envelope) error {
+//
+// itemsSize is what items add to the request; AddItems measured them, and refused any
+// Put over DynamoDB's item limit, as it took them.
+func (s *Store) commit(ctx context.Context, items []types.TransactWriteItem, itemsSize int, envs []*outbox.Envelope) error {
 	if err := s.enter(ctx); err != nil {
 		return err
 	}
@@ -171,15 +174,7 @@ func (s *Store) commit(ctx context.Context, items []types.TransactWriteItem, env
 	if err != nil {
 		return err
 	}
-	for i, it := range items {
-		n, put := transactItemSize(it)
-		if put && n > maxItemSize {
-			return fmt.Errorf("%w: dynamostore: application item %d is a %d-byte Put, over DynamoDB's 400 KB item limit; nothing was written",
-				outbox.ErrTooLarge, i, n)
-		}
-		size += n
-	}
-	if size > maxTransactSize {
+	if size += itemsSize; size > maxTransactSize {
 		return fmt.Errorf("%w: dynamostore: the unit of work takes about %d bytes, over a transaction's 4 MB; nothing was written, split the work into several units",
 			outbox.ErrTooLarge, size)
 	}
