@@ -351,6 +351,10 @@ type RelayRecord struct {
 	LastSeen time.Time
 	// StoppedAt is set once the relay stopped gracefully; peers stop counting it.
 	StoppedAt time.Time
+	// BucketCount is the bucket count the relay runs with, as of its last heartbeat;
+	// 0 when unknown. Relays that see a peer with another count stop with
+	// [ErrMisconfigured].
+	BucketCount int
 }
 
 // Stopped reports whether the relay stamped itself stopped.
@@ -372,10 +376,15 @@ type Coordination struct {
 type Leaser interface {
 	// ReadCoordination reads every lease and relay record in one consistent read.
 	ReadCoordination(ctx context.Context) (Coordination, error)
-	// Heartbeat sets relay's LastSeen to at, creating the record if needed, only if the
-	// stored LastSeen is earlier than at. It clears StoppedAt (a restart under the same
-	// ID).
-	Heartbeat(ctx context.Context, relay string, at time.Time) (bool, error)
+	// ReadRelays reads every relay record, sorted by ID. It may serve a slightly
+	// stale copy (an eventually consistent read) and should cost one small read:
+	// relays call it between rounds, every half PollInterval, to notice a peer joining
+	// or stopping, and confirm with ReadCoordination.
+	ReadRelays(ctx context.Context) ([]RelayRecord, error)
+	// Heartbeat sets relay's LastSeen to at and its BucketCount to bucketCount,
+	// creating the record if needed, only if the stored LastSeen is earlier than at.
+	// It clears StoppedAt (a restart under the same ID).
+	Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int) (bool, error)
 	// StopRelay stamps the relay's record StoppedAt=at (and LastSeen=at if later), so a
 	// heartbeat the relay abandoned cannot revive it.
 	StopRelay(ctx context.Context, relay string, at time.Time) error

@@ -43,9 +43,17 @@ type Dispatcher struct {
 	sweepMu sync.Mutex
 	// coordMu serialises coordination rounds.
 	coordMu sync.Mutex
-	// lastPlan is the last round's plan; round counts rounds for standby skipping.
+	// handing holds the buckets this relay hands back once their drain in flight
+	// ends; it publishes nothing new from them. Guarded by mu.
+	handing map[int]bool
+	// lastPlan and lastView are the last round's plan and view; round counts rounds
+	// for standby skipping. Guarded by coordMu.
 	lastPlan leasePlan
+	lastView outbox.Coordination
 	round    uint64
+	// lastBeat is the time of the relay's last accepted heartbeat; zero before the
+	// first and after a resignation. Guarded by coordMu.
+	lastBeat time.Time
 
 	rounds, refused, published, retried, parked, deleted, outOfOrder atomic.Int64
 
@@ -143,12 +151,14 @@ func New(store outbox.DispatchStore, transport outbox.Transport, cfg Config) (*D
 		}
 		cfg.RelayID = id
 	}
+	bounded := deadlined{store, cfg.LeaseRenewInterval}
 	d := &Dispatcher{
-		store:       store,
+		store:       bounded,
 		transport:   transport,
 		cfg:         cfg,
 		log:         cfg.Logger.With("relay", cfg.RelayID),
 		leases:      make(map[int]outbox.Lease),
+		handing:     make(map[int]bool),
 		bucketLocks: make([]chan struct{}, cfg.BucketCount),
 		failLog:     make([]failLogState, cfg.BucketCount),
 		stopReq:     make(chan struct{}),
@@ -158,12 +168,18 @@ func New(store outbox.DispatchStore, transport outbox.Transport, cfg Config) (*D
 		d.bucketLocks[i] = make(chan struct{}, 1)
 	}
 	d.notifier, _ = store.(outbox.Notifier)
-	d.finder, _ = store.(outbox.Finder)
-	d.retainer, _ = store.(outbox.Retainer)
+	if f, ok := store.(outbox.Finder); ok {
+		d.finder = deadlinedFinder{bounded, f}
+	}
+	if r, ok := store.(outbox.Retainer); ok {
+		d.retainer = deadlinedRetainer{bounded, r}
+	}
 	if k, ok := transport.(outbox.KeyOrderKeeper); ok {
 		d.sameKeyBatches = k.KeepsKeyOrder()
 	}
-	d.prober, _ = store.(outbox.Prober)
+	if p, ok := store.(outbox.Prober); ok {
+		d.prober = deadlinedProber{bounded, p}
+	}
 	if cfg.Retention > 0 && d.retainer == nil {
 		return nil, fmt.Errorf("%w: dispatcher Config.Retention is %s but the store does not implement outbox.Retainer; set Retention to 0",
 			outbox.ErrMisconfigured, cfg.Retention)
@@ -198,7 +214,7 @@ func (d *Dispatcher) ownedAt(now time.Time) []int {
 	defer d.mu.Unlock()
 	var out []int
 	for b, l := range d.leases {
-		if d.valid(l, now) {
+		if d.valid(l, now) && !d.handing[b] {
 			out = append(out, b)
 		}
 	}
@@ -223,7 +239,7 @@ func (d *Dispatcher) leaseLeft(bucket int, now time.Time) (time.Duration, bool) 
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	l, ok := d.leases[bucket]
-	if !ok || !d.valid(l, now) {
+	if !ok || !d.valid(l, now) || d.handing[bucket] {
 		return 0, false
 	}
 	return l.ExpiresAt.Sub(now), true
@@ -234,7 +250,7 @@ func (d *Dispatcher) publishable(bucket int, now time.Time) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	l, ok := d.leases[bucket]
-	return ok && d.valid(l, now)
+	return ok && d.valid(l, now) && !d.handing[bucket]
 }
 
 // now reads the clock, in UTC, truncated to the microsecond precision stores keep.
@@ -292,7 +308,7 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (Result, error) {
 	d.sweepMu.Lock()
 	defer d.sweepMu.Unlock()
 	var res Result
-	if err := d.coordinate(ctx); err != nil {
+	if _, err := d.coordinate(ctx); err != nil {
 		// Hand back whatever the round took before it failed.
 		if rerr := d.resignBounded(ctx); rerr != nil {
 			d.log.Warn("dispatcher: releasing leases after a failed round failed; they lapse after LeaseDuration", "error", rerr)

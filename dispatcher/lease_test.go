@@ -66,7 +66,8 @@ func (f *fleet) setSkew(id string, d time.Duration) {
 func (f *fleet) round(ids ...string) {
 	f.t.Helper()
 	for _, id := range ids {
-		require.NoError(f.t, f.relays[id].coordinate(context.Background()))
+		_, err := f.relays[id].coordinate(context.Background())
+		require.NoError(f.t, err)
 		f.checkOneOwner()
 	}
 }
@@ -445,9 +446,11 @@ func TestInFlightRenewalAfterAStallIsRefused(t *testing.T) {
 	// "a" reads, then stalls past its lease; "b" takes the lapsed buckets meanwhile.
 	stalling.afterRead = func() {
 		f.clock.Advance(testLD)
-		require.NoError(t, f.relays["b"].coordinate(ctx))
+		_, err := f.relays["b"].coordinate(ctx)
+		require.NoError(t, err)
 	}
-	require.NoError(t, a.coordinate(ctx))
+	_, err = a.coordinate(ctx)
+	require.NoError(t, err)
 	require.EqualValues(t, 2, a.Stats().RefusedWrites, "one refused renewal per lost bucket")
 	require.Empty(t, a.Owned())
 	require.Len(t, f.relays["b"].Owned(), 4)
@@ -475,7 +478,8 @@ func TestRenewalOfALeaseThatLapsedDuringTheRoundIsRefused(t *testing.T) {
 	// else runs.
 	f.clock.Advance(testRI)
 	stalling.afterRead = func() { f.clock.Advance(testLD) }
-	require.NoError(t, a.coordinate(ctx))
+	_, err = a.coordinate(ctx)
+	require.NoError(t, err)
 	require.EqualValues(t, 2, a.Stats().RefusedWrites, "both renewals of lapsed leases are refused")
 	require.Empty(t, a.Owned(), "a relay publishes nothing from a lease that lapsed")
 	after, err := f.store.ReadCoordination(ctx)

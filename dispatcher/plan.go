@@ -16,6 +16,9 @@ type planParams struct {
 	// LeaseDuration is how long a lease and a heartbeat stay valid: a relay counts
 	// towards fair share while its heartbeat is younger than this.
 	LeaseDuration time.Duration
+	// StopHold is how long after a relay stamped itself stopped its peers claim
+	// nothing while it still holds a valid lease: see planRound.
+	StopHold time.Duration
 }
 
 // leasePlan is one relay's part of a coordination round, computed by planRound.
@@ -45,6 +48,16 @@ type leasePlan struct {
 	// ClockBehind reports that the relay's stored heartbeat is later than its clock:
 	// its heartbeat is refused and it claims nothing.
 	ClockBehind bool
+	// Unsettled reports that the fleet is moving buckets: a free bucket waits for a
+	// relay still short of its share, a relay holds more than its share, or a relay
+	// that is stopping still holds leases. The relay then re-plans soon instead of
+	// after LeaseRenewInterval.
+	Unsettled bool
+	// NextChange is the earliest time at which the plan can change by time alone: a
+	// peer's lease or heartbeat lapses, or a stopping peer's hold ends. Zero: none.
+	NextChange time.Time
+	// Mismatch names an active peer that runs with another bucket count, if any.
+	Mismatch *outbox.RelayRecord
 }
 
 // owns reports whether the plan leaves the relay holding bucket after the round, if
@@ -70,7 +83,8 @@ func (p leasePlan) owns(bucket int) bool {
 // The fleet-wide split it derives, and of which it returns self's part:
 //
 //   - Active relays are those whose heartbeat is younger than LeaseDuration and that
-//     have not stamped themselves stopped.
+//     have not stamped themselves stopped. A relay that does not see itself active
+//     hands everything back and claims nothing.
 //   - Each active relay's share is BucketCount/active, and BucketCount%active relays
 //     get one more: those holding the most buckets, then in relay-id order, so where
 //     the split leaves a choice the current holder keeps its buckets.
@@ -81,6 +95,11 @@ func (p leasePlan) owns(bucket int) bool {
 //     range contains them, then to relays still short of their share in relay-id
 //     order. Buckets whose lease is still valid but names an inactive relay are left
 //     alone until the lease lapses.
+//   - While a relay that stamped itself stopped less than StopHold ago still holds a
+//     valid lease, nobody claims anything: its releases are under way, and a peer
+//     that read between two of them would plan with another set of free buckets than
+//     a peer that read after the last. So every claim after a graceful stop is
+//     planned on the same view, and no claim is refused.
 //   - A relay whose stored heartbeat is later than now (its clock was set back)
 //     claims nothing, and does not renew a lease whose expiry is later than
 //     now+LeaseDuration.
@@ -90,24 +109,40 @@ func planRound(view outbox.Coordination, self string, now time.Time, p planParam
 	if n < 1 {
 		return plan
 	}
+	soon := func(t time.Time) {
+		if t.After(now) && (plan.NextChange.IsZero() || t.Before(plan.NextChange)) {
+			plan.NextChange = t
+		}
+	}
 
 	var active []string
 	selfActive := false
+	stopping := make(map[string]bool)
 	for _, r := range view.Relays {
-		if r.Stopped() || now.Sub(r.LastSeen) >= p.LeaseDuration {
-			if r.ID == self && r.LastSeen.After(now) {
-				plan.ClockBehind = true
+		if r.ID == self {
+			plan.ClockBehind = r.LastSeen.After(now)
+			if selfActive = !r.Stopped() && now.Sub(r.LastSeen) < p.LeaseDuration; selfActive {
+				active = append(active, self)
 			}
 			continue
 		}
+		if r.Stopped() {
+			if now.Sub(r.StoppedAt) < p.StopHold {
+				stopping[r.ID] = true
+				soon(r.StoppedAt.Add(p.StopHold))
+			}
+			continue
+		}
+		if now.Sub(r.LastSeen) >= p.LeaseDuration {
+			continue
+		}
+		soon(r.LastSeen.Add(p.LeaseDuration))
 		active = append(active, r.ID)
-		if r.ID == self {
-			selfActive = true
-			plan.ClockBehind = r.LastSeen.After(now)
+		if r.BucketCount != 0 && r.BucketCount != n && plan.Mismatch == nil {
+			plan.Mismatch = &r
 		}
 	}
 	slices.Sort(active)
-	active = slices.Compact(active)
 	plan.Active = len(active)
 
 	// Per bucket: who validly holds it, and which buckets are free.
@@ -123,6 +158,7 @@ func planRound(view outbox.Coordination, self string, now time.Time, p planParam
 	held := make(map[string][]int, len(active))
 	var free []int
 	var selfHeld []outbox.Lease
+	hold := false
 	for b := range n {
 		l := leases[b]
 		if !leased[b] || l.Free(now) {
@@ -132,7 +168,10 @@ func planRound(view outbox.Coordination, self string, now time.Time, p planParam
 		held[l.Owner] = append(held[l.Owner], b)
 		if l.Owner == self {
 			selfHeld = append(selfHeld, l)
+		} else {
+			soon(l.ExpiresAt)
 		}
+		hold = hold || stopping[l.Owner]
 	}
 
 	if !selfActive {
@@ -179,13 +218,16 @@ func planRound(view outbox.Coordination, self string, now time.Time, p planParam
 	// What each relay keeps after handing back its excess.
 	deficit := make(map[string]int, k)
 	var selfRelease map[int]bool
+	short := false
 	for _, id := range active {
 		hs := held[id]
 		excess := len(hs) - share[id]
 		if excess <= 0 {
 			deficit[id] = -excess
+			short = short || excess < 0
 			continue
 		}
+		plan.Unsettled = true
 		if id == self {
 			selfRelease = make(map[int]bool, excess)
 			for _, b := range handBack(hs, rangeOf[id], excess) {
@@ -230,7 +272,10 @@ func planRound(view outbox.Coordination, self string, now time.Time, p planParam
 			plan.Renew = append(plan.Renew, l)
 		}
 	}
-	if !plan.ClockBehind {
+	if hold || (short && len(free) > 0) {
+		plan.Unsettled = true
+	}
+	if !plan.ClockBehind && !hold {
 		for _, b := range free {
 			if owner[b] == self {
 				plan.Claim = append(plan.Claim, b)

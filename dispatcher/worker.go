@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/outboxkit/outbox"
@@ -70,6 +72,9 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 		}
 		if d.isKilled() {
 			return // as after a crash: the leases lapse
+		}
+		if errors.As(err, new(countMismatch)) {
+			return // the heartbeat stays, so peers stop too; the leases lapse
 		}
 		// Hand the leases back even when a Stop deadline cut the work short: peers
 		// then take the buckets on their next round instead of after LeaseDuration.
@@ -182,9 +187,189 @@ func (d *Dispatcher) finish(ctx context.Context) error {
 	return err
 }
 
-// run is the worker loop. It returns nil when asked to stop, or the error that
-// stops the worker for good.
+// run is the worker: the coordination rounds and the drains run side by side, so a
+// slow publish never delays a renewal and a slow round never delays a publish. It
+// returns nil when asked to stop, or the error that stops the worker for good.
 func (d *Dispatcher) run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	rounds := make(chan struct{}, 1)
+	var coordErr error
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		coordErr = d.coordinateLoop(ctx, rounds)
+		if coordErr != nil {
+			cancel()
+		}
+	})
+	err := d.drainLoop(ctx, rounds)
+	cancel()
+	wg.Wait()
+	if coordErr != nil {
+		return coordErr
+	}
+	return err
+}
+
+// fatal reports the errors that stop the worker: settings that disagree, or a closed
+// store.
+func fatal(err error) bool {
+	return errors.Is(err, outbox.ErrMisconfigured) || errors.Is(err, outbox.ErrClosed)
+}
+
+// stopping reports whether the worker was asked to stop.
+func (d *Dispatcher) stopping(ctx context.Context) bool {
+	select {
+	case <-d.stopReq:
+		return true
+	default:
+		return ctx.Err() != nil
+	}
+}
+
+// sleep waits for wait, a stop or ctx's end; it reports false on the latter two.
+func (d *Dispatcher) sleep(ctx context.Context, wait time.Duration) bool {
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	select {
+	case <-d.stopReq:
+		return false
+	case <-ctx.Done():
+		return false
+	case <-timer.C:
+		return true
+	}
+}
+
+// Timings of the coordination loop, derived from the configuration:
+//
+//   - watchInterval: between rounds the relay reads the relay records (one small
+//     read) this often, and runs a round at once when a peer joined, stopped, lapsed
+//     or changed its bucket count: half of PollInterval (at most half of
+//     LeaseRenewInterval), 500 ms by default.
+//   - settleInterval: while the fleet moves buckets (the plan is unsettled) rounds
+//     follow each other this often: half the watch interval, 250 ms by default.
+//   - lapseGrace: a round is run this long after the next time the plan can change
+//     by time alone (a peer's lease or heartbeat lapses): 1 % of LeaseDuration, at
+//     most 250 ms.
+func (d *Dispatcher) watchInterval() time.Duration {
+	return max(min(d.cfg.PollInterval, d.cfg.LeaseRenewInterval)/2, time.Millisecond)
+}
+
+func (d *Dispatcher) settleInterval() time.Duration {
+	return max(d.watchInterval()/2, time.Millisecond)
+}
+
+func (d *Dispatcher) lapseGrace() time.Duration {
+	return min(d.cfg.LeaseDuration/100, 250*time.Millisecond)
+}
+
+// coordinateLoop runs the coordination rounds on their own clock: every
+// LeaseRenewInterval in steady state, at once when the watch read sees the membership
+// change, every settleInterval while buckets move, and just after a peer's lease or
+// heartbeat lapses. It signals rounds after each round.
+func (d *Dispatcher) coordinateLoop(ctx context.Context, rounds chan<- struct{}) error {
+	var errDelay time.Duration
+	next := time.Now()
+	for !d.stopping(ctx) {
+		if wait := time.Until(next); wait > 0 {
+			if !d.sleep(ctx, min(wait, d.watchInterval())) {
+				return nil
+			}
+			if time.Now().Before(next) && !d.membershipChanged(ctx) {
+				continue
+			}
+		}
+		if d.skipRound() {
+			next = time.Now().Add(d.cfg.LeaseRenewInterval)
+			continue
+		}
+		plan, err := d.coordinate(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if fatal(err) {
+				return err
+			}
+			errDelay = min(max(2*errDelay, 50*time.Millisecond), d.cfg.LeaseRenewInterval)
+			d.log.Warn("dispatcher: coordination round failed; retrying", "error", err, "retry_in", errDelay)
+			next = time.Now().Add(errDelay)
+			continue
+		}
+		errDelay = 0
+		select {
+		case rounds <- struct{}{}:
+		default:
+		}
+		next = d.nextRound(plan)
+	}
+	return nil
+}
+
+// nextRound is when the round after one that produced plan runs.
+func (d *Dispatcher) nextRound(plan leasePlan) time.Time {
+	now := time.Now()
+	next := now.Add(d.cfg.LeaseRenewInterval)
+	if plan.Unsettled {
+		next = now.Add(d.settleInterval())
+	}
+	if !plan.NextChange.IsZero() {
+		// NextChange is on the configured clock; the loop sleeps on the real one.
+		at := now.Add(plan.NextChange.Sub(d.now()) + d.lapseGrace())
+		if at.Before(next) {
+			next = at
+		}
+	}
+	return next
+}
+
+// membershipChanged reads the relay records and reports whether they differ from the
+// last round's view in what the plan depends on: which peers count (active, stopped
+// or lapsed) and their bucket counts. A failed read reports no change; the regular
+// round then sees what it missed.
+func (d *Dispatcher) membershipChanged(ctx context.Context) bool {
+	relays, err := d.store.ReadRelays(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			d.log.Debug("dispatcher: reading the relay records failed", "error", err)
+		}
+		return false
+	}
+	now := d.now()
+	d.coordMu.Lock()
+	last := d.lastView.Relays
+	d.coordMu.Unlock()
+	return !slices.Equal(d.membership(relays, now), d.membership(last, now))
+}
+
+// member is what a round's plan depends on in a peer's relay record.
+type member struct {
+	id          string
+	active      bool
+	bucketCount int
+}
+
+// membership lists the peers that count at now (and their bucket counts), or that
+// are stopping and may hold leases.
+func (d *Dispatcher) membership(relays []outbox.RelayRecord, now time.Time) []member {
+	var out []member
+	for _, r := range relays {
+		if r.ID == d.cfg.RelayID {
+			continue
+		}
+		active := !r.Stopped() && now.Sub(r.LastSeen) < d.cfg.LeaseDuration
+		if active || (r.Stopped() && now.Sub(r.StoppedAt) < d.cfg.LeaseDuration) {
+			out = append(out, member{id: r.ID, active: active, bucketCount: r.BucketCount})
+		}
+	}
+	return out
+}
+
+// drainLoop drains the buckets this relay holds: those a commit wake-up names, and
+// every one at each PollInterval and after each round. It returns nil when asked to
+// stop, or the error that stops the worker for good.
+func (d *Dispatcher) drainLoop(ctx context.Context, rounds <-chan struct{}) error {
 	var wake <-chan int
 	if d.notifier != nil {
 		subCtx, cancel := context.WithCancel(ctx)
@@ -192,22 +377,14 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		wake = d.notifier.Subscribe(subCtx)
 	}
 	var (
-		nextRound time.Time // real time of the next coordination round
-		errDelay  time.Duration
-		woken     = make(map[int]bool)
-		all       = true
+		errDelay time.Duration
+		woken    = make(map[int]bool)
+		// all: poll every held bucket; cleanup: a round ran, so retention may be due.
+		all, cleanup = false, false
 	)
-	stopping := func() bool {
-		select {
-		case <-d.stopReq:
-			return true
-		default:
-			return ctx.Err() != nil
-		}
-	}
-	// pause waits for d, a stop, or (when wakeable) a wake-up; it reports false on a
-	// stop. An error backoff is not wakeable: commits keep coming while the store
-	// fails, and each would otherwise cut the backoff short.
+	// pause waits for d, a stop, a round or (when wakeable) a wake-up; it reports
+	// false on a stop. An error backoff is not wakeable: commits keep coming while the
+	// store fails, and each would otherwise cut the backoff short.
 	pause := func(wait time.Duration, wakeable bool) bool {
 		timer := time.NewTimer(wait)
 		defer timer.Stop()
@@ -220,6 +397,11 @@ func (d *Dispatcher) run(ctx context.Context) error {
 			case <-timer.C:
 				all = true
 				return true
+			case <-rounds:
+				all, cleanup = true, true
+				if wakeable {
+					return true
+				}
 			case b, ok := <-wake:
 				if !ok {
 					wake = nil
@@ -232,42 +414,14 @@ func (d *Dispatcher) run(ctx context.Context) error {
 			}
 		}
 	}
-	// fatal errors stop the worker: settings that disagree, or a closed store.
-	fatal := func(err error) bool {
-		return errors.Is(err, outbox.ErrMisconfigured) || errors.Is(err, outbox.ErrClosed)
-	}
 	failed := func(err error) bool {
 		errDelay = min(max(2*errDelay, 50*time.Millisecond), d.cfg.LeaseRenewInterval)
 		d.log.Warn("dispatcher: store or transport error; backing off", "error", err, "retry_in", errDelay)
 		return pause(errDelay, false)
 	}
 
-	for !stopping() {
-		if !time.Now().Before(nextRound) {
-			if d.skipRound() {
-				nextRound = time.Now().Add(d.cfg.LeaseRenewInterval)
-			} else {
-				if err := d.coordinate(ctx); err != nil {
-					if ctx.Err() != nil {
-						return nil
-					}
-					if fatal(err) {
-						return err
-					}
-					if !failed(err) {
-						return nil
-					}
-					continue
-				}
-				nextRound = time.Now().Add(d.cfg.LeaseRenewInterval)
-				all = true
-				if _, err := d.cleanupRetention(ctx); err != nil && ctx.Err() == nil {
-					d.log.Warn("dispatcher: retention cleanup failed", "error", err)
-				}
-			}
-		}
-
-		// Collect wake-ups that arrived while busy.
+	for !d.stopping(ctx) {
+		// Collect wake-ups and rounds that arrived while busy.
 	collect:
 		for {
 			select {
@@ -277,8 +431,16 @@ func (d *Dispatcher) run(ctx context.Context) error {
 					break collect
 				}
 				woken[b] = true
+			case <-rounds:
+				all, cleanup = true, true
 			default:
 				break collect
+			}
+		}
+		if cleanup {
+			cleanup = false
+			if _, err := d.cleanupRetention(ctx); err != nil && ctx.Err() == nil {
+				d.log.Warn("dispatcher: retention cleanup failed", "error", err)
 			}
 		}
 		var buckets []int
@@ -312,8 +474,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 			}
 			continue
 		}
-		wait := min(d.cfg.PollInterval, time.Until(nextRound))
-		if !pause(max(wait, time.Millisecond), true) {
+		if !pause(d.cfg.PollInterval, true) {
 			return nil
 		}
 	}

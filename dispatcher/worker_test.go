@@ -172,11 +172,11 @@ func (s *flakyStore) StopRelay(ctx context.Context, relay string, at time.Time) 
 	return s.Store.StopRelay(ctx, relay, at)
 }
 
-func (s *flakyStore) Heartbeat(ctx context.Context, relay string, at time.Time) (bool, error) {
+func (s *flakyStore) Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int) (bool, error) {
 	if err := s.fail(); err != nil {
 		return false, err
 	}
-	return s.Store.Heartbeat(ctx, relay, at)
+	return s.Store.Heartbeat(ctx, relay, at, bucketCount)
 }
 
 func TestWorkerBacksOffOnStoreErrorsAndRecovers(t *testing.T) {

@@ -678,18 +678,35 @@ func (s *Store) ReadCoordination(ctx context.Context) (outbox.Coordination, erro
 			c.Leases = append(c.Leases, l)
 		}
 	}
-	for _, r := range s.relays {
-		c.Relays = append(c.Relays, r)
-	}
 	slices.SortFunc(c.Leases, func(a, b outbox.Lease) int { return a.Bucket - b.Bucket })
-	slices.SortFunc(c.Relays, func(a, b outbox.RelayRecord) int { return strings.Compare(a.ID, b.ID) })
+	c.Relays = s.sortedRelays()
 	return c, nil
+}
+
+// ReadRelays implements [outbox.Leaser].
+func (s *Store) ReadRelays(ctx context.Context) ([]outbox.RelayRecord, error) {
+	if err := s.lock(ctx); err != nil {
+		return nil, err
+	}
+	defer s.mu.Unlock()
+	return s.sortedRelays(), nil
+}
+
+// sortedRelays returns the relay records by ID; the caller holds mu.
+func (s *Store) sortedRelays() []outbox.RelayRecord {
+	out := make([]outbox.RelayRecord, 0, len(s.relays))
+	for _, r := range s.relays {
+		out = append(out, r)
+	}
+	slices.SortFunc(out, func(a, b outbox.RelayRecord) int { return strings.Compare(a.ID, b.ID) })
+	return out
 }
 
 var errNoRelayID = errors.New("memory: relay id is empty")
 
-// Heartbeat moves the relay's LastSeen forward to at and clears StoppedAt.
-func (s *Store) Heartbeat(ctx context.Context, relay string, at time.Time) (bool, error) {
+// Heartbeat moves the relay's LastSeen forward to at, records its bucket count and
+// clears StoppedAt.
+func (s *Store) Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int) (bool, error) {
 	if relay == "" {
 		return false, errNoRelayID
 	}
@@ -700,7 +717,7 @@ func (s *Store) Heartbeat(ctx context.Context, relay string, at time.Time) (bool
 	if r, ok := s.relays[relay]; ok && !r.LastSeen.Before(at) {
 		return false, nil
 	}
-	s.relays[relay] = outbox.RelayRecord{ID: relay, LastSeen: at.UTC()}
+	s.relays[relay] = outbox.RelayRecord{ID: relay, LastSeen: at.UTC(), BucketCount: bucketCount}
 	return true, nil
 }
 
