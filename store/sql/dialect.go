@@ -43,7 +43,7 @@ type statements struct {
 	renew, release                       string
 	heartbeatUpdate, heartbeatInsert     string
 	stopUpdate, stopInsert, deleteRelay  string
-	readCoordination                     string
+	readCoordination, readRelays         string
 }
 
 func newStatements(d Dialect, c Config) statements {
@@ -68,21 +68,23 @@ func newStatements(d Dialect, c Config) statements {
 	s.claimInsert = insertIgnore(d, l, "bucket, owner, expires_at", "?, ?, ?", "bucket")
 	s.renew = "UPDATE " + l + " SET expires_at = ? WHERE bucket = ? AND owner = ? AND expires_at = ? AND expires_at > ?"
 	s.release = "UPDATE " + l + " SET owner = '' WHERE bucket = ? AND owner = ? AND expires_at = ?"
-	s.heartbeatUpdate = "UPDATE " + r + " SET last_seen = ?, stopped_at = 0 WHERE id = ? AND last_seen < ?"
-	s.heartbeatInsert = insertIgnore(d, r, "id, last_seen, stopped_at", "?, ?, 0", "id")
+	s.heartbeatUpdate = "UPDATE " + r + " SET last_seen = ?, stopped_at = 0, bucket_count = ? WHERE id = ? AND last_seen < ?"
+	s.heartbeatInsert = insertIgnore(d, r, "id, last_seen, stopped_at, bucket_count", "?, ?, 0, ?", "id")
 	s.stopUpdate = "UPDATE " + r + " SET last_seen = CASE WHEN last_seen < ? THEN ? ELSE last_seen END, stopped_at = ? WHERE id = ?"
 	s.stopInsert = insertIgnore(d, r, "id, last_seen, stopped_at", "?, ?, ?", "id")
 	s.deleteRelay = "DELETE FROM " + r + " WHERE id = ? AND last_seen = ?"
 	// One statement is one snapshot on every dialect: leases and relays are read
 	// together.
-	s.readCoordination = "SELECT 0, bucket, owner, expires_at, 0 FROM " + l + " WHERE bucket < ?" +
-		" UNION ALL SELECT 1, 0, id, last_seen, stopped_at FROM " + r
+	s.readCoordination = "SELECT 0, bucket, owner, expires_at, 0, 0 FROM " + l + " WHERE bucket < ?" +
+		" UNION ALL SELECT 1, 0, id, last_seen, stopped_at, bucket_count FROM " + r
+	// The relay table alone: one row per relay, read between rounds.
+	s.readRelays = "SELECT id, last_seen, stopped_at, bucket_count FROM " + r
 
 	if d == PostgreSQL {
 		for _, p := range []*string{&s.fetch, &s.find, &s.list, &s.reschedule, &s.park, &s.deleteDispatched,
 			&s.statsPending, &s.statsHead, &s.statsParked, &s.claimUpdate, &s.claimInsert, &s.renew,
 			&s.release, &s.heartbeatUpdate, &s.heartbeatInsert, &s.stopUpdate, &s.stopInsert,
-			&s.deleteRelay, &s.readCoordination} {
+			&s.deleteRelay, &s.readCoordination, &s.readRelays} {
 			*p = rebind(*p)
 		}
 	}

@@ -49,6 +49,8 @@
 //   - Lease and heartbeat writes are conditional UPDATEs (and an INSERT that does
 //     nothing on conflict for a row not created yet); the affected-row count decides
 //     the winner. ReadCoordination is one statement, hence one snapshot.
+//     ReadRelays is one SELECT of the relay table alone (a row per relay, with its
+//     heartbeat, stop stamp and bucket count).
 //   - Every time is stored as integer microseconds since the Unix epoch (UTC), so
 //     lease expiries round-trip exactly on every dialect.
 //   - Wake-ups: commits through a store wake its subscribers in-process at once. On
@@ -63,9 +65,10 @@
 //     invalid UTF-8 in a topic or header key is [outbox.ErrInvalidMessage]), its
 //     bucket count ([outbox.ErrMisconfigured]) and [Config.MaxMessageSize]
 //     ([outbox.ErrTooLarge]). A refused call writes nothing.
-//   - A table that does not exist (the store used before [Store.Migrate]) is an
-//     error wrapping [outbox.ErrMisconfigured] that says to run Migrate, from every
-//     call that touches the tables.
+//   - A table or column that does not exist (the store used before [Store.Migrate],
+//     or on a schema an upgrade has not migrated yet) is an error wrapping
+//     [outbox.ErrMisconfigured] that says to run Migrate, from every call that
+//     touches the tables.
 //   - On pgx, a unit's INSERT and its COMMIT travel in one pipelined round trip.
 //
 // # Limitations

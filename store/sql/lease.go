@@ -27,9 +27,9 @@ func (s *Store) ReadCoordination(ctx context.Context) (outbox.Coordination, erro
 	}
 	defer rs.Close()
 	for rs.Next() {
-		var kind, bucket, t1, t2 int64
+		var kind, bucket, t1, t2, count int64
 		var name string
-		if err := rs.Scan(&kind, &bucket, &name, &t1, &t2); err != nil {
+		if err := rs.Scan(&kind, &bucket, &name, &t1, &t2, &count); err != nil {
 			return c, s.wrap(ctx, "read coordination", err)
 		}
 		if kind == 0 {
@@ -38,18 +38,52 @@ func (s *Store) ReadCoordination(ctx context.Context) (outbox.Coordination, erro
 			}
 			continue
 		}
-		c.Relays = append(c.Relays, outbox.RelayRecord{ID: name, LastSeen: fromMicros(t1), StoppedAt: fromMicros(t2)})
+		c.Relays = append(c.Relays, outbox.RelayRecord{ID: name, LastSeen: fromMicros(t1), StoppedAt: fromMicros(t2), BucketCount: int(count)})
 	}
 	if err := rs.Err(); err != nil {
 		return c, s.wrap(ctx, "read coordination", err)
 	}
 	sort.Slice(c.Leases, func(i, j int) bool { return c.Leases[i].Bucket < c.Leases[j].Bucket })
-	sort.Slice(c.Relays, func(i, j int) bool { return c.Relays[i].ID < c.Relays[j].ID })
+	sortRelays(c.Relays)
 	return c, nil
 }
 
-// Heartbeat implements [outbox.Leaser].
-func (s *Store) Heartbeat(ctx context.Context, relay string, at time.Time) (bool, error) {
+// ReadRelays implements [outbox.Leaser] with one SELECT of the relay table, a row per
+// relay; the lease table is not read.
+func (s *Store) ReadRelays(ctx context.Context) ([]outbox.RelayRecord, error) {
+	if err := s.begin(ctx); err != nil {
+		return nil, err
+	}
+	rs, err := s.db.query(ctx, s.stmts.readRelays)
+	if err != nil {
+		return nil, s.wrap(ctx, "read relays", err)
+	}
+	defer rs.Close()
+	var out []outbox.RelayRecord
+	for rs.Next() {
+		var seen, stopped, count int64
+		var id string
+		if err := rs.Scan(&id, &seen, &stopped, &count); err != nil {
+			return nil, s.wrap(ctx, "read relays", err)
+		}
+		out = append(out, outbox.RelayRecord{ID: id, LastSeen: fromMicros(seen), StoppedAt: fromMicros(stopped), BucketCount: int(count)})
+	}
+	if err := rs.Err(); err != nil {
+		return nil, s.wrap(ctx, "read relays", err)
+	}
+	sortRelays(out)
+	return out, nil
+}
+
+// sortRelays orders records by ID byte-wise in Go rather than with ORDER BY, whose
+// order would follow each database's collation.
+func sortRelays(rs []outbox.RelayRecord) {
+	sort.Slice(rs, func(i, j int) bool { return rs[i].ID < rs[j].ID })
+}
+
+// Heartbeat implements [outbox.Leaser]: LastSeen and the bucket count move together,
+// in one conditional UPDATE (or the INSERT that creates the record).
+func (s *Store) Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int) (bool, error) {
 	if err := s.begin(ctx); err != nil {
 		return false, err
 	}
@@ -57,12 +91,12 @@ func (s *Store) Heartbeat(ctx context.Context, relay string, at time.Time) (bool
 		return false, err
 	}
 	at64 := micros(at)
-	n, err := s.db.exec(ctx, s.stmts.heartbeatUpdate, at64, relay, at64)
+	n, err := s.db.exec(ctx, s.stmts.heartbeatUpdate, at64, bucketCount, relay, at64)
 	if err != nil || n > 0 {
 		return n > 0, s.wrap(ctx, "heartbeat", err)
 	}
 	// No row moved: either the record is absent (create it) or it is newer (refused).
-	n, err = s.db.exec(ctx, s.stmts.heartbeatInsert, relay, at64)
+	n, err = s.db.exec(ctx, s.stmts.heartbeatInsert, relay, at64, bucketCount)
 	return n > 0, s.wrap(ctx, "heartbeat", err)
 }
 

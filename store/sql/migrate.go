@@ -8,6 +8,7 @@ import (
 	"hash/fnv"
 	"io/fs"
 	"path"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -87,6 +88,28 @@ func splitStatements(script string) []string {
 	return out
 }
 
+// addColumn matches a step that adds a column. MySQL 8 and SQLite have no ADD COLUMN
+// IF NOT EXISTS, so such a step is not idempotent by itself.
+var addColumn = regexp.MustCompile(`(?i)^ALTER\s+TABLE\s+(\S+)\s+ADD\s+COLUMN\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)\s`)
+
+// columnAdded reports whether a failed step was an ADD COLUMN whose column exists: a
+// concurrent Migrate (or a team's own tooling) added it first, so the step is done.
+// It probes the column rather than matching each driver's duplicate-column error.
+func columnAdded(ctx context.Context, q querier, stmt string) bool {
+	m := addColumn.FindStringSubmatch(stmt)
+	if m == nil {
+		return false
+	}
+	rs, err := q.query(ctx, "SELECT "+m[2]+" FROM "+m[1]+" WHERE 1 = 0")
+	if err != nil {
+		return false
+	}
+	for rs.Next() {
+	}
+	rs.Close()
+	return rs.Err() == nil
+}
+
 // DDL returns the schema statements Migrate runs for the store's dialect and tables,
 // for teams that apply migrations with their own tooling. Statements are in order,
 // without trailing semicolons.
@@ -104,7 +127,8 @@ func (s *Store) DDL() []string {
 
 // Migrate creates or upgrades the store's tables from the embedded migrations. It is
 // safe to run at every start and from several processes at once: each step is
-// idempotent and recorded in Table+"_migrations", and on PostgreSQL the whole
+// idempotent (IF NOT EXISTS, or an added column that exists already is taken as
+// added) and recorded in Table+"_migrations", and on PostgreSQL the whole
 // migration runs in one transaction under an advisory lock (concurrent CREATE TABLE
 // IF NOT EXISTS can otherwise collide there).
 func (s *Store) Migrate(ctx context.Context) error {
@@ -162,7 +186,7 @@ func (s *Store) migrate(ctx context.Context, q querier, ms []migration) error {
 			continue
 		}
 		for _, stmt := range m.statements {
-			if _, err := q.exec(ctx, stmt); err != nil {
+			if _, err := q.exec(ctx, stmt); err != nil && !columnAdded(ctx, q, stmt) {
 				return s.wrap(ctx, fmt.Sprintf("migrate to version %d", m.version), err)
 			}
 		}

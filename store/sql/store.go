@@ -193,8 +193,8 @@ func (s *Store) begin(ctx context.Context) error {
 }
 
 // wrap is the one place backend errors are translated: context errors come back
-// unwrapped, a missing table wraps [outbox.ErrMisconfigured] and says to migrate,
-// everything else names the operation.
+// unwrapped, a missing table or column wraps [outbox.ErrMisconfigured] and says to
+// migrate, everything else names the operation.
 func (s *Store) wrap(ctx context.Context, op string, err error) error {
 	if err == nil {
 		return nil
@@ -208,22 +208,29 @@ func (s *Store) wrap(ctx context.Context, op string, err error) error {
 	if errors.Is(err, context.DeadlineExceeded) {
 		return context.DeadlineExceeded
 	}
-	if missingTable(err) {
-		return fmt.Errorf("sqlstore: %s: %w: a table of the store does not exist (Config.Table %q, LeaseTable %q, RelayTable %q): run Store.Migrate at start-up, or apply the statements of Store.DDL, before using the store: %w",
+	if missingSchema(err) {
+		return fmt.Errorf("sqlstore: %s: %w: a table or column of the store does not exist (Config.Table %q, LeaseTable %q, RelayTable %q): run Store.Migrate at start-up, or apply the statements of Store.DDL, before using the store: %w",
 			op, outbox.ErrMisconfigured, s.cfg.Table, s.cfg.LeaseTable, s.cfg.RelayTable, err)
 	}
 	return fmt.Errorf("sqlstore: %s: %w", op, err)
 }
 
-// missingTable reports an error that says a table does not exist: SQLSTATE 42P01
-// on PostgreSQL, error 1146 on MySQL and MariaDB, "no such table" on SQLite.
-func missingTable(err error) bool {
+// missingSchema reports an error that says a table or column does not exist, which
+// is what a schema behind the code's migrations gives: SQLSTATE 42P01 and 42703 on
+// PostgreSQL, errors 1146 and 1054 on MySQL and MariaDB, "no such table", "no such
+// column" and "has no column named" on SQLite.
+func missingSchema(err error) bool {
 	var state interface{ SQLState() string }
-	if errors.As(err, &state) && state.SQLState() == "42P01" {
+	if errors.As(err, &state) && (state.SQLState() == "42P01" || state.SQLState() == "42703") {
 		return true
 	}
 	msg := err.Error()
-	return strings.Contains(msg, "Error 1146") || strings.Contains(msg, "no such table")
+	for _, sign := range []string{"Error 1146", "Error 1054", "no such table", "no such column", "has no column named"} {
+		if strings.Contains(msg, sign) {
+			return true
+		}
+	}
+	return false
 }
 
 // check validates envelopes before anything is written.

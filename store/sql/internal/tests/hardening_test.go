@@ -38,10 +38,10 @@ func TestClaimRefusedWithFoundRowsClient(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, won, "a held lease is not granted to a second relay")
 
-	ok, err := s.Heartbeat(ctx, "a", now)
+	ok, err := s.Heartbeat(ctx, "a", now, 2)
 	require.NoError(t, err)
 	require.True(t, ok)
-	ok, err = s.Heartbeat(ctx, "a", now)
+	ok, err = s.Heartbeat(ctx, "a", now, 2)
 	require.NoError(t, err)
 	require.False(t, ok, "a heartbeat that does not move forward is refused")
 }
@@ -73,6 +73,6 @@ func TestRelayIDsTheColumnsCannotHoldAreRefused(t *testing.T) {
 	now := time.Now()
 	_, err := s.Claim(ctx, 0, "", now, now.Add(time.Minute))
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
-	_, err = s.Heartbeat(ctx, strings.Repeat("r", 256), now)
+	_, err = s.Heartbeat(ctx, strings.Repeat("r", 256), now, 1)
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
 }

@@ -94,10 +94,17 @@ func TestMigrateIsIdempotentAndDDLMatches(t *testing.T) {
 		ddl := s.DDL()
 		require.NotEmpty(t, ddl)
 		for _, stmt := range ddl {
-			require.Contains(t, stmt, "IF NOT EXISTS", "every step can be rerun")
+			// MySQL 8 and SQLite have no ADD COLUMN IF NOT EXISTS: Migrate reruns such
+			// a step by finding the column there (TestMigrateUpgradesTheRelayTable).
+			if !strings.HasPrefix(stmt, "ALTER TABLE ") {
+				require.Contains(t, stmt, "IF NOT EXISTS", "every step can be rerun")
+			}
 		}
-		require.Contains(t, strings.Join(ddl, "\n"), s.Config().Table)
-		require.Equal(t, 1, countRows(t, s, s.Config().Table+"_migrations"))
+		all := strings.Join(ddl, "\n")
+		require.Contains(t, all, s.Config().Table)
+		require.Regexp(t, `ALTER TABLE `+s.Config().RelayTable+` ADD COLUMN (IF NOT EXISTS )?bucket_count INT(EGER)? NOT NULL DEFAULT 0`, all,
+			"the DDL for teams that migrate themselves adds the relay's bucket count")
+		require.Equal(t, 2, countRows(t, s, s.Config().Table+"_migrations"), "versions 1 and 2")
 	})
 }
 
@@ -275,6 +282,6 @@ func TestConcurrentMigrations(t *testing.T) {
 			require.NoError(t, s.Enqueue(ctx, newEnvelope(t, s, "k", "v")))
 		}
 		require.Equal(t, 4, countRows(t, first, first.Config().Table))
-		require.Equal(t, 1, countRows(t, first, first.Config().Table+"_migrations"))
+		require.Equal(t, 2, countRows(t, first, first.Config().Table+"_migrations"))
 	})
 }

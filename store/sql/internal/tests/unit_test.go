@@ -233,7 +233,9 @@ func TestMissingTableSaysToMigrate(t *testing.T) {
 		requireMigrate(err, "Renew")
 		_, err = s.Release(ctx, lease)
 		requireMigrate(err, "Release")
-		_, err = s.Heartbeat(ctx, "relay", now)
+		_, err = s.ReadRelays(ctx)
+		requireMigrate(err, "ReadRelays")
+		_, err = s.Heartbeat(ctx, "relay", now, 2)
 		requireMigrate(err, "Heartbeat")
 		requireMigrate(s.StopRelay(ctx, "relay", now), "StopRelay")
 

@@ -1,0 +1,1 @@
+ALTER TABLE {{.RelayTable}} ADD COLUMN bucket_count INT NOT NULL DEFAULT 0;
