@@ -34,8 +34,10 @@
 // publish — Attempts (N), NextAttemptAtUtc (N, ticks) and LastError (S, at most 2 KB) —
 // and ParkedAtUtc (N, ticks) on parked items. An absent attribute means zero. The
 // counter holds Sequence (N), the last number handed out. A lease holds Owner (S,
-// absent when free) and ExpiresAtUtc (N). A heartbeat holds LastSeenUtc (N) and, once
-// the relay stopped gracefully, StoppedAtUtc (N).
+// absent when free) and ExpiresAtUtc (N). A heartbeat holds LastSeenUtc (N),
+// BucketCount (N, the relay's bucket count as of that heartbeat; absent, read as 0,
+// on records written before relays stored it) and, once the relay stopped
+// gracefully, StoppedAtUtc (N).
 //
 // # Semantics
 //
@@ -75,6 +77,10 @@
 //     move forward, a stopping relay stamps its record instead of deleting it, and
 //     lease items beyond the bucket count are ignored. A fleet that agrees on its
 //     membership makes no refused conditional write.
+//   - ReadCoordination is one strongly consistent Query of the coordination
+//     partition; [Store.ReadRelays], which relays call between rounds, is one
+//     eventually consistent Query of its relay items alone (a key condition on the
+//     RELAY# sort keys): 0.5 read units for a fleet of up to about 30 relays.
 //   - [Store.HasPending] is the idle probe ([outbox.Prober]) the dispatcher sends before
 //     polling a bucket: one eventually consistent one-key query.
 //   - [Store.Stats] counts pending and parked messages up to PendingCountLimit per

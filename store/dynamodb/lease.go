@@ -73,17 +73,83 @@ func (s *Store) decodeCoordination(item map[string]types.AttributeValue, c *outb
 		}
 		c.Leases = append(c.Leases, outbox.Lease{Bucket: bucket, Owner: stringAttr(item, attrOwner), ExpiresAt: exp})
 	case strings.HasPrefix(sk, relaySKPrefix):
-		seen, err := ticksOf(item, attrLastSeen)
+		r, err := decodeRelay(sk, item)
 		if err != nil {
-			return fmt.Errorf("dynamostore: relay item %q: %w", sk, err)
+			return err
 		}
-		stopped, err := ticksOf(item, attrStoppedAt)
-		if err != nil {
-			return fmt.Errorf("dynamostore: relay item %q: %w", sk, err)
-		}
-		c.Relays = append(c.Relays, outbox.RelayRecord{ID: strings.TrimPrefix(sk, relaySKPrefix), LastSeen: seen, StoppedAt: stopped})
+		c.Relays = append(c.Relays, r)
 	}
 	return nil
+}
+
+// decodeRelay reads a relay item whose sort key is sk. An absent BucketCount (a
+// record written before relays stored it) reads as 0, unknown.
+func decodeRelay(sk string, item map[string]types.AttributeValue) (outbox.RelayRecord, error) {
+	r := outbox.RelayRecord{ID: strings.TrimPrefix(sk, relaySKPrefix)}
+	var err error
+	if r.LastSeen, err = ticksOf(item, attrLastSeen); err != nil {
+		return r, fmt.Errorf("dynamostore: relay item %q: %w", sk, err)
+	}
+	if r.StoppedAt, err = ticksOf(item, attrStoppedAt); err != nil {
+		return r, fmt.Errorf("dynamostore: relay item %q: %w", sk, err)
+	}
+	n, _, err := intAttr(item, attrBucketCount)
+	if err != nil {
+		return r, fmt.Errorf("dynamostore: relay item %q: %w", sk, err)
+	}
+	r.BucketCount = int(n)
+	return r, nil
+}
+
+// ReadRelays reads the relay records with one eventually consistent Query of the
+// coordination partition, limited by its key condition to the sort keys that begin
+// with RELAY#, so no lease item is read or paid for; the projection trims the
+// response, not the charge. A Query is charged for the size of the items it reads,
+// rounded up to 4 KB, at half a read unit per 4 KB when eventually consistent. A
+// relay item is about 65 bytes plus its ID, so a fleet of up to about 30 relays
+// costs 0.5 read units a call.
+func (s *Store) ReadRelays(ctx context.Context) ([]outbox.RelayRecord, error) {
+	if err := s.enter(ctx); err != nil {
+		return nil, err
+	}
+	var (
+		out   []outbox.RelayRecord
+		start map[string]types.AttributeValue
+	)
+	for {
+		q, err := s.client.Query(ctx, &ddb.QueryInput{
+			TableName:              aws.String(s.cfg.TableName),
+			KeyConditionExpression: aws.String("#pk = :pk AND begins_with(#sk, :relay)"),
+			ProjectionExpression:   aws.String("#sk, #seen, #stopped, #count"),
+			ExpressionAttributeNames: map[string]string{
+				"#pk": s.keys.pk, "#sk": s.keys.sk,
+				"#seen": attrLastSeen, "#stopped": attrStoppedAt, "#count": attrBucketCount,
+			},
+			ExpressionAttributeValues: map[string]types.AttributeValue{
+				":pk":    &types.AttributeValueMemberS{Value: s.keys.coordination()},
+				":relay": &types.AttributeValueMemberS{Value: relaySKPrefix},
+			},
+			ConsistentRead:    aws.Bool(false),
+			ExclusiveStartKey: start,
+		})
+		if err != nil {
+			return nil, s.translate(ctx, "read relays", err)
+		}
+		for _, item := range q.Items {
+			r, err := decodeRelay(stringAttr(item, s.keys.sk), item)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, r)
+		}
+		// Pages only past 1 MB of relay items, which no fleet reaches.
+		if len(q.LastEvaluatedKey) == 0 {
+			break
+		}
+		start = q.LastEvaluatedKey
+	}
+	slices.SortFunc(out, func(a, b outbox.RelayRecord) int { return strings.Compare(a.ID, b.ID) })
+	return out, nil
 }
 
 // conditional sends one conditional UpdateItem and reports whether its condition held.
@@ -99,11 +165,12 @@ func (s *Store) conditional(ctx context.Context, op string, in *ddb.UpdateItemIn
 	return false, s.translate(ctx, op, err)
 }
 
-// Heartbeat writes the relay's record with LastSeenUtc=at and no StoppedAtUtc, only if
-// the stored LastSeenUtc is earlier: a heartbeat the relay gave up on cannot land later
-// and put an older round back. The record is written whole (a conditional PutItem),
-// which is how the stop stamp goes away on a restart under the same ID.
-func (s *Store) Heartbeat(ctx context.Context, relay string, at time.Time) (bool, error) {
+// Heartbeat writes the relay's record with LastSeenUtc=at, BucketCount=bucketCount and
+// no StoppedAtUtc, only if the stored LastSeenUtc is earlier: a heartbeat the relay
+// gave up on cannot land later and put an older round back. The record is written
+// whole (a conditional PutItem), which is how the stop stamp goes away on a restart
+// under the same ID.
+func (s *Store) Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int) (bool, error) {
 	if relay == "" {
 		return false, errNoRelayID
 	}
@@ -112,6 +179,7 @@ func (s *Store) Heartbeat(ctx context.Context, relay string, at time.Time) (bool
 	}
 	item := s.keys.key(s.keys.coordination(), relaySortKey(relay))
 	item[attrLastSeen] = ticksAttr(at)
+	item[attrBucketCount] = numberAttr(int64(bucketCount))
 	return s.conditionalPut(ctx, "heartbeat", &ddb.PutItemInput{
 		Item:                      item,
 		ConditionExpression:       aws.String("attribute_not_exists(#seen) OR #seen < :at"),

@@ -60,7 +60,13 @@ type proxy struct {
 	// serial serialises requests, for tests that run table operations concurrently.
 	serial bool
 	serMu  sync.Mutex
+	// last holds, per operation, the last request as the client sent it and the
+	// response as the client got it.
+	last map[string]exchange
 }
+
+// exchange is one request and its response, as the client saw them.
+type exchange struct{ sent, got []byte }
 
 var tableSeq atomic.Int64
 
@@ -72,7 +78,7 @@ func newTestDB(t testing.TB) *testDB {
 	t.Cleanup(backend.Close)
 	target, err := url.Parse(backend.URL)
 	require.NoError(t, err)
-	p := &proxy{requests: map[string]int{}, loseResponses: map[string]int{}, attempts: map[string][]string{}}
+	p := &proxy{requests: map[string]int{}, loseResponses: map[string]int{}, attempts: map[string][]string{}, last: map[string]exchange{}}
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
 			at := time.Now()
@@ -308,6 +314,7 @@ func (p *proxy) inspect(resp *http.Response) error {
 		resp.StatusCode = http.StatusInternalServerError
 		resp.Status = "500 Internal Server Error"
 	}
+	p.last[op] = exchange{sent: sent.body, got: body}
 	p.mu.Unlock()
 	resp.Body = io.NopCloser(bytes.NewReader(body))
 	resp.ContentLength = int64(len(body))
@@ -350,6 +357,18 @@ func (p *proxy) attemptLocked(r *http.Request, outcome string) []string {
 	earlier := p.attempts[call]
 	p.attempts[call] = append(slices.Clip(earlier), r.Header.Get("Amz-Sdk-Request")+": "+outcome)
 	return earlier
+}
+
+// lastExchange returns the last request of op and its response, decoded.
+func (p *proxy) lastExchange(t testing.TB, op string) (sent, got map[string]any) {
+	t.Helper()
+	p.mu.Lock()
+	x, ok := p.last[op]
+	p.mu.Unlock()
+	require.True(t, ok, "no %s went through the proxy", op)
+	require.NoError(t, json.Unmarshal(x.sent, &sent))
+	require.NoError(t, json.Unmarshal(x.got, &got))
+	return sent, got
 }
 
 func (p *proxy) refusedSoFar() int {

@@ -3,6 +3,7 @@ package tests
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -151,10 +152,12 @@ func TestLeaseItems(t *testing.T) {
 	lease := rawItem(t, d, table, "OUTBOX#COORDINATION", "LEASE#0000000003")
 	require.NotNil(t, lease)
 	assert.Equal(t, "relay-a", lease["Owner"].(*types.AttributeValueMemberS).Value)
-	ok, err = s.Heartbeat(ctx, "relay-a", now)
+	ok, err = s.Heartbeat(ctx, "relay-a", now, 4)
 	require.NoError(t, err)
 	require.True(t, ok)
-	assert.Contains(t, rawItem(t, d, table, "OUTBOX#COORDINATION", "RELAY#relay-a"), "LastSeenUtc")
+	rec := rawItem(t, d, table, "OUTBOX#COORDINATION", "RELAY#relay-a")
+	assert.Contains(t, rec, "LastSeenUtc")
+	assert.Equal(t, &types.AttributeValueMemberN{Value: "4"}, rec["BucketCount"], "the relay's bucket count, a number")
 
 	// A lease item of a larger fleet (bucket 6 of 8) is ignored.
 	_, err = d.client.PutItem(ctx, &ddb.PutItemInput{TableName: aws.String(table), Item: map[string]types.AttributeValue{
@@ -179,16 +182,81 @@ func TestLeaseItems(t *testing.T) {
 
 	// Stop: stamped, not deleted; a later heartbeat (a restart) clears the stamp.
 	require.NoError(t, s.StopRelay(ctx, "relay-a", now.Add(time.Second)))
-	rec := rawItem(t, d, table, "OUTBOX#COORDINATION", "RELAY#relay-a")
+	rec = rawItem(t, d, table, "OUTBOX#COORDINATION", "RELAY#relay-a")
 	require.NotNil(t, rec)
 	assert.Contains(t, rec, "StoppedAtUtc")
-	ok, err = s.Heartbeat(ctx, "relay-a", now.Add(500*time.Millisecond))
+	assert.Equal(t, &types.AttributeValueMemberN{Value: "4"}, rec["BucketCount"], "the stop stamp keeps the bucket count")
+	ok, err = s.Heartbeat(ctx, "relay-a", now.Add(500*time.Millisecond), 8)
 	require.NoError(t, err)
 	assert.False(t, ok, "an abandoned heartbeat cannot revive a stopped relay")
-	ok, err = s.Heartbeat(ctx, "relay-a", now.Add(2*time.Second))
+	ok, err = s.Heartbeat(ctx, "relay-a", now.Add(2*time.Second), 8)
 	require.NoError(t, err)
 	assert.True(t, ok)
-	assert.NotContains(t, rawItem(t, d, table, "OUTBOX#COORDINATION", "RELAY#relay-a"), "StoppedAtUtc")
+	rec = rawItem(t, d, table, "OUTBOX#COORDINATION", "RELAY#relay-a")
+	assert.NotContains(t, rec, "StoppedAtUtc")
+	assert.Equal(t, &types.AttributeValueMemberN{Value: "8"}, rec["BucketCount"])
+}
+
+// TestReadRelaysQueriesRelayItemsOnly: ReadRelays is one eventually consistent Query
+// whose key condition stops at the relay items, so the lease items beside them in the
+// coordination partition are neither read nor paid for, and a record written before
+// relays stored their bucket count reads as 0.
+func TestReadRelaysQueriesRelayItemsOnly(t *testing.T) {
+	t.Parallel()
+	d := newTestDB(t)
+	s := d.newStore(t, dynamostore.Config{BucketCount: 8})
+	table := s.Config().TableName
+	ctx := context.Background()
+	now := time.Date(2026, 5, 6, 7, 8, 9, 123456000, time.UTC)
+
+	for b := range 8 {
+		ok, err := s.Claim(ctx, b, "relay-a", now, now.Add(time.Minute))
+		require.NoError(t, err)
+		require.True(t, ok)
+	}
+	for i, id := range []string{"relay-b", "relay-a"} {
+		ok, err := s.Heartbeat(ctx, id, now.Add(time.Duration(i)*time.Second), 8*(i+1))
+		require.NoError(t, err)
+		require.True(t, ok)
+	}
+	// A record as an earlier version wrote it: no BucketCount.
+	old := now.Add(-time.Hour)
+	const unixEpochTicks = 621_355_968_000_000_000
+	_, err := d.client.PutItem(ctx, &ddb.PutItemInput{TableName: aws.String(table), Item: map[string]types.AttributeValue{
+		"PK": &types.AttributeValueMemberS{Value: "OUTBOX#COORDINATION"}, "SK": &types.AttributeValueMemberS{Value: "RELAY#relay-old"},
+		"LastSeenUtc": &types.AttributeValueMemberN{Value: fmt.Sprint(unixEpochTicks + old.UnixNano()/100)},
+	}})
+	require.NoError(t, err)
+	require.NoError(t, s.StopRelay(ctx, "relay-b", now.Add(5*time.Second)))
+
+	d.proxy.take()
+	relays, err := s.ReadRelays(ctx)
+	require.NoError(t, err)
+	reqs, _ := d.proxy.take()
+	assert.Equal(t, map[string]int{"Query": 1}, reqs, "one request")
+	sent, got := d.proxy.lastExchange(t, "Query")
+	assert.NotEqual(t, true, sent["ConsistentRead"], "eventually consistent: half the read units")
+	assert.Contains(t, sent["KeyConditionExpression"], "begins_with(")
+	assert.Contains(t, fmt.Sprint(sent["ExpressionAttributeValues"]), "RELAY#")
+	assert.NotEmpty(t, sent["ProjectionExpression"])
+	assert.EqualValues(t, 3, got["Count"], "the relay items and nothing else")
+	assert.Len(t, got["Items"], 3)
+
+	want := []outbox.RelayRecord{
+		{ID: "relay-a", LastSeen: now.Add(time.Second), BucketCount: 16},
+		{ID: "relay-b", LastSeen: now.Add(5 * time.Second), StoppedAt: now.Add(5 * time.Second), BucketCount: 8},
+		{ID: "relay-old", LastSeen: old},
+	}
+	require.Len(t, relays, len(want))
+	for i, r := range relays {
+		assert.Equal(t, want[i].ID, r.ID)
+		assert.True(t, want[i].LastSeen.Equal(r.LastSeen), "%s: LastSeen %v, want %v", r.ID, r.LastSeen, want[i].LastSeen)
+		assert.True(t, want[i].StoppedAt.Equal(r.StoppedAt), "%s: StoppedAt %v, want %v", r.ID, r.StoppedAt, want[i].StoppedAt)
+		assert.Equal(t, want[i].BucketCount, r.BucketCount, r.ID)
+	}
+	coord, err := s.ReadCoordination(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, relays, coord.Relays, "the same records as the consistent read")
 }
 
 func TestCreateIfNotExists(t *testing.T) {

@@ -241,7 +241,7 @@ func TestKeyPrefixIsolation(t *testing.T) {
 	ok, err = b.Claim(ctx, 0, "relay-b", now, now.Add(time.Minute))
 	require.NoError(t, err)
 	require.True(t, ok, "the other outbox's lease is not this one's")
-	_, err = a.Heartbeat(ctx, "relay-a", now)
+	_, err = a.Heartbeat(ctx, "relay-a", now, 2)
 	require.NoError(t, err)
 
 	for bucket := range 2 {
