@@ -74,9 +74,11 @@ func RunStoreTests(t *testing.T, h StoreHarness) {
 			{"Renew", s.leaseRenew},
 			{"Release", s.leaseRelease},
 			{"HeartbeatOnlyMovesForward", s.heartbeat},
+			{"HeartbeatRecordsBucketCount", s.heartbeatBucketCount},
 			{"StopRelay", s.stopRelay},
 			{"DeleteRelay", s.deleteRelay},
 			{"ReadCoordinationSorted", s.coordinationSorted},
+			{"ReadRelays", s.readRelays},
 		}},
 		{"Lifecycle", []storeTest{
 			{"CancelledContext", s.cancelledContext},
@@ -985,7 +987,7 @@ func (s storeSuite) heartbeat(t *testing.T) {
 	ctx := testContext(t)
 	st := s.store(t, 1)
 	beat := func(at time.Time) bool {
-		ok, err := st.Heartbeat(ctx, "relay-a", at)
+		ok, err := st.Heartbeat(ctx, "relay-a", at, 8)
 		require.NoError(t, err)
 		return ok
 	}
@@ -1006,7 +1008,7 @@ func (s storeSuite) heartbeat(t *testing.T) {
 func (s storeSuite) stopRelay(t *testing.T) {
 	ctx := testContext(t)
 	st := s.store(t, 1)
-	ok, err := st.Heartbeat(ctx, "a", base)
+	ok, err := st.Heartbeat(ctx, "a", base, 8)
 	require.NoError(t, err)
 	require.True(t, ok)
 	stop := base.Add(5 * time.Second)
@@ -1018,16 +1020,18 @@ func (s storeSuite) stopRelay(t *testing.T) {
 	require.True(t, r.Stopped())
 	require.True(t, r.StoppedAt.Equal(stop), "StoppedAt round-trips exactly")
 	require.True(t, r.LastSeen.Equal(stop), "stopping moves LastSeen forward")
+	require.Equal(t, 8, r.BucketCount, "stopping keeps the bucket count")
 
-	ok, err = st.Heartbeat(ctx, "a", stop.Add(-time.Second))
+	ok, err = st.Heartbeat(ctx, "a", stop.Add(-time.Second), 16)
 	require.NoError(t, err)
 	require.False(t, ok, "a heartbeat the relay abandoned cannot revive it")
 	coord, err = st.ReadCoordination(ctx)
 	require.NoError(t, err)
 	require.True(t, relayOf(t, coord, "a").Stopped())
+	require.Equal(t, 8, relayOf(t, coord, "a").BucketCount, "a refused heartbeat leaves the bucket count")
 
 	restart := stop.Add(time.Second)
-	ok, err = st.Heartbeat(ctx, "a", restart)
+	ok, err = st.Heartbeat(ctx, "a", restart, 8)
 	require.NoError(t, err)
 	require.True(t, ok)
 	coord, err = st.ReadCoordination(ctx)
@@ -1049,10 +1053,10 @@ func (s storeSuite) stopRelay(t *testing.T) {
 func (s storeSuite) deleteRelay(t *testing.T) {
 	ctx := testContext(t)
 	st := s.store(t, 1)
-	ok, err := st.Heartbeat(ctx, "a", base)
+	ok, err := st.Heartbeat(ctx, "a", base, 1)
 	require.NoError(t, err)
 	require.True(t, ok)
-	ok, err = st.Heartbeat(ctx, "b", base)
+	ok, err = st.Heartbeat(ctx, "b", base, 1)
 	require.NoError(t, err)
 	require.True(t, ok)
 
@@ -1089,7 +1093,7 @@ func (s storeSuite) coordinationSorted(t *testing.T) {
 		require.True(t, ok)
 	}
 	for _, id := range []string{"relay-c", "relay-a", "relay-b"} {
-		ok, err := st.Heartbeat(ctx, id, base)
+		ok, err := st.Heartbeat(ctx, id, base, 4)
 		require.NoError(t, err)
 		require.True(t, ok)
 	}
@@ -1109,6 +1113,128 @@ func (s storeSuite) coordinationSorted(t *testing.T) {
 	require.Equal(t, []string{"relay-a", "relay-b", "relay-c"}, relays, "relays sorted by ID")
 }
 
+func (s storeSuite) heartbeatBucketCount(t *testing.T) {
+	ctx := testContext(t)
+	st := s.store(t, 4)
+	beat := func(at time.Time, buckets int) bool {
+		ok, err := st.Heartbeat(ctx, "a", at, buckets)
+		require.NoError(t, err)
+		return ok
+	}
+	record := func() outbox.RelayRecord {
+		coord, err := st.ReadCoordination(ctx)
+		require.NoError(t, err)
+		return relayOf(t, coord, "a")
+	}
+	require.True(t, beat(base, 4))
+	require.Equal(t, 4, record().BucketCount, "the first heartbeat records the bucket count")
+
+	later := base.Add(time.Second)
+	require.True(t, beat(later, 16))
+	r := record()
+	require.Equal(t, 16, r.BucketCount, "a later heartbeat replaces the bucket count")
+	require.True(t, r.LastSeen.Equal(later))
+
+	require.False(t, beat(later, 32), "an equal timestamp is refused")
+	require.False(t, beat(base.Add(500*time.Millisecond), 8), "an older timestamp is refused")
+	r = record()
+	require.Equal(t, 16, r.BucketCount, "a refused heartbeat leaves the bucket count")
+	require.True(t, r.LastSeen.Equal(later), "a refused heartbeat leaves LastSeen")
+	require.False(t, r.Stopped())
+	requireRelays(t, ctx, st, []outbox.RelayRecord{r})
+
+	unknown := later.Add(time.Second)
+	require.True(t, beat(unknown, 0))
+	require.Zero(t, record().BucketCount, "a heartbeat with an unknown count (0) records 0")
+}
+
+func (s storeSuite) readRelays(t *testing.T) {
+	ctx := testContext(t)
+	st := s.store(t, 4)
+	got, err := st.ReadRelays(ctx)
+	require.NoError(t, err)
+	require.Empty(t, got, "a new store has no relay records")
+
+	// "Relay-Z" sorts first byte-wise and last without regard to case: IDs sort as
+	// strings.Compare does, whatever the backend's collation.
+	beats := []struct {
+		id      string
+		at      time.Time
+		buckets int
+	}{
+		{"relay-c", base, 4},
+		{"Relay-Z", base.Add(3 * time.Second), 4},
+		{"relay-a", base.Add(time.Second + time.Microsecond), 4},
+		{"relay-b", base.Add(2 * time.Second), 8},
+	}
+	for _, b := range beats {
+		ok, err := st.Heartbeat(ctx, b.id, b.at, b.buckets)
+		require.NoError(t, err)
+		require.True(t, ok)
+	}
+	stop := base.Add(5 * time.Second)
+	require.NoError(t, st.StopRelay(ctx, "relay-b", stop))
+	require.NoError(t, st.StopRelay(ctx, "relay-d", stop), "a relay stopped before its first heartbeat")
+	ok, err := st.Claim(ctx, 0, "relay-a", base, base.Add(time.Minute))
+	require.NoError(t, err)
+	require.True(t, ok, "a lease beside the relay records is not one of them")
+
+	want := []outbox.RelayRecord{
+		{ID: "Relay-Z", LastSeen: base.Add(3 * time.Second), BucketCount: 4},
+		{ID: "relay-a", LastSeen: base.Add(time.Second + time.Microsecond), BucketCount: 4},
+		{ID: "relay-b", LastSeen: stop, StoppedAt: stop, BucketCount: 8},
+		{ID: "relay-c", LastSeen: base, BucketCount: 4},
+		{ID: "relay-d", LastSeen: stop, StoppedAt: stop},
+	}
+	coord, err := st.ReadCoordination(ctx)
+	require.NoError(t, err)
+	require.True(t, sameRelays(want, coord.Relays), "ReadCoordination: want %+v, got %+v", want, coord.Relays)
+	requireRelays(t, ctx, st, want)
+
+	// A later heartbeat shows in ReadRelays too (once a stale copy has caught up).
+	ok, err = st.Heartbeat(ctx, "relay-b", stop.Add(time.Second), 16)
+	require.NoError(t, err)
+	require.True(t, ok)
+	want[2] = outbox.RelayRecord{ID: "relay-b", LastSeen: stop.Add(time.Second), BucketCount: 16}
+	requireRelays(t, ctx, st, want)
+	ok, err = st.DeleteRelay(ctx, "relay-d", stop)
+	require.NoError(t, err)
+	require.True(t, ok)
+	requireRelays(t, ctx, st, want[:4])
+}
+
+// requireRelays waits until ReadRelays returns want: it may serve a slightly stale
+// copy, so a store whose reads lag its writes gets until the test's deadline to catch
+// up, and a store that reads its own writes passes at the first call.
+func requireRelays(t *testing.T, ctx context.Context, st outbox.DispatchStore, want []outbox.RelayRecord) {
+	t.Helper()
+	for wait := time.Millisecond; ; wait = min(2*wait, 200*time.Millisecond) {
+		got, err := st.ReadRelays(ctx)
+		require.NoError(t, err)
+		if sameRelays(want, got) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			require.Failf(t, "ReadRelays never caught up", "want %+v, got %+v", want, got)
+		case <-time.After(wait):
+		}
+	}
+}
+
+// sameRelays compares records field by field, times by instant.
+func sameRelays(a, b []outbox.RelayRecord) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].ID != b[i].ID || !a[i].LastSeen.Equal(b[i].LastSeen) || !a[i].StoppedAt.Equal(b[i].StoppedAt) || a[i].BucketCount != b[i].BucketCount {
+			return false
+		}
+	}
+	return true
+}
+
 // storeCalls lists one call of every store method, for the lifecycle tests.
 func storeCalls(st outbox.DispatchStore, env *outbox.Envelope) map[string]func(ctx context.Context) error {
 	lease := outbox.Lease{Bucket: 0, Owner: "a", ExpiresAt: base.Add(time.Minute)}
@@ -1119,7 +1245,8 @@ func storeCalls(st outbox.DispatchStore, env *outbox.Envelope) map[string]func(c
 		"Reschedule":       func(ctx context.Context) error { return st.Reschedule(ctx, env, base, "x") },
 		"Park":             func(ctx context.Context) error { return st.Park(ctx, env, "x") },
 		"ReadCoordination": func(ctx context.Context) error { _, err := st.ReadCoordination(ctx); return err },
-		"Heartbeat":        func(ctx context.Context) error { _, err := st.Heartbeat(ctx, "a", base); return err },
+		"ReadRelays":       func(ctx context.Context) error { _, err := st.ReadRelays(ctx); return err },
+		"Heartbeat":        func(ctx context.Context) error { _, err := st.Heartbeat(ctx, "a", base, 1); return err },
 		"StopRelay":        func(ctx context.Context) error { return st.StopRelay(ctx, "a", base) },
 		"DeleteRelay":      func(ctx context.Context) error { _, err := st.DeleteRelay(ctx, "a", base); return err },
 		"Claim": func(ctx context.Context) error {
