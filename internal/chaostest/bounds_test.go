@@ -76,11 +76,18 @@ func (f *faultyStore) ReadCoordination(ctx context.Context) (outbox.Coordination
 	return f.DispatchStore.ReadCoordination(ctx)
 }
 
-func (f *faultyStore) Heartbeat(ctx context.Context, relay string, at time.Time) (bool, error) {
+func (f *faultyStore) ReadRelays(ctx context.Context) ([]outbox.RelayRecord, error) {
+	if err := f.enter(); err != nil {
+		return nil, err
+	}
+	return f.DispatchStore.ReadRelays(ctx)
+}
+
+func (f *faultyStore) Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int) (bool, error) {
 	if err := f.enter(); err != nil {
 		return false, err
 	}
-	return f.DispatchStore.Heartbeat(ctx, relay, at)
+	return f.DispatchStore.Heartbeat(ctx, relay, at, bucketCount)
 }
 
 func (f *faultyStore) Claim(ctx context.Context, bucket int, owner string, now, expiresAt time.Time) (bool, error) {
