@@ -112,7 +112,10 @@ func columnAdded(ctx context.Context, q querier, stmt string) bool {
 
 // DDL returns the schema statements Migrate runs for the store's dialect and tables,
 // for teams that apply migrations with their own tooling. Statements are in order,
-// without trailing semicolons.
+// without trailing semicolons: version 1 creates the tables (IF NOT EXISTS), version
+// 2 is the last statement, an ALTER TABLE that adds the relay table's bucket_count
+// column. On MySQL and SQLite that ALTER fails if the column exists already; apply it
+// once.
 func (s *Store) DDL() []string {
 	ms, err := loadMigrations(s.dialect, s.cfg)
 	if err != nil {
