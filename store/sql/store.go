@@ -30,6 +30,8 @@ type Store struct {
 	sqlDB    *sql.DB
 	beginner Beginner // NewORM: begins the units' transactions
 
+	idle idleWatch // database/sql: warns when the pool keeps too few idle connections
+
 	hub    outbox.Hub
 	closed atomic.Bool
 	sender notifySender
@@ -72,6 +74,15 @@ func NewPgx(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 // SQLite needs a DSN that makes concurrent writers wait rather than fail:
 // _txlock=immediate, _pragma=busy_timeout(5000) and _pragma=journal_mode(WAL)
 // (see the package documentation).
+//
+// A relay uses several connections at once (drains and lease writes each run up
+// to the dispatcher's MaxConcurrency at once, and NOTIFY), but database/sql keeps
+// only 2 idle by default and closes every other connection as it is returned: each
+// call then opens a new session and prepares its statement again, and the relay
+// drains several times slower. Let the pool keep enough: db.SetMaxIdleConns(n) with
+// n at least 2 × MaxConcurrency + 2 (10 with the dispatcher's defaults), or equal
+// to db.SetMaxOpenConns. The store leaves the settings of db alone and logs a
+// warning when it sees the pool closing connections this way.
 func NewDB(db *sql.DB, dialect Dialect, cfg Config) (*Store, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: sqlstore: NewDB needs a *sql.DB", outbox.ErrMisconfigured)
@@ -448,6 +459,9 @@ func (s *Store) Fetch(ctx context.Context, bucket, limit int) ([]*outbox.Envelop
 	if limit <= 0 {
 		return nil, nil
 	}
+	if s.sqlDB != nil {
+		s.idle.look(s, s.sqlDB)
+	}
 	rs, err := s.db.query(ctx, s.stmts.fetch, bucket, limit)
 	if err != nil {
 		return nil, s.wrap(ctx, "fetch", err)
@@ -485,16 +499,24 @@ func (s *Store) MarkDispatched(ctx context.Context, envs []*outbox.Envelope, at 
 	return s.wrap(ctx, "mark dispatched", s.byEnvelopeID(ctx, prefix, []any{micros(at)}, envs))
 }
 
-// byEnvelopeID runs "prefix id IN (...)" (or "= ANY($n)" on pgx) for every
-// envelope's id.
+// byEnvelopeID runs "prefix id = ANY($n)" on PostgreSQL, "prefix id IN (...)"
+// elsewhere, for every envelope's id.
 func (s *Store) byEnvelopeID(ctx context.Context, prefix string, lead []any, envs []*outbox.Envelope) error {
+	// One statement text for every batch size, so the driver prepares it once per
+	// connection: a text per size would cost a prepare round trip for each new size
+	// and fill the driver's statement cache.
 	if s.pool != nil {
 		ids := make([]string, len(envs))
 		for i, env := range envs {
 			ids[i] = env.ID.String()
 		}
-		// One statement text for every batch size: pgx prepares it once.
 		_, err := s.db.exec(ctx, prefix+fmt.Sprintf(" id = ANY($%d::uuid[])", len(lead)+1), append(lead, ids)...)
+		return err
+	}
+	if s.dialect == PostgreSQL {
+		// database/sql drivers bind no arrays: the ids travel as one array literal
+		// ("{id,id}"), bound as text, which every driver does.
+		_, err := s.db.exec(ctx, prefix+fmt.Sprintf(" id = ANY(CAST($%d AS text)::uuid[])", len(lead)+1), append(lead, uuidArray(envs))...)
 		return err
 	}
 	const chunk = 5000
@@ -515,6 +537,21 @@ func (s *Store) byEnvelopeID(ctx context.Context, prefix string, lead []any, env
 		envs = envs[n:]
 	}
 	return nil
+}
+
+// uuidArray renders the envelopes' ids as a PostgreSQL array literal.
+func uuidArray(envs []*outbox.Envelope) string {
+	var b strings.Builder
+	b.Grow(2 + len(envs)*37)
+	b.WriteByte('{')
+	for i, env := range envs {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(env.ID.String())
+	}
+	b.WriteByte('}')
+	return b.String()
 }
 
 // DeleteDispatched implements [outbox.Retainer]. Each call deletes at most limit

@@ -9,3 +9,8 @@ import "sync/atomic"
 // splitting a batch into several statements is exercised without binding tens of
 // thousands of parameters.
 var RowsPerStatement atomic.Int64
+
+// IdleWindow, when positive, replaces how often (in nanoseconds) a store on a *sql.DB
+// reads the pool's count of connections closed for want of idle room, so the
+// warning is exercised without waiting half a minute.
+var IdleWindow atomic.Int64

@@ -79,6 +79,7 @@ func postgresDB(t testing.TB) *sql.DB {
 		pgDB, pgDBErr = sql.Open("pgx", postgresURL())
 		if pgDBErr == nil {
 			pgDB.SetMaxOpenConns(16)
+			pgDB.SetMaxIdleConns(16) // as docs/stores/sql.md advises for a relay
 			pgDBErr = ping(context.Background(), pgDB)
 		}
 	})
@@ -93,6 +94,7 @@ func mysqlDB(t testing.TB) *sql.DB {
 		myDB, myDBErr = sql.Open("mysql", mysqlDSN())
 		if myDBErr == nil {
 			myDB.SetMaxOpenConns(16)
+			myDB.SetMaxIdleConns(16)
 			myDBErr = ping(context.Background(), myDB)
 		}
 	})
