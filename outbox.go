@@ -506,6 +506,15 @@ type KeyOrderKeeper interface {
 	KeepsKeyOrder() bool
 }
 
+// Pinger is implemented by transports that can check, without publishing, that they
+// reach their broker. A dispatcher whose publishes keep failing asks it whether the
+// broker or the messages are at fault: a relay that cannot reach its broker for
+// longer than a lease hands its buckets to peers that can, and parks nothing for
+// attempts it made while cut off. Ping returns nil when the broker answers.
+type Pinger interface {
+	Ping(ctx context.Context) error
+}
+
 // PublishError reports which messages of a batch failed.
 type PublishError struct {
 	Failed []MessageError

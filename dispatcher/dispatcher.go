@@ -57,6 +57,10 @@ type Dispatcher struct {
 
 	rounds, refused, published, retried, parked, deleted, outOfOrder atomic.Int64
 
+	// health tracks whether the broker answers (transports that implement
+	// outbox.Pinger).
+	health brokerHealth
+
 	// failLogMu guards failLog, the per-bucket rate limit of publish-failure warnings.
 	failLogMu sync.Mutex
 	failLog   []failLogState
@@ -174,6 +178,8 @@ func New(store outbox.DispatchStore, transport outbox.Transport, cfg Config) (*D
 	if r, ok := store.(outbox.Retainer); ok {
 		d.retainer = deadlinedRetainer{bounded, r}
 	}
+	d.health.pinger, _ = transport.(outbox.Pinger)
+	d.health.cache, d.health.timeout = d.settleInterval(), cfg.LeaseRenewInterval
 	if k, ok := transport.(outbox.KeyOrderKeeper); ok {
 		d.sameKeyBatches = k.KeepsKeyOrder()
 	}
@@ -669,6 +675,7 @@ func (d *Dispatcher) publish(ctx context.Context, batch []*outbox.Envelope, leas
 			return res, nil, nil, ctx.Err()
 		}
 		if errors.Is(pctx.Err(), context.DeadlineExceeded) {
+			d.health.published(d.now(), 0, true)
 			return res, nil, nil, errLeaseRanOut
 		}
 	}
@@ -702,6 +709,11 @@ func (d *Dispatcher) publish(ctx context.Context, batch []*outbox.Envelope, leas
 		}
 		acked = append(acked, e)
 	}
+	permanentFailure := false
+	for _, cause := range failed {
+		permanentFailure = permanentFailure || outbox.IsPermanent(cause)
+	}
+	d.health.published(now, len(acked), err != nil && !permanentFailure)
 	// Only a key's first failure in the batch is an attempt. The key's later failed
 	// envelopes were held back by it (or share its fate): they stay pending and due,
 	// and the next fetch holds them behind it, at no cost in attempts or backoff.
@@ -720,7 +732,8 @@ func (d *Dispatcher) publish(ctx context.Context, batch []*outbox.Envelope, leas
 		attempts := e.Attempts + 1
 		msg := cause.Error()
 		permanent := outbox.IsPermanent(cause)
-		if permanent || attempts >= d.cfg.MaxAttempts {
+		// A relay cut off from its broker parks nothing: a peer may deliver it.
+		if permanent || (attempts >= d.cfg.MaxAttempts && !d.health.cutOff(ctx, now, 0)) {
 			if err := d.store.Park(ctx, e, msg); err != nil {
 				return res, failedKeys, acked, err
 			}

@@ -73,7 +73,7 @@ func (d *Dispatcher) coordinate(ctx context.Context) (leasePlan, error) {
 		if _, err := d.store.Heartbeat(ctx, self, start, d.cfg.BucketCount); err != nil {
 			d.log.Warn("dispatcher: could not record this relay's bucket count for its peers", "error", err)
 		}
-		return plan, countMismatch{fmt.Errorf("%w: dispatcher: relay %q runs with %d buckets and this relay %q with %d; every writer, store and relay must use one count",
+		return plan, countMismatch{fmt.Errorf("%w: dispatcher: relay %q runs with %d buckets and this relay %q with %d buckets; every writer, store and relay must use one count",
 			outbox.ErrMisconfigured, m.ID, m.BucketCount, self, d.cfg.BucketCount)}
 	}
 

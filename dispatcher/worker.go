@@ -269,20 +269,35 @@ func (d *Dispatcher) lapseGrace() time.Duration {
 // change, every settleInterval while buckets move, and just after a peer's lease or
 // heartbeat lapses. It signals rounds after each round.
 func (d *Dispatcher) coordinateLoop(ctx context.Context, rounds chan<- struct{}) error {
-	var errDelay time.Duration
+	var errDelay, watchDelay time.Duration
 	next := time.Now()
 	for !d.stopping(ctx) {
 		if wait := time.Until(next); wait > 0 {
-			if !d.sleep(ctx, min(wait, d.watchInterval())) {
+			// A failing watch read backs off like a failing round: a store outage
+			// must not turn the watch into a tight loop.
+			if !d.sleep(ctx, min(wait, max(d.watchInterval(), watchDelay))) {
 				return nil
 			}
-			if time.Now().Before(next) && !d.membershipChanged(ctx) {
-				continue
+			if time.Now().Before(next) {
+				changed, err := d.membershipChanged(ctx)
+				if err != nil {
+					watchDelay = min(max(2*watchDelay, 50*time.Millisecond), d.cfg.LeaseRenewInterval)
+				} else {
+					watchDelay = 0
+				}
+				if !changed {
+					continue
+				}
 			}
 		}
 		if d.skipRound() {
 			next = time.Now().Add(d.cfg.LeaseRenewInterval)
 			continue
+		}
+		if d.health.cutOff(ctx, d.now(), d.cfg.LeaseDuration) {
+			if !d.stepAside(ctx) {
+				return nil
+			}
 		}
 		plan, err := d.coordinate(ctx)
 		if err != nil {
@@ -302,45 +317,40 @@ func (d *Dispatcher) coordinateLoop(ctx context.Context, rounds chan<- struct{})
 		case rounds <- struct{}{}:
 		default:
 		}
-		next = d.nextRound(plan)
+		next = time.Now().Add(d.roundDelay(plan))
 	}
 	return nil
 }
 
-// nextRound is when the round after one that produced plan runs.
-func (d *Dispatcher) nextRound(plan leasePlan) time.Time {
-	now := time.Now()
-	next := now.Add(d.cfg.LeaseRenewInterval)
+// roundDelay is how long after a round that produced plan the next one runs.
+func (d *Dispatcher) roundDelay(plan leasePlan) time.Duration {
+	delay := d.cfg.LeaseRenewInterval
 	if plan.Unsettled {
-		next = now.Add(d.settleInterval())
+		delay = d.settleInterval()
 	}
 	if !plan.NextChange.IsZero() {
-		// NextChange is on the configured clock; the loop sleeps on the real one.
-		at := now.Add(plan.NextChange.Sub(d.now()) + d.lapseGrace())
-		if at.Before(next) {
-			next = at
-		}
+		delay = min(delay, max(plan.NextChange.Sub(d.now()), 0)+d.lapseGrace())
 	}
-	return next
+	return delay
 }
 
 // membershipChanged reads the relay records and reports whether they differ from the
 // last round's view in what the plan depends on: which peers count (active, stopped
-// or lapsed) and their bucket counts. A failed read reports no change; the regular
-// round then sees what it missed.
-func (d *Dispatcher) membershipChanged(ctx context.Context) bool {
+// or lapsed) and their bucket counts. A failed read reports no change, and its error;
+// the regular round then sees what it missed.
+func (d *Dispatcher) membershipChanged(ctx context.Context) (bool, error) {
 	relays, err := d.store.ReadRelays(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
 			d.log.Debug("dispatcher: reading the relay records failed", "error", err)
 		}
-		return false
+		return false, err
 	}
 	now := d.now()
 	d.coordMu.Lock()
 	last := d.lastView.Relays
 	d.coordMu.Unlock()
-	return !slices.Equal(d.membership(relays, now), d.membership(last, now))
+	return !slices.Equal(d.membership(relays, now), d.membership(last, now)), nil
 }
 
 // member is what a round's plan depends on in a peer's relay record.
