@@ -445,6 +445,18 @@ type Stats struct {
 	OldestPending time.Time
 }
 
+// BacklogSampler is the optional capability a store offers when sampling its
+// backlog needs more than [Admin.Stats], or when the store itself decides whether
+// this instance samples. The relay holding bucket 0 calls it every
+// dispatcher Config.BacklogInterval; stores without it are sampled through
+// Admin.Stats.
+type BacklogSampler interface {
+	// SampleBacklog samples the backlog as Admin.Stats does. ok is false, with no
+	// error, when the store declined to sample (it made no request): the DynamoDB
+	// store samples only while the relay using it holds bucket 0.
+	SampleBacklog(ctx context.Context) (stats Stats, ok bool, err error)
+}
+
 // Notifier is the optional wake-up capability: commits that wrote to a bucket are
 // announced so a local dispatcher need not wait for its next poll. Wake-ups are a
 // latency optimisation, never needed for correctness.

@@ -64,6 +64,19 @@ type Config struct {
 	Logger *slog.Logger
 	// Now is the clock, for tests. Defaults to time.Now.
 	Now func() time.Time
+	// Observer receives every measurement (publishes, retries, parks, refused
+	// writes, rounds, backlog samples) as it happens, for metrics: see [Observer].
+	// Package outboxotel turns them into OpenTelemetry instruments. Defaults to nil:
+	// nothing is observed and nothing is paid for it.
+	Observer Observer
+	// BacklogInterval is how often the relay that holds bucket 0 samples the
+	// backlog (pending messages per bucket, oldest pending message, parked messages)
+	// through the store's outbox.BacklogSampler or outbox.Admin, for [Stats.Backlog]
+	// and the Observer. Only that relay samples, so the cost does not grow with the
+	// fleet; samples are taken after a coordination round of the worker, so the
+	// effective interval is a multiple of the round interval. A negative value turns
+	// sampling off. Defaults to 30 s.
+	BacklogInterval time.Duration
 }
 
 // Defaults.
@@ -125,6 +138,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.BacklogInterval == 0 {
+		c.BacklogInterval = DefaultBacklogInterval
 	}
 	return c
 }

@@ -57,6 +57,19 @@ type Dispatcher struct {
 
 	rounds, refused, published, retried, parked, deleted, outOfOrder atomic.Int64
 
+	// obs is Config.Observer (nil: none); backlog samples the backlog (nil: the
+	// store cannot). lastRoundOK is when the worker's last round succeeded, guarded
+	// by coordMu; backlogMu guards backlogState.
+	obs          Observer
+	backlog      backlogSource
+	lastRoundOK  time.Time
+	backlogMu    sync.Mutex
+	backlogState backlogState
+	// sampling runs at most one backlog sample at a time (sampleBusy); the worker
+	// waits for it before it stops.
+	sampling   sync.WaitGroup
+	sampleBusy atomic.Bool
+
 	// health tracks whether the broker answers (transports that implement
 	// outbox.Pinger).
 	health brokerHealth
@@ -99,6 +112,12 @@ type Stats struct {
 	// with a transport that claims to keep key order ([outbox.KeyOrderKeeper]) and
 	// does not.
 	OutOfOrder int64
+	// Backlog is the last backlog sample this relay took (it samples while it holds
+	// bucket 0, every Config.BacklogInterval), and BacklogAt when it took it; both
+	// zero before the first sample. Pending counts are capped per bucket as the
+	// store's outbox.Stats says.
+	Backlog   outbox.Stats
+	BacklogAt time.Time
 }
 
 // Result sums up one [Dispatcher.RunOnce] or [Dispatcher.DispatchOne].
@@ -172,6 +191,8 @@ func New(store outbox.DispatchStore, transport outbox.Transport, cfg Config) (*D
 		d.bucketLocks[i] = make(chan struct{}, 1)
 	}
 	d.notifier, _ = store.(outbox.Notifier)
+	d.obs = cfg.Observer
+	d.backlog = newBacklogSource(store) // sampleBacklog bounds each call
 	if f, ok := store.(outbox.Finder); ok {
 		d.finder = deadlinedFinder{bounded, f}
 	}
@@ -198,7 +219,10 @@ func (d *Dispatcher) RelayID() string { return d.cfg.RelayID }
 
 // Stats returns the dispatcher's counters.
 func (d *Dispatcher) Stats() Stats {
+	backlog, at := d.lastBacklog()
 	return Stats{
+		Backlog:       backlog,
+		BacklogAt:     at,
 		Rounds:        d.rounds.Load(),
 		RefusedWrites: d.refused.Load(),
 		Published:     d.published.Load(),
@@ -428,7 +452,7 @@ func (d *Dispatcher) claimOne(ctx context.Context, b int) (bool, error) {
 		return false, err
 	}
 	if !ok {
-		d.refused.Add(1)
+		d.refuse(ctx, "claim")
 		return false, nil
 	}
 	d.mu.Lock()
@@ -452,7 +476,7 @@ func (d *Dispatcher) releaseOne(ctx context.Context, b int) error {
 	}
 	released, err := d.store.Release(ctx, l)
 	if err == nil && !released {
-		d.refused.Add(1)
+		d.refuse(ctx, "release")
 	}
 	return err
 }
@@ -667,9 +691,14 @@ func (d *Dispatcher) drainOnce(ctx context.Context, b int, upTo int64) (pass, er
 func (d *Dispatcher) publish(ctx context.Context, batch []*outbox.Envelope, leaseLeft time.Duration) (Result, map[string]bool, []*outbox.Envelope, error) {
 	var res Result
 	pctx, cancel := context.WithTimeout(ctx, leaseLeft)
+	start := time.Now()
 	err := d.transport.Publish(pctx, batch)
+	took := time.Since(start)
 	cancel()
 	if err != nil && pctx.Err() != nil {
+		if d.obs != nil {
+			d.obs.Published(ctx, batch, nil, start, took, err)
+		}
 		if ctx.Err() != nil {
 			// Shutting down: nothing is assumed sent and nothing counts as an attempt.
 			return res, nil, nil, ctx.Err()
@@ -709,6 +738,9 @@ func (d *Dispatcher) publish(ctx context.Context, batch []*outbox.Envelope, leas
 		}
 		acked = append(acked, e)
 	}
+	if d.obs != nil {
+		d.obs.Published(ctx, batch, acked, start, took, err)
+	}
 	permanentFailure := false
 	for _, cause := range failed {
 		permanentFailure = permanentFailure || outbox.IsPermanent(cause)
@@ -739,6 +771,9 @@ func (d *Dispatcher) publish(ctx context.Context, batch []*outbox.Envelope, leas
 			}
 			res.Parked++
 			d.parked.Add(1)
+			if d.obs != nil {
+				d.obs.Parked(ctx, e, permanent, msg)
+			}
 			d.log.Warn("dispatcher: message parked; it waits for an operator to requeue or purge it",
 				"message_id", e.ID, "topic", e.Topic, "bucket", e.Bucket, "attempts", attempts,
 				"permanent", permanent, "error", msg)
@@ -750,6 +785,9 @@ func (d *Dispatcher) publish(ctx context.Context, batch []*outbox.Envelope, leas
 		}
 		res.Retried++
 		d.retried.Add(1)
+		if d.obs != nil {
+			d.obs.Retried(ctx, e, attempts, msg)
+		}
 		d.logFailure(e, attempts, next, msg, now)
 	}
 	return res, failedKeys, acked, nil
@@ -772,6 +810,9 @@ func (d *Dispatcher) complete(ctx context.Context, acked []*outbox.Envelope) err
 		return err
 	}
 	d.published.Add(int64(len(acked)))
+	if d.obs != nil {
+		d.obs.Completed(ctx, acked)
+	}
 	return nil
 }
 
@@ -831,6 +872,9 @@ func (d *Dispatcher) cleanupRetention(ctx context.Context) (int, error) {
 		n, err := d.retainer.DeleteDispatched(ctx, before, retentionBatch)
 		total += n
 		d.deleted.Add(int64(n))
+		if d.obs != nil && n > 0 {
+			d.obs.RetentionDeleted(ctx, n)
+		}
 		if err != nil {
 			return total, err
 		}

@@ -132,7 +132,7 @@ func (d *Dispatcher) heartbeat(ctx context.Context, at time.Time) error {
 		d.lastBeat = at
 		return nil
 	}
-	d.refused.Add(1)
+	d.refuse(ctx, "heartbeat")
 	d.log.Warn("dispatcher: heartbeat refused: the stored heartbeat is later than this host's clock (clock set back?); claiming nothing until the clock catches up")
 	return nil
 }
@@ -178,7 +178,7 @@ func (d *Dispatcher) renew(ctx context.Context, l outbox.Lease) error {
 	}
 	d.mu.Unlock()
 	if !ok {
-		d.refused.Add(1)
+		d.refuse(ctx, "renew")
 		d.log.Warn("dispatcher: lease renewal refused; the bucket moved to a peer", "bucket", l.Bucket)
 	}
 	return nil
@@ -207,7 +207,7 @@ func (d *Dispatcher) handBack(ctx context.Context, l outbox.Lease) error {
 		return storeErr(ctx, err, "release bucket %d", l.Bucket)
 	}
 	if !ok {
-		d.refused.Add(1)
+		d.refuse(ctx, "release")
 	}
 	d.log.Debug("dispatcher: handed back a bucket above fair share", "bucket", l.Bucket)
 	return nil
@@ -223,7 +223,7 @@ func (d *Dispatcher) claim(ctx context.Context, b int) error {
 		return storeErr(ctx, err, "claim bucket %d", b)
 	}
 	if !ok {
-		d.refused.Add(1)
+		d.refuse(ctx, "claim")
 		d.log.Info("dispatcher: claim refused; a peer took the bucket first", "bucket", b)
 		return nil
 	}
@@ -267,7 +267,7 @@ func (d *Dispatcher) removeStaleRelays(ctx context.Context, view outbox.Coordina
 			return storeErr(ctx, err, "delete relay record %q", r.ID)
 		}
 		if !ok {
-			d.refused.Add(1)
+			d.refuse(ctx, "delete_relay")
 		}
 	}
 	return nil
@@ -314,7 +314,7 @@ func (d *Dispatcher) resign(ctx context.Context) error {
 					return storeErr(ctx, err, "release bucket %d", l.Bucket)
 				}
 				if !ok {
-					d.refused.Add(1)
+					d.refuse(ctx, "release")
 				}
 				return nil
 			})

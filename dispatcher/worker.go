@@ -205,6 +205,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	err := d.drainLoop(ctx, rounds)
 	cancel()
 	wg.Wait()
+	d.sampling.Wait() // a backlog sample in flight (backlog.go)
 	if coordErr != nil {
 		return coordErr
 	}
@@ -300,6 +301,7 @@ func (d *Dispatcher) coordinateLoop(ctx context.Context, rounds chan<- struct{})
 			}
 		}
 		plan, err := d.coordinate(ctx)
+		d.afterRound(ctx, plan, err)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
