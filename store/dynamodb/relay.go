@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"sync/atomic"
 	"time"
@@ -32,12 +33,21 @@ const (
 //
 // A Query is only read-committed against TransactWriteItems: it can return a later
 // message of a committing transaction without an earlier one. So Fetch looks for
-// sequence numbers missing from the batch — between the fetched messages, and below
-// the first one down to the last message this store removed from the bucket (or the
-// bucket's start, after the store took the bucket's lease) — and probes up to eight
-// such gaps with a one-range strongly consistent Query each. If a probe finds a
-// message, Fetch reads the head again. Every call probes anew, so a batch that is
-// fetched again after a failed publish is probed again too.
+// sequence numbers missing from the batch, in Seq order: first below the first
+// fetched message, down to the last message this store removed from the bucket (or
+// the bucket's start, after the store took the bucket's lease), then between the
+// fetched messages. It probes up to eight such gaps, lowest first, with a one-range
+// strongly consistent Query each, and cuts the batch before the first gap it left
+// unprobed: what it returns has no hole it did not look into. If a probe finds a
+// message, Fetch reads the head again, at most three reads in all; after the last
+// read the batch is cut before the first gap a probe found filled. A cut batch is
+// shorter than limit; the rest comes with the next fetch. Every call probes anew, so a
+// batch that is fetched again after a failed publish is probed again too.
+//
+// A message item that lacks a required attribute (MessageId, Topic, CreatedAtUtc) or
+// holds one that cannot be decoded is parked at once, with a LastError naming the
+// attribute, and left out of the batch: it could never be published, and a foreign
+// writer's malformed item must not block its bucket.
 //
 // A message stamped with another bucket count fails the fetch with
 // [outbox.ErrMisconfigured].
@@ -56,19 +66,24 @@ func (s *Store) Fetch(ctx context.Context, bucket, limit int) ([]*outbox.Envelop
 		if err != nil {
 			return nil, err
 		}
-		envs, err := s.decodeBatch(items, bucket)
+		envs, err := s.decodeBatch(ctx, items, bucket)
 		if err != nil {
 			return nil, err
+		}
+		s.mu.Lock()
+		lower := s.lastRemoved[bucket]
+		s.mu.Unlock()
+		ranges, cut := gaps(envs, lower)
+		filled, err := s.probeGaps(ctx, bucket, ranges)
+		if err != nil {
+			return nil, err
+		}
+		if filled < 0 {
+			return envs[:cut], nil
 		}
 		if round == maxFetchRounds {
-			return envs, nil
-		}
-		found, err := s.probeGaps(ctx, bucket, envs)
-		if err != nil {
-			return nil, err
-		}
-		if !found {
-			return envs, nil
+			// No read left: return what lies below the first filled gap.
+			return envs[:ranges[filled].before], nil
 		}
 	}
 }
@@ -101,12 +116,15 @@ func (s *Store) queryHead(ctx context.Context, bucket, limit int) ([]map[string]
 	return items, nil
 }
 
-func (s *Store) decodeBatch(items []map[string]types.AttributeValue, bucket int) ([]*outbox.Envelope, error) {
+func (s *Store) decodeBatch(ctx context.Context, items []map[string]types.AttributeValue, bucket int) ([]*outbox.Envelope, error) {
 	envs := make([]*outbox.Envelope, 0, len(items))
 	for _, item := range items {
-		env, err := s.keys.decodeMessage(item, bucket, outbox.Pending)
+		env, err := s.keys.decodePending(item, bucket)
 		if err != nil {
-			return nil, err
+			if perr := s.parkMalformed(ctx, bucket, item, err); perr != nil {
+				return nil, perr
+			}
+			continue
 		}
 		if env.BucketCount == 0 {
 			env.BucketCount = s.cfg.BucketCount // an unstamped message is not checked
@@ -119,38 +137,75 @@ func (s *Store) decodeBatch(items []map[string]types.AttributeValue, bucket int)
 	return envs, nil
 }
 
-// seqRange is an inclusive range of sequence numbers.
-type seqRange struct{ lo, hi int64 }
-
-// gaps lists the ranges of sequence numbers missing from a fetched batch above lower:
-// between fetched messages first, then below the first one, at most maxGapProbes.
-func gaps(envs []*outbox.Envelope, lower int64) []seqRange {
-	if len(envs) == 0 {
-		return nil
-	}
-	var out []seqRange
-	for i := 1; i < len(envs) && len(out) < maxGapProbes; i++ {
-		lo, hi := max(envs[i-1].Seq+1, lower+1), envs[i].Seq-1
-		if lo <= hi {
-			out = append(out, seqRange{lo, hi})
+// parkMalformed moves a message item that cannot be decoded into its bucket's parked
+// partition, unchanged but for LastError (the decoding failure, which names the
+// attribute) and ParkedAtUtc, with one TransactWriteItems request. An item that is
+// gone meanwhile is skipped.
+func (s *Store) parkMalformed(ctx context.Context, bucket int, item map[string]types.AttributeValue, cause error) error {
+	key := s.keys.key(s.keys.messages(bucket), stringAttr(item, s.keys.sk))
+	parked := maps.Clone(item)
+	parked[s.keys.pk] = &types.AttributeValueMemberS{Value: s.keys.parked(bucket)}
+	parked[attrLastError] = &types.AttributeValueMemberS{Value: truncateError("malformed message item, parked without publishing: " + cause.Error())}
+	parked[attrParkedAt] = ticksAttr(time.Now())
+	_, err := s.client.TransactWriteItems(ctx, &ddb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{
+		{Delete: &types.Delete{
+			TableName:                aws.String(s.cfg.TableName),
+			Key:                      key,
+			ConditionExpression:      aws.String("attribute_exists(#sk)"),
+			ExpressionAttributeNames: map[string]string{"#sk": s.keys.sk},
+		}},
+		{Put: &types.Put{TableName: aws.String(s.cfg.TableName), Item: parked}},
+	}})
+	if err != nil {
+		if tce, ok := errors.AsType[*types.TransactionCanceledException](err); ok && conditionFailed(tce) {
+			return nil // parked by a retried attempt of this request, or removed meanwhile
 		}
+		return s.translate(ctx, "park a malformed message item", err)
 	}
-	if lo, hi := lower+1, envs[0].Seq-1; lo <= hi && len(out) < maxGapProbes {
-		out = append(out, seqRange{lo, hi})
-	}
-	return out
+	s.log.Warn("dynamostore: parked a malformed message item; fix its writer, then requeue or purge it",
+		"bucket", bucket, "sort_key", stringAttr(item, s.keys.sk), "error", cause)
+	return nil
 }
 
-// probeGaps reports whether any gap of the batch holds a message now.
-func (s *Store) probeGaps(ctx context.Context, bucket int, envs []*outbox.Envelope) (bool, error) {
-	s.mu.Lock()
-	lower := s.lastRemoved[bucket]
-	s.mu.Unlock()
-	ranges := gaps(envs, lower)
-	if len(ranges) == 0 {
-		return false, nil
+// seqRange is an inclusive range of missing sequence numbers, below the batch's
+// message with index before.
+type seqRange struct {
+	lo, hi int64
+	before int
+}
+
+// gaps lists, lowest first, the ranges of sequence numbers above lower missing from a
+// fetched batch: below the first message, then between messages; at most
+// maxGapProbes of them. cut is the length of the batch below the first gap left out
+// (len(envs) when none was).
+func gaps(envs []*outbox.Envelope, lower int64) (ranges []seqRange, cut int) {
+	if len(envs) == 0 {
+		return nil, 0
 	}
-	var found atomic.Bool
+	for i := range envs {
+		lo, hi := lower+1, envs[i].Seq-1
+		if i > 0 {
+			lo = max(envs[i-1].Seq+1, lo)
+		}
+		if lo > hi {
+			continue
+		}
+		if len(ranges) == maxGapProbes {
+			return ranges, i
+		}
+		ranges = append(ranges, seqRange{lo, hi, i})
+	}
+	return ranges, len(envs)
+}
+
+// probeGaps probes every range with a one-range strongly consistent Query, up to
+// MaxConcurrency at once, and returns the index of the lowest range that holds a
+// message now, or -1.
+func (s *Store) probeGaps(ctx context.Context, bucket int, ranges []seqRange) (int, error) {
+	if len(ranges) == 0 {
+		return -1, nil
+	}
+	found := make([]atomic.Bool, len(ranges))
 	err := s.forEach(ctx, len(ranges), func(ctx context.Context, i int) error {
 		out, err := s.client.Query(ctx, &ddb.QueryInput{
 			TableName:                aws.String(s.cfg.TableName),
@@ -169,11 +224,19 @@ func (s *Store) probeGaps(ctx context.Context, bucket int, envs []*outbox.Envelo
 			return s.translate(ctx, "probe a sequence gap", err)
 		}
 		if len(out.Items) > 0 {
-			found.Store(true)
+			found[i].Store(true)
 		}
 		return nil
 	})
-	return found.Load(), err
+	if err != nil {
+		return -1, err
+	}
+	for i := range found {
+		if found[i].Load() {
+			return i, nil
+		}
+	}
+	return -1, nil
 }
 
 // HasPending reports whether bucket holds any message, due or not, with one

@@ -130,6 +130,29 @@ func (k keys) messageItem(env *outbox.Envelope, pk string) map[string]types.Attr
 	return item
 }
 
+// decodePending decodes a pending message item for the relay, which needs every
+// attribute a writer must put: an item without MessageId, Topic or CreatedAtUtc (or
+// with one of another type) fails with an error naming the attribute.
+func (k keys) decodePending(item map[string]types.AttributeValue, bucket int) (*outbox.Envelope, error) {
+	for _, attr := range []struct {
+		name string
+		ok   bool
+	}{
+		{attrMessageID, isString(item[attrMessageID])},
+		{attrTopic, isString(item[attrTopic]) && stringAttr(item, attrTopic) != ""},
+		{attrCreatedAt, isNumber(item[attrCreatedAt])},
+	} {
+		if !attr.ok {
+			return nil, fmt.Errorf("dynamostore: message item %s/%s: required attribute %s is missing, empty or not of its type (see the item schema in the package documentation)",
+				stringAttr(item, k.pk), stringAttr(item, k.sk), attr.name)
+		}
+	}
+	return k.decodeMessage(item, bucket, outbox.Pending)
+}
+
+func isString(v types.AttributeValue) bool { _, ok := v.(*types.AttributeValueMemberS); return ok }
+func isNumber(v types.AttributeValue) bool { _, ok := v.(*types.AttributeValueMemberN); return ok }
+
 // decodeMessage turns a stored message item back into an envelope.
 func (k keys) decodeMessage(item map[string]types.AttributeValue, bucket int, status outbox.Status) (*outbox.Envelope, error) {
 	env := &outbox.Envelope{Bucket: bucket, Status: status}
@@ -140,7 +163,9 @@ func (k keys) decodeMessage(item map[string]types.AttributeValue, bucket int, st
 	if env.Seq, err = strconv.ParseInt(stringAttr(item, k.sk), 10, 64); err != nil {
 		return nil, fail(k.sk, err)
 	}
-	if env.ID, err = uuid.Parse(stringAttr(item, attrMessageID)); err != nil {
+	if env.ID, err = uuid.Parse(stringAttr(item, attrMessageID)); err != nil && status != outbox.Parked {
+		// A parked item may be a malformed one that Fetch parked: list it anyway, with
+		// a nil ID.
 		return nil, fail(attrMessageID, err)
 	}
 	env.Topic = stringAttr(item, attrTopic)
