@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/url"
 	"os"
@@ -71,6 +72,9 @@ func dialer(addr string) rabbitmq.Dialer {
 func newTransport(t testing.TB, addr string, cfg rabbitmq.Config) *rabbitmq.Transport {
 	t.Helper()
 	needBroker(t)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
 	tr, err := rabbitmq.New(dialer(addr), cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, tr.Close()) })
