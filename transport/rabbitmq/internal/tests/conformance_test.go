@@ -18,7 +18,6 @@ const conformanceMaxSize = 64 << 10
 // rabbitmq.HeaderKey); TestDefaultRoute covers the default route.
 func TestConformance(t *testing.T) {
 	needBroker(t)
-	a := newAdmin(t)
 	outboxtest.RunTransportTests(t, outboxtest.TransportHarness{
 		New: func(t *testing.T, topics ...string) outbox.Transport {
 			a := newAdmin(t)
@@ -32,7 +31,9 @@ func TestConformance(t *testing.T) {
 			})
 		},
 		Read: func(t *testing.T, topic string, n int) []outboxtest.Received {
-			got := a.read(t, topic, n)
+			// A connection per read: an AMQP channel's synchronous calls must not
+			// interleave across the suite's parallel subtests.
+			got := newAdmin(t).read(t, topic, n)
 			out := make([]outboxtest.Received, len(got))
 			for i, d := range got {
 				out[i] = outboxtest.Received{ID: d.ID.String(), Topic: d.Topic, Key: d.Key, Payload: d.Payload, Headers: d.Headers}
