@@ -696,14 +696,13 @@ func (d *Dispatcher) publish(ctx context.Context, batch []*outbox.Envelope, leas
 	took := time.Since(start)
 	cancel()
 	if err != nil && pctx.Err() != nil {
-		if d.obs != nil {
-			d.obs.Published(ctx, batch, nil, start, took, err)
-		}
 		if ctx.Err() != nil {
 			// Shutting down: nothing is assumed sent and nothing counts as an attempt.
+			d.observeAbandoned(ctx, batch, start, took, err)
 			return res, nil, nil, ctx.Err()
 		}
 		if errors.Is(pctx.Err(), context.DeadlineExceeded) {
+			d.observeAbandoned(ctx, batch, start, took, err)
 			d.health.published(d.now(), 0, true)
 			return res, nil, nil, errLeaseRanOut
 		}

@@ -76,6 +76,14 @@ func (d *Dispatcher) refuse(ctx context.Context, op string) {
 	}
 }
 
+// observeAbandoned reports a publish abandoned because the relay stops or the
+// bucket's lease ran out.
+func (d *Dispatcher) observeAbandoned(ctx context.Context, batch []*outbox.Envelope, start time.Time, took time.Duration, err error) {
+	if d.obs != nil {
+		d.obs.Published(ctx, batch, nil, start, took, err)
+	}
+}
+
 // Ready reports whether the worker is running and in a valid plan: its last
 // coordination round succeeded less than LeaseDuration ago, found no bucket count
 // mismatch, and the relay either holds its whole fair share or is a standby (the
