@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/outboxkit/outbox"
 )
@@ -31,7 +32,9 @@ type Config struct {
 	SortKeyAttributeName string
 	// KeyPrefix starts every partition key value the outbox writes, so several
 	// outboxes, or the outbox and the application's own items, can share one table.
-	// It must not contain '#'. Defaults to "OUTBOX".
+	// It must not contain '#', and may be at most 2,028 bytes long (DynamoDB limits a
+	// partition key value to 2,048 bytes). Every byte of it is taken from
+	// [Store.MaxMessageSize]. Defaults to "OUTBOX".
 	KeyPrefix string
 	// BucketCount is the number of buckets. Envelopes must be stamped with the same
 	// count: a sender built on the store ([outbox.NewSender]) takes it from the store,
@@ -91,6 +94,14 @@ func (c Config) Validate() error {
 		return bad("Config.TableName %q may only hold letters, digits, '_', '-' and '.'", c.TableName)
 	case strings.Contains(c.KeyPrefix, "#"):
 		return bad("Config.KeyPrefix %q must not contain '#', which separates the parts of a key", c.KeyPrefix)
+	case len(c.KeyPrefix) > maxKeyPrefix:
+		return bad("Config.KeyPrefix is %d bytes; DynamoDB limits a partition key value to %d bytes, which leaves at most %d for the prefix", len(c.KeyPrefix), maxPartitionKey, maxKeyPrefix)
+	case !utf8.ValidString(c.KeyPrefix):
+		return bad("Config.KeyPrefix is not valid UTF-8, which a string key must be")
+	case len(c.PartitionKeyAttributeName) > 255:
+		return bad("Config.PartitionKeyAttributeName is %d bytes; DynamoDB limits a key attribute name to 255", len(c.PartitionKeyAttributeName))
+	case len(c.SortKeyAttributeName) > 255:
+		return bad("Config.SortKeyAttributeName is %d bytes; DynamoDB limits a key attribute name to 255", len(c.SortKeyAttributeName))
 	case c.PartitionKeyAttributeName != "" && c.PartitionKeyAttributeName == c.SortKeyAttributeName:
 		return bad("Config.PartitionKeyAttributeName and Config.SortKeyAttributeName are both %q", c.SortKeyAttributeName)
 	case c.BucketCount < 0:

@@ -1,6 +1,7 @@
 package dynamostore_test
 
 import (
+	"strings"
 	"testing"
 
 	ddb "github.com/aws/aws-sdk-go-v2/service/dynamodb"
@@ -24,6 +25,9 @@ func TestConfigValidate(t *testing.T) {
 		{"prefix with separator", dynamostore.Config{TableName: "t-1", KeyPrefix: "A#B"}, "KeyPrefix"},
 		{"same key names", dynamostore.Config{TableName: "t-1", PartitionKeyAttributeName: "K", SortKeyAttributeName: "K"}, "SortKeyAttributeName"},
 		{"default clash", dynamostore.Config{TableName: "t-1", PartitionKeyAttributeName: "SK"}, "SortKeyAttributeName"},
+		{"prefix over the key limit", dynamostore.Config{TableName: "t-1", KeyPrefix: strings.Repeat("p", 2029)}, "KeyPrefix"},
+		{"prefix not UTF-8", dynamostore.Config{TableName: "t-1", KeyPrefix: "\xff"}, "KeyPrefix"},
+		{"long key name", dynamostore.Config{TableName: "t-1", PartitionKeyAttributeName: strings.Repeat("k", 256)}, "PartitionKeyAttributeName"},
 		{"negative buckets", dynamostore.Config{TableName: "t-1", BucketCount: -1}, "BucketCount"},
 		{"negative concurrency", dynamostore.Config{TableName: "t-1", MaxConcurrency: -2}, "MaxConcurrency"},
 		{"negative count limit", dynamostore.Config{TableName: "t-1", PendingCountLimit: -3}, "PendingCountLimit"},
@@ -34,6 +38,7 @@ func TestConfigValidate(t *testing.T) {
 		assert.Contains(t, err.Error(), "Config."+c.field, c.name)
 	}
 	require.NoError(t, dynamostore.Config{TableName: "orders-outbox"}.Validate())
+	require.NoError(t, dynamostore.Config{TableName: "orders-outbox", KeyPrefix: strings.Repeat("p", 2028)}.Validate())
 
 	s, err := dynamostore.New(ddb.New(ddb.Options{Region: "us-east-1"}), dynamostore.Config{TableName: "orders-outbox"})
 	require.NoError(t, err)

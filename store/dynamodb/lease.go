@@ -2,12 +2,12 @@ package dynamostore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	ddb "github.com/aws/aws-sdk-go-v2/service/dynamodb"
@@ -16,7 +16,22 @@ import (
 	"github.com/outboxkit/outbox"
 )
 
-var errNoRelayID = errors.New("dynamostore: relay id is empty")
+var errNoRelayID = fmt.Errorf("%w: dynamostore: relay id is empty; give every relay an id (dispatcher.Config.RelayID)", outbox.ErrMisconfigured)
+
+// checkRelayID refuses a relay id that cannot be stored: empty, not UTF-8, or too long
+// for the sort key of its relay record.
+func checkRelayID(relay string) error {
+	switch {
+	case relay == "":
+		return errNoRelayID
+	case len(relay) > maxRelayID:
+		return fmt.Errorf("%w: dynamostore: relay id is %d bytes; DynamoDB limits a sort key value to %d bytes, which leaves at most %d for the id: shorten it (dispatcher.Config.RelayID)",
+			outbox.ErrMisconfigured, len(relay), maxSortKey, maxRelayID)
+	case !utf8.ValidString(relay):
+		return fmt.Errorf("%w: dynamostore: relay id %q is not valid UTF-8, which a string key must be (dispatcher.Config.RelayID)", outbox.ErrMisconfigured, relay)
+	}
+	return nil
+}
 
 // ReadCoordination reads every lease and relay heartbeat with one strongly consistent
 // Query of the coordination partition (paged if it passes 1 MB). Lease items of
@@ -171,8 +186,8 @@ func (s *Store) conditional(ctx context.Context, op string, in *ddb.UpdateItemIn
 // whole (a conditional PutItem), which is how the stop stamp goes away on a restart
 // under the same ID.
 func (s *Store) Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int) (bool, error) {
-	if relay == "" {
-		return false, errNoRelayID
+	if err := checkRelayID(relay); err != nil {
+		return false, err
 	}
 	if err := s.enter(ctx); err != nil {
 		return false, err
@@ -205,8 +220,8 @@ func (s *Store) conditionalPut(ctx context.Context, op string, in *ddb.PutItemIn
 // later than the stored one, so a heartbeat the relay abandoned cannot revive it. The
 // record stays; peers delete it later ([Store.DeleteRelay]).
 func (s *Store) StopRelay(ctx context.Context, relay string, at time.Time) error {
-	if relay == "" {
-		return errNoRelayID
+	if err := checkRelayID(relay); err != nil {
+		return err
 	}
 	if err := s.enter(ctx); err != nil {
 		return err
@@ -261,8 +276,8 @@ func (s *Store) Claim(ctx context.Context, bucket int, owner string, now, expire
 	if err := s.checkBucket(bucket); err != nil {
 		return false, err
 	}
-	if owner == "" {
-		return false, errNoRelayID
+	if err := checkRelayID(owner); err != nil {
+		return false, err
 	}
 	if err := s.enter(ctx); err != nil {
 		return false, err

@@ -52,9 +52,32 @@ const (
 	// maxLastError bounds the LastError attribute so a long failure text cannot push an
 	// item past maxItemSize.
 	maxLastError = 2048
-	// itemOverhead is what a message item needs besides the message's own bytes: keys,
-	// attribute names, numbers and the header encoding's framing, with room to spare.
+	// itemOverhead is what a message item needs besides the message's own bytes and
+	// the key prefix and key attribute names: the rest of its keys, attribute names,
+	// numbers and the header encoding's framing, with room to spare.
 	itemOverhead = 1024
+	// maxNumberSize bounds the stored size of a 64-bit number: 20 digits.
+	maxNumberSize = (20+1)/2 + 1
+	// failureRoom is what Reschedule and Park may add to a message item: Attempts,
+	// NextAttemptAtUtc, LastError at its cap and ParkedAtUtc. A message item is
+	// accepted only if it leaves this much room under maxItemSize, so every message
+	// the store accepts can later be rescheduled and parked.
+	failureRoom = len(attrAttempts) + maxNumberSize +
+		len(attrNextAttemptAt) + maxNumberSize +
+		len(attrLastError) + maxLastError +
+		len(attrParkedAt) + maxNumberSize
+	// maxWrittenItem is the largest message item a writer may put.
+	maxWrittenItem = maxItemSize - failureRoom
+	// maxPartitionKey and maxSortKey are DynamoDB's key value limits, in bytes.
+	maxPartitionKey = 2048
+	maxSortKey      = 1024
+	// longestPKSuffix is the longest part of a partition key value after the prefix:
+	// "#MESSAGES#" or "#SEQUENCE#" and a bucket number of up to 10 digits.
+	longestPKSuffix = len("#MESSAGES#") + 10
+	// maxKeyPrefix is the longest KeyPrefix whose partition keys fit DynamoDB's limit.
+	maxKeyPrefix = maxPartitionKey - longestPKSuffix
+	// maxRelayID is the longest relay id whose record's sort key fits DynamoDB's limit.
+	maxRelayID = maxSortKey - len(relaySKPrefix)
 )
 
 // keys builds the key values of one outbox (one KeyPrefix).

@@ -32,7 +32,8 @@ var _ Client = (*ddb.Client)(nil)
 
 // Store is the DynamoDB outbox store. It implements [outbox.DispatchStore] (with its
 // unit of work, [Store.Transact]: one TransactWriteItems request), [outbox.Admin],
-// [outbox.Notifier] and [outbox.SizeLimiter], and offers the writer calls for an
+// [outbox.Notifier], [outbox.SizeLimiter], [outbox.Prober] and
+// [outbox.BacklogSampler], and offers the writer calls for an
 // application that builds its own TransactWriteItems request
 // ([Store.CreateTransactWriteItems], [Store.NotifyCommitted]).
 //
@@ -55,10 +56,12 @@ type Store struct {
 }
 
 var (
-	_ outbox.DispatchStore = (*Store)(nil)
-	_ outbox.Admin         = (*Store)(nil)
-	_ outbox.Notifier      = (*Store)(nil)
-	_ outbox.SizeLimiter   = (*Store)(nil)
+	_ outbox.DispatchStore  = (*Store)(nil)
+	_ outbox.Admin          = (*Store)(nil)
+	_ outbox.Notifier       = (*Store)(nil)
+	_ outbox.SizeLimiter    = (*Store)(nil)
+	_ outbox.Prober         = (*Store)(nil)
+	_ outbox.BacklogSampler = (*Store)(nil)
 )
 
 // New returns a store on the table cfg names, through client, which the caller built
@@ -87,10 +90,16 @@ func (s *Store) BucketCount() int { return s.cfg.BucketCount }
 // Config returns the options in effect, defaults filled in.
 func (s *Store) Config() Config { return s.cfg }
 
-// MaxMessageSize is the largest [outbox.Message.Size] that fits in one item: DynamoDB's
-// 400 KB item limit less room for the item's keys and bookkeeping attributes. Writes
-// still measure the exact item and refuse one that does not fit.
-func (s *Store) MaxMessageSize() int { return maxItemSize - itemOverhead }
+// MaxMessageSize is the largest [outbox.Message.Size] that fits in one item:
+// DynamoDB's 400 KB item limit less room for the item's keys (KeyPrefix included) and
+// bookkeeping attributes, and less the room Reschedule and Park need later (attempts,
+// next attempt, up to 2 KB of error text, parking time), so that a message at the
+// limit can still fail safely. Writes still measure the exact item and refuse, with
+// [outbox.ErrTooLarge], one that does not leave that room (a message with very many
+// small headers, whose encoding takes more than its Size counts).
+func (s *Store) MaxMessageSize() int {
+	return maxWrittenItem - itemOverhead - len(s.cfg.KeyPrefix) - len(s.cfg.PartitionKeyAttributeName) - len(s.cfg.SortKeyAttributeName)
+}
 
 // Subscribe returns a channel of buckets this process committed to; see
 // [outbox.Notifier]. Commits by other processes are not announced: their relays find

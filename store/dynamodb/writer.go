@@ -171,9 +171,9 @@ func (s *Store) check(envs []*outbox.Envelope) (int, error) {
 		seen[env.ID] = struct{}{}
 		// Seq does not change the size: the sort key has a fixed width.
 		n := itemSize(s.keys.messageItem(env, s.keys.messages(env.Bucket)))
-		if n > maxItemSize {
-			return 0, fmt.Errorf("%w: dynamostore: envelope %s needs a %d-byte item, over DynamoDB's 400 KB item limit; keep large payloads elsewhere and send a reference",
-				outbox.ErrTooLarge, env.ID, n)
+		if n > maxWrittenItem {
+			return 0, fmt.Errorf("%w: dynamostore: envelope %s needs a %d-byte item; with the %d bytes a failed publish may add to it (attempts, next attempt, error text), that is over DynamoDB's 400 KB item limit, so at most %d bytes are accepted; keep large payloads elsewhere and send a reference",
+				outbox.ErrTooLarge, env.ID, n, failureRoom, maxWrittenItem)
 		}
 		size += n
 	}

@@ -63,6 +63,46 @@ type proxy struct {
 	// last holds, per operation, the last request as the client sent it and the
 	// response as the client got it.
 	last map[string]exchange
+	// limits enforces DynamoDB's item and key sizes; overLimit counts the requests it
+	// refused, per operation.
+	limits    *limits
+	overLimit map[string]int
+}
+
+// refuseOverLimit answers a request over one of DynamoDB's size limits with the
+// ValidationException DynamoDB sends, and reports whether it did.
+func (p *proxy) refuseOverLimit(w http.ResponseWriter, r *http.Request) bool {
+	op := r.Header.Get("X-Amz-Target")
+	op = op[strings.LastIndex(op, ".")+1:]
+	body, err := io.ReadAll(r.Body)
+	_ = r.Body.Close()
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	if err != nil {
+		return false
+	}
+	msg := p.limits.check(op, body)
+	if msg == "" {
+		return false
+	}
+	p.mu.Lock()
+	p.requests[op]++
+	if p.overLimit == nil {
+		p.overLimit = map[string]int{}
+	}
+	p.overLimit[op]++
+	p.mu.Unlock()
+	out, _ := json.Marshal(map[string]string{"__type": "com.amazon.coral.validate#ValidationException", "message": msg})
+	w.Header().Set("Content-Type", "application/x-amz-json-1.0")
+	w.WriteHeader(http.StatusBadRequest)
+	_, _ = w.Write(out)
+	return true
+}
+
+// overLimitSoFar returns how many requests of op the size limits refused.
+func (p *proxy) overLimitSoFar(op string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.overLimit[op]
 }
 
 // exchange is one request and its response, as the client saw them.
@@ -92,10 +132,14 @@ func newTestDB(t testing.TB) *testDB {
 			w.WriteHeader(http.StatusBadGateway)
 		},
 	}
+	p.limits = &limits{backend: backend.URL}
 	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if p.serialised() {
 			p.serMu.Lock()
 			defer p.serMu.Unlock()
+		}
+		if p.refuseOverLimit(w, r) {
+			return
 		}
 		rp.ServeHTTP(w, r)
 	}))
