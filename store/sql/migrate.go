@@ -113,9 +113,10 @@ func columnAdded(ctx context.Context, q querier, stmt string) bool {
 // DDL returns the schema statements Migrate runs for the store's dialect and tables,
 // for teams that apply migrations with their own tooling. Statements are in order,
 // without trailing semicolons: version 1 creates the tables (IF NOT EXISTS), version
-// 2 is the last statement, an ALTER TABLE that adds the relay table's bucket_count
-// column. On MySQL and SQLite that ALTER fails if the column exists already; apply it
-// once.
+// 2 is an ALTER TABLE that adds the relay table's bucket_count column, version 3
+// creates the inbox table, Table+"_inbox" (IF NOT EXISTS; see [Store.InboxTable]).
+// On MySQL and SQLite the version 2 ALTER fails if the column exists already; apply
+// it once.
 func (s *Store) DDL() []string {
 	ms, err := loadMigrations(s.dialect, s.cfg)
 	if err != nil {
@@ -203,7 +204,7 @@ func (s *Store) migrate(ctx context.Context, q querier, ms []migration) error {
 // DropTables drops the store's tables and every message in them. Tests and demos
 // use it; production schemas are rarely dropped by code.
 func (s *Store) DropTables(ctx context.Context) error {
-	for _, t := range []string{s.cfg.Table, s.cfg.LeaseTable, s.cfg.RelayTable, s.cfg.Table + "_migrations"} {
+	for _, t := range []string{s.cfg.Table, s.cfg.LeaseTable, s.cfg.RelayTable, s.InboxTable(), s.cfg.Table + "_migrations"} {
 		if _, err := s.db.exec(ctx, "DROP TABLE IF EXISTS "+t); err != nil {
 			return s.wrap(ctx, "drop tables", err)
 		}
