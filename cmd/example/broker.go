@@ -36,6 +36,9 @@ func (d delivery) String() string {
 
 // openBroker opens the broker opts choose.
 func openBroker(ctx context.Context, opts options) (broker, error) {
+	if opts.AMQP != "" {
+		return openRabbitMQ(ctx, opts.AMQP)
+	}
 	if opts.SQSEndpoint != "" {
 		return openSQS(ctx, opts.SQSEndpoint, opts.SQSQueue)
 	}

@@ -7,6 +7,7 @@ require (
 	github.com/outboxkit/outbox/internal/sqsemulator v0.0.0-00010101000000-000000000000
 	github.com/outboxkit/outbox/store/sql v0.0.0-00010101000000-000000000000
 	github.com/outboxkit/outbox/transport/kafka v0.0.0-00010101000000-000000000000
+	github.com/outboxkit/outbox/transport/rabbitmq v0.0.0-00010101000000-000000000000
 	github.com/outboxkit/outbox/transport/sqs v0.0.0-00010101000000-000000000000
 )
 
@@ -17,6 +18,7 @@ require (
 	github.com/glebarez/go-sqlite v1.23.0
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/jackc/pgx/v5 v5.12.0
+	github.com/rabbitmq/amqp091-go v1.16.0
 	github.com/stretchr/testify v1.12.1
 	github.com/twmb/franz-go v1.22.3
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
@@ -53,5 +55,6 @@ replace (
 	github.com/outboxkit/outbox/internal/sqsemulator => ../../internal/sqsemulator
 	github.com/outboxkit/outbox/store/sql => ../../store/sql
 	github.com/outboxkit/outbox/transport/kafka => ../../transport/kafka
+	github.com/outboxkit/outbox/transport/rabbitmq => ../../transport/rabbitmq
 	github.com/outboxkit/outbox/transport/sqs => ../../transport/sqs
 )

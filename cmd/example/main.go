@@ -25,6 +25,7 @@
 //	-kafka host:port    real Kafka brokers (comma-separated); the topic order-placed must exist
 //	-sqs-endpoint URL   SQS, or an SQS emulator, instead of Kafka
 //	-sqs-queue NAME     the queue's name or URL (default order-placed; created if absent)
+//	-amqp URL           RabbitMQ instead of Kafka, e.g. amqp://guest:guest@host:5672/
 //
 // On PostgreSQL and MySQL each story uses tables of its own, with a random suffix, and
 // drops them at the end. With -sqs-endpoint, credentials come from AWS_ACCESS_KEY_ID,
@@ -69,6 +70,7 @@ type options struct {
 	Kafka       []string // seed brokers of a real Kafka cluster
 	SQSEndpoint string   // SQS endpoint URL
 	SQSQueue    string   // SQS queue name or URL
+	AMQP        string   // RabbitMQ URL
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -81,6 +83,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&kafka, "kafka", "", "publish to these Kafka brokers (`host:port`, comma-separated) instead of an in-process one; the topic "+topic+" must exist")
 	fs.StringVar(&opts.SQSEndpoint, "sqs-endpoint", "", "publish to SQS at this endpoint `URL` (or an emulator) instead of Kafka")
 	fs.StringVar(&opts.SQSQueue, "sqs-queue", topic, "SQS queue `name or URL` for -sqs-endpoint; a name is created if absent")
+	fs.StringVar(&opts.AMQP, "amqp", "", "publish to RabbitMQ at this `URL` instead of Kafka; declares a fanout exchange and a durable queue named "+topic)
 	if err := fs.Parse(args); err != nil {
 		return options{}, err
 	}
@@ -108,6 +111,9 @@ func (o options) validate() error {
 	}
 	if len(o.Kafka) > 0 && o.SQSEndpoint != "" {
 		return fmt.Errorf("-kafka and -sqs-endpoint: choose one broker")
+	}
+	if o.AMQP != "" && (len(o.Kafka) > 0 || o.SQSEndpoint != "") {
+		return fmt.Errorf("-amqp and another broker: choose one broker")
 	}
 	if o.SQSEndpoint != "" && strings.HasSuffix(o.SQSQueue, ".fifo") {
 		// A FIFO queue drops a copy whose message id it saw in the last five minutes,
