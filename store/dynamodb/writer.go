@@ -26,7 +26,10 @@ const MaxEnqueue = maxTransactItems
 //
 // It is safe under the SDK's retries: if a retried request finds its own items
 // already written (the first attempt was applied but its response was lost), the
-// store confirms the items carry these envelopes' IDs and reports success. Calling
+// store checks that the item the refused request returns (every put asks for it with
+// ReturnValuesOnConditionCheckFailure ALL_OLD) carries the envelope's ID, and
+// reports success; no read is needed, so a writer needs only dynamodb:PutItem and
+// dynamodb:UpdateItem. Calling
 // Enqueue again after an ambiguous error is different: the envelopes get new sequence
 // numbers and may be stored twice under the same ID (at-least-once, as after a lease
 // takeover).
@@ -77,11 +80,10 @@ func (s *Store) putOne(ctx context.Context, op string, env *outbox.Envelope) err
 	if err == nil {
 		return nil
 	}
-	if isConditionFailed(err) {
-		if ok, cerr := s.confirm(ctx, []*outbox.Envelope{env}); cerr != nil {
-			return cerr
-		} else if ok {
-			return nil
+	if ccf, ok := errors.AsType[*types.ConditionalCheckFailedException](err); ok {
+		// The refused put returns the item that stands under its key.
+		if stringAttr(ccf.Item, attrMessageID) == env.ID.String() {
+			return nil // a retry of a put whose first attempt was applied
 		}
 		return fmt.Errorf("dynamostore: %s: sequence number %d of bucket %d is already taken by another message: was the %s counter item reset? %w",
 			op, env.Seq, env.Bucket, s.keys.sequence(env.Bucket), err)
@@ -243,9 +245,7 @@ func (s *Store) transact(ctx context.Context, op string, appItems []types.Transa
 		// A retry of a request whose first attempt was applied fails its conditions.
 		// The sequence numbers were reserved for this call alone, so finding every
 		// envelope under its own number proves the transaction committed.
-		if ok, cerr := s.confirm(ctx, envs); cerr != nil {
-			return cerr
-		} else if ok {
+		if s.ownItems(tce, len(appItems), envs) {
 			return nil
 		}
 	}
@@ -267,45 +267,19 @@ func conditionFailed(tce *types.TransactionCanceledException) bool {
 	return false
 }
 
-// confirm reports whether every envelope is stored under its Seq with its own ID,
-// with strongly consistent reads.
-func (s *Store) confirm(ctx context.Context, envs []*outbox.Envelope) (bool, error) {
-	want := make(map[string]string, len(envs)) // "pk\x00sk" -> message id
-	keys := make([]map[string]types.AttributeValue, 0, len(envs))
-	for _, env := range envs {
-		pk, sk := s.keys.messages(env.Bucket), seqSortKey(env.Seq)
-		want[pk+"\x00"+sk] = env.ID.String()
-		keys = append(keys, s.keys.key(pk, sk))
+// ownItems reports whether a cancelled transaction found, under the key of every
+// envelope's put, the envelope itself: the refused request returns the item standing
+// under each failed condition (ReturnValuesOnConditionCheckFailure ALL_OLD), so no
+// read is needed. The envelopes' puts follow skip application items.
+func (s *Store) ownItems(tce *types.TransactionCanceledException, skip int, envs []*outbox.Envelope) bool {
+	if len(tce.CancellationReasons) != skip+len(envs) {
+		return false
 	}
-	found := 0
-	for attempt := 0; len(keys) > 0; attempt++ {
-		if attempt > 0 {
-			if err := sleep(ctx, backoff(attempt)); err != nil {
-				return false, err
-			}
+	for i, env := range envs {
+		r := tce.CancellationReasons[skip+i]
+		if aws.ToString(r.Code) != "ConditionalCheckFailed" || stringAttr(r.Item, attrMessageID) != env.ID.String() {
+			return false
 		}
-		if attempt == maxBatchAttempts {
-			return false, fmt.Errorf("dynamostore: confirm a retried write: %d keys left unprocessed", len(keys))
-		}
-		out, err := s.client.BatchGetItem(ctx, &ddb.BatchGetItemInput{RequestItems: map[string]types.KeysAndAttributes{
-			s.cfg.TableName: {
-				Keys:                     keys,
-				ConsistentRead:           aws.Bool(true),
-				ProjectionExpression:     aws.String("#pk, #sk, #id"),
-				ExpressionAttributeNames: map[string]string{"#pk": s.keys.pk, "#sk": s.keys.sk, "#id": attrMessageID},
-			},
-		}})
-		if err != nil {
-			return false, s.translate(ctx, "confirm a retried write", err)
-		}
-		for _, item := range out.Responses[s.cfg.TableName] {
-			id, ok := want[stringAttr(item, s.keys.pk)+"\x00"+stringAttr(item, s.keys.sk)]
-			if !ok || id != stringAttr(item, attrMessageID) {
-				return false, nil
-			}
-			found++
-		}
-		keys = out.UnprocessedKeys[s.cfg.TableName].Keys
 	}
-	return found == len(envs), nil
+	return true
 }

@@ -338,6 +338,7 @@ func (p *proxy) inspect(resp *http.Response) error {
 	_ = resp.Body.Close()
 	body = bytes.ReplaceAll(rebaseTicks(body, false), binaryMarker, emptyBinary)
 	sent, _ := resp.Request.Context().Value(sentKey{}).(sentRequest)
+	body = p.limits.returnOldItems(op, sent.body, body)
 	p.mu.Lock()
 	lose := p.loseResponses[op] > 0
 	outcome := resp.Status

@@ -179,6 +179,8 @@ var (
 	setClause = regexp.MustCompile(`^\s*(#?\w+)\s*=\s*(:\w+)\s*$`)
 	addClause = regexp.MustCompile(`^\s*(#?\w+)\s+(:\w+)\s*$`)
 	sections  = regexp.MustCompile(`(?i)\b(SET|ADD|REMOVE|DELETE)\b`)
+	// notExistsOnly matches a condition that only asks for a missing attribute.
+	notExistsOnly = regexp.MustCompile(`^\s*attribute_not_exists\s*\(\s*#?\w+\s*\)\s*$`)
 )
 
 // update sizes the item an update would leave: the stored item with the SET and ADD
