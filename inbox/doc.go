@@ -49,7 +49,9 @@
 //     by [Inbox.RemoveExpired] in bounded batches on SQL and memory, by DynamoDB's
 //     TTL on DynamoDB. An expired key that is not removed yet still counts.
 //   - Process inside an open unit of work of the same store joins it: the key commits
-//     with the outer unit.
+//     with the outer unit. A key that a racing unit records before the outer unit
+//     commits then fails the outer unit with the store's error (an error wrapping
+//     ErrDuplicate on memory, DynamoDB's cancellation), not a duplicate Result.
 //
 // # Limitations
 //
