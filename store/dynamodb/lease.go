@@ -218,7 +218,8 @@ func (s *Store) conditionalPut(ctx context.Context, op string, in *ddb.PutItemIn
 
 // StopRelay stamps the relay's record StoppedAtUtc=at, and LastSeenUtc=at when that is
 // later than the stored one, so a heartbeat the relay abandoned cannot revive it. The
-// record stays; peers delete it later ([Store.DeleteRelay]).
+// record stays; peers delete it later ([Store.DeleteRelay]). Every record it writes
+// has LastSeenUtc, which that deletion is conditioned on.
 func (s *Store) StopRelay(ctx context.Context, relay string, at time.Time) error {
 	if err := checkRelayID(relay); err != nil {
 		return err
@@ -226,26 +227,38 @@ func (s *Store) StopRelay(ctx context.Context, relay string, at time.Time) error
 	if err := s.enter(ctx); err != nil {
 		return err
 	}
-	// The usual case: the stop is later than the last heartbeat, one write does both.
-	ok, err := s.conditional(ctx, "stop relay", &ddb.UpdateItemInput{
-		Key:                       s.keys.key(s.keys.coordination(), relaySortKey(relay)),
-		UpdateExpression:          aws.String("SET #seen = :at, #stopped = :at"),
-		ConditionExpression:       aws.String("attribute_not_exists(#seen) OR #seen < :at"),
-		ExpressionAttributeNames:  map[string]string{"#seen": attrLastSeen, "#stopped": attrStoppedAt},
-		ExpressionAttributeValues: map[string]types.AttributeValue{":at": ticksAttr(at)},
-	})
-	if err != nil || ok {
-		return err
+	key := s.keys.key(s.keys.coordination(), relaySortKey(relay))
+	names := map[string]string{"#seen": attrLastSeen, "#stopped": attrStoppedAt}
+	values := map[string]types.AttributeValue{":at": ticksAttr(at)}
+	for range 2 {
+		// The usual case: the stop is later than the last heartbeat, one write does
+		// both (and writes a whole record if there is none).
+		ok, err := s.conditional(ctx, "stop relay", &ddb.UpdateItemInput{
+			Key:                       key,
+			UpdateExpression:          aws.String("SET #seen = :at, #stopped = :at"),
+			ConditionExpression:       aws.String("attribute_not_exists(#seen) OR #seen < :at"),
+			ExpressionAttributeNames:  names,
+			ExpressionAttributeValues: values,
+		})
+		if err != nil || ok {
+			return err
+		}
+		// The record carries a later heartbeat: stamp the stop alone, only on a
+		// record that has LastSeenUtc, so this write can never create a record the
+		// cleanup (conditional on LastSeenUtc) could not delete. If a peer deleted the
+		// record meanwhile, the first write runs again.
+		ok, err = s.conditional(ctx, "stop relay", &ddb.UpdateItemInput{
+			Key:                       key,
+			UpdateExpression:          aws.String("SET #stopped = :at"),
+			ConditionExpression:       aws.String("attribute_exists(#seen)"),
+			ExpressionAttributeNames:  names,
+			ExpressionAttributeValues: values,
+		})
+		if err != nil || ok {
+			return err
+		}
 	}
-	// The record already carries a later heartbeat: stamp the stop alone.
-	_, err = s.client.UpdateItem(ctx, &ddb.UpdateItemInput{
-		TableName:                 aws.String(s.cfg.TableName),
-		Key:                       s.keys.key(s.keys.coordination(), relaySortKey(relay)),
-		UpdateExpression:          aws.String("SET #stopped = :at"),
-		ExpressionAttributeNames:  map[string]string{"#stopped": attrStoppedAt},
-		ExpressionAttributeValues: map[string]types.AttributeValue{":at": ticksAttr(at)},
-	})
-	return s.translate(ctx, "stop relay", err)
+	return nil // deleted twice while stopping: a record nobody keeps needs no stamp
 }
 
 // DeleteRelay deletes a relay record only if its LastSeenUtc still equals lastSeen.

@@ -267,19 +267,21 @@ func conditionFailed(tce *types.TransactionCanceledException) bool {
 	return false
 }
 
-// ownItems reports whether a cancelled transaction found, under the key of every
-// envelope's put, the envelope itself: the refused request returns the item standing
+// ownItems reports whether a cancelled transaction found one of its envelopes already
+// stored under its own sequence number: the refused request returns the item standing
 // under each failed condition (ReturnValuesOnConditionCheckFailure ALL_OLD), so no
-// read is needed. The envelopes' puts follow skip application items.
+// read is needed. The numbers were reserved for this call alone and a transaction is
+// all or nothing, so one envelope found proves that an earlier attempt of this very
+// request committed all of it. The envelopes' puts follow skip application items.
 func (s *Store) ownItems(tce *types.TransactionCanceledException, skip int, envs []*outbox.Envelope) bool {
 	if len(tce.CancellationReasons) != skip+len(envs) {
 		return false
 	}
 	for i, env := range envs {
 		r := tce.CancellationReasons[skip+i]
-		if aws.ToString(r.Code) != "ConditionalCheckFailed" || stringAttr(r.Item, attrMessageID) != env.ID.String() {
-			return false
+		if aws.ToString(r.Code) == "ConditionalCheckFailed" && stringAttr(r.Item, attrMessageID) == env.ID.String() {
+			return true
 		}
 	}
-	return true
+	return false
 }
