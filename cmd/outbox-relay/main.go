@@ -1,0 +1,407 @@
+// Command outbox-relay is a production relay process: it drains an outbox store to a
+// broker with the dispatcher, serves health, readiness and Prometheus metrics, logs
+// JSON through log/slog, and on SIGTERM (or SIGINT) stops gracefully, handing its
+// bucket leases back so that its peers take over at once.
+//
+//	outbox-relay -store postgres://app@db/app -kafka-brokers kafka-1:9092,kafka-2:9092
+//
+// Every flag can also be set through an environment variable: OUTBOX_ and the flag's
+// name in upper case with '-' as '_' (-kafka-brokers is OUTBOX_KAFKA_BROKERS). A flag
+// on the command line wins over the variable. Run with -help for every flag.
+//
+// Endpoints (on -listen, 127.0.0.1:9090 by default):
+//
+//	/healthz  200 while the worker runs; 503 with the reason once it stopped on its own
+//	/readyz   200 once the relay holds its fair share of the buckets, or is a standby in
+//	          a valid plan (dispatcher.Dispatcher.Ready); 503 otherwise
+//	/metrics  Prometheus exposition of the outboxotel instruments and the Go runtime's
+//
+// Exit codes: 0 after a graceful stop; 1 when the relay could not start or its worker
+// stopped on its own (a bucket count mismatch, a closed store); 2 for bad flags.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/twmb/franz-go/pkg/kgo"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/dispatcher"
+	outboxotel "github.com/outboxkit/outbox/otel"
+	kafka "github.com/outboxkit/outbox/transport/kafka"
+	sqstransport "github.com/outboxkit/outbox/transport/sqs"
+)
+
+// options are the relay's flags.
+type options struct {
+	store                storeOptions
+	migrate              bool
+	kafkaBrokers         string
+	sqs                  bool
+	listen               string
+	relayID              string
+	batchSize            int
+	pollInterval         time.Duration
+	leaseDuration        time.Duration
+	leaseRenewInterval   time.Duration
+	maxAttempts          int
+	backoffBase          time.Duration
+	backoffMax           time.Duration
+	retention            time.Duration
+	maxConcurrency       int
+	backlogInterval      time.Duration
+	stopTimeout          time.Duration
+	logLevel             string
+	metricsPrefix        string
+	unordered            bool
+	kafkaAllowAutoCreate bool
+}
+
+func main() {
+	os.Exit(run(context.Background(), os.Args[1:], os.Stderr))
+}
+
+// envPrefix starts the environment variable of every flag.
+const envPrefix = "OUTBOX_"
+
+func envName(flagName string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+func parseFlags(args []string, stderr io.Writer) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("outbox-relay", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.store.DSN, "store", "", "the store: postgres://USER@HOST/DB?sslmode=…, mysql://USER@tcp(HOST:3306)/DB?parseTime=true, sqlite:PATH, or dynamodb://TABLE (required)")
+	fs.StringVar(&o.store.Table, "table", "", "SQL stores: the messages table (the lease and relay tables are named after it); default outbox_messages")
+	fs.IntVar(&o.store.Buckets, "buckets", 0, "the store's bucket count; it must equal every writer's; default 8 (outbox.DefaultBucketCount)")
+	fs.StringVar(&o.store.Region, "aws-region", "", "DynamoDB and SQS: the AWS region; default the SDK's (AWS_REGION, shared config)")
+	fs.StringVar(&o.store.Endpoint, "aws-endpoint", "", "DynamoDB and SQS: an endpoint URL instead of AWS's (a local emulator); default none")
+	fs.BoolVar(&o.migrate, "migrate", false, "apply the SQL migrations, or create the DynamoDB table, before starting; default false")
+	fs.StringVar(&o.kafkaBrokers, "kafka-brokers", "", "publish to Kafka through these seed brokers, comma-separated HOST:PORT (one of -kafka-brokers and -sqs is required)")
+	fs.BoolVar(&o.kafkaAllowAutoCreate, "kafka-allow-auto-create", false, "Kafka: let the broker create a missing topic on first publish; default false (a missing topic is retried, then parked)")
+	fs.BoolVar(&o.sqs, "sqs", false, "publish to SQS: each topic is a queue name, looked up once; default false")
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:9090", "address of the /healthz, /readyz and /metrics endpoints; empty turns them off")
+	fs.StringVar(&o.relayID, "relay-id", "", "this relay's id in leases and heartbeats, unique among live relays; default the host name and a random suffix")
+	fs.IntVar(&o.batchSize, "batch-size", dispatcher.DefaultBatchSize, "most messages fetched from a bucket and published in one call")
+	fs.DurationVar(&o.pollInterval, "poll-interval", dispatcher.DefaultPollInterval, "how often to look for due messages without a wake-up")
+	fs.DurationVar(&o.leaseDuration, "lease-duration", dispatcher.DefaultLeaseDuration, "how long a bucket lease and a heartbeat stay valid; a crashed relay's buckets move this long after its last renewal")
+	fs.DurationVar(&o.leaseRenewInterval, "lease-renew-interval", dispatcher.DefaultLeaseRenewInterval, "how often to heartbeat, re-plan and renew leases; at most a third of -lease-duration")
+	fs.IntVar(&o.maxAttempts, "max-attempts", dispatcher.DefaultMaxAttempts, "failed attempts that park a message")
+	fs.DurationVar(&o.backoffBase, "backoff-base", dispatcher.DefaultBackoffBase, "delay after the first failure, doubled per further failure")
+	fs.DurationVar(&o.backoffMax, "backoff-max", dispatcher.DefaultBackoffMax, "cap of the retry delay")
+	fs.DurationVar(&o.retention, "retention", 0, "keep dispatched messages this long (SQL stores); 0 deletes them once acknowledged")
+	fs.IntVar(&o.maxConcurrency, "max-concurrency", dispatcher.DefaultMaxConcurrency, "buckets drained in parallel")
+	fs.DurationVar(&o.backlogInterval, "backlog-interval", dispatcher.DefaultBacklogInterval, "how often the relay holding bucket 0 samples the backlog for the metrics; negative turns sampling off")
+	fs.BoolVar(&o.unordered, "unordered", false, "let a failed message retry without holding back the later messages of its key; default false")
+	fs.DurationVar(&o.stopTimeout, "stop-timeout", 30*time.Second, "on SIGTERM, how long in-flight batches may take before they are cut short; the leases are handed back either way")
+	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&o.metricsPrefix, "metrics-prefix", outboxotel.DefaultPrefix, "prefix of the outbox's own metric names")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: outbox-relay -store DSN (-kafka-brokers HOSTS | -sqs) [flags]\n\n"+
+			"Relays an outbox store to a broker. Every flag may be set by an environment variable\n"+
+			"named %s and the flag in upper case with '-' as '_' (-kafka-brokers: %s).\n\nFlags:\n",
+			envPrefix, envName("kafka-brokers"))
+		fs.PrintDefaults()
+		fmt.Fprint(fs.Output(), "\nEndpoints on -listen: /healthz, /readyz, /metrics.\nExit codes: 0 graceful stop, 1 start failure or the worker stopped on its own, 2 bad flags.\n")
+	}
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected argument %q: every setting is a flag", fs.Arg(0))
+	}
+	// Environment variables fill the flags the command line left unset.
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var envErr error
+	fs.VisitAll(func(f *flag.Flag) {
+		if v, ok := os.LookupEnv(envName(f.Name)); ok && !set[f.Name] && envErr == nil {
+			if err := fs.Set(f.Name, v); err != nil {
+				envErr = fmt.Errorf("%s=%q: %w", envName(f.Name), v, err)
+			}
+		}
+	})
+	if envErr != nil {
+		return o, envErr
+	}
+	switch {
+	case o.store.DSN == "":
+		return o, fmt.Errorf("no store: pass -store or set %s", envName("store"))
+	case o.kafkaBrokers == "" && !o.sqs:
+		return o, fmt.Errorf("no broker: pass -kafka-brokers HOST:PORT,… or -sqs (or set %s / %s)", envName("kafka-brokers"), envName("sqs"))
+	case o.kafkaBrokers != "" && o.sqs:
+		return o, errors.New("two brokers: pass either -kafka-brokers or -sqs, not both")
+	}
+	if _, err := parseLevel(o.logLevel); err != nil {
+		return o, err
+	}
+	return o, nil
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return l, fmt.Errorf("-log-level %q: use debug, info, warn or error", s)
+	}
+	return l, nil
+}
+
+// run is the whole program; it returns the exit code.
+func run(ctx context.Context, args []string, stderr io.Writer) int {
+	o, err := parseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "outbox-relay:", err)
+		return 2
+	}
+	level, _ := parseLevel(o.logLevel)
+	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
+	if err := relay(ctx, o, log); err != nil {
+		log.Error("outbox-relay: stopped", "error", err)
+		if errors.Is(err, errUsage) {
+			return 2
+		}
+		return 1
+	}
+	return 0
+}
+
+func relay(ctx context.Context, o options, log *slog.Logger) error {
+	ctx, stopSignals := signal.NotifyContext(ctx, syscall.SIGTERM, os.Interrupt)
+	defer stopSignals()
+
+	cfg := dispatcher.Config{
+		RelayID:            o.relayID,
+		BatchSize:          o.batchSize,
+		PollInterval:       o.pollInterval,
+		LeaseDuration:      o.leaseDuration,
+		LeaseRenewInterval: o.leaseRenewInterval,
+		MaxAttempts:        o.maxAttempts,
+		BackoffBase:        o.backoffBase,
+		BackoffMax:         o.backoffMax,
+		Retention:          o.retention,
+		MaxConcurrency:     o.maxConcurrency,
+		BacklogInterval:    o.backlogInterval,
+		Unordered:          o.unordered,
+		Logger:             log,
+	}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	openCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	st, err := openStore(openCtx, o.store)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := st.Close(); err != nil {
+			log.Warn("outbox-relay: closing the store", "error", err)
+		}
+	}()
+	if o.migrate {
+		if err := migrate(openCtx, st); err != nil {
+			return err
+		}
+	}
+	transport, system, closeTransport, err := openTransport(openCtx, o)
+	if err != nil {
+		return err
+	}
+	defer closeTransport()
+
+	// Metrics: the outbox's instruments, exported for Prometheus.
+	registry := prometheus.NewRegistry()
+	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	exporter, err := otelprom.New(otelprom.WithRegisterer(registry))
+	if err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
+	defer func() { _ = provider.Shutdown(context.WithoutCancel(ctx)) }()
+
+	if cfg.RelayID == "" {
+		// Settled here, as the dispatcher would, because the metrics name it too.
+		if cfg.RelayID, err = defaultRelayID(); err != nil {
+			return err
+		}
+	}
+	obs, err := outboxotel.New(outboxotel.Config{MeterProvider: provider, Prefix: o.metricsPrefix, MessagingSystem: system, RelayID: cfg.RelayID})
+	if err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	defer func() { _ = obs.Close() }()
+	cfg.Observer = obs
+	// The concrete store, so the dispatcher finds its optional capabilities.
+	d, err := dispatcher.New(st.DispatchStore, transport, cfg)
+	if err != nil {
+		return err
+	}
+
+	var srv *http.Server
+	if o.listen != "" {
+		ln, err := net.Listen("tcp", o.listen)
+		if err != nil {
+			return fmt.Errorf("%w: -listen %s: %w", errUsage, o.listen, err)
+		}
+		srv = &http.Server{Handler: endpoints(d, registry), ReadHeaderTimeout: 10 * time.Second}
+		go func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("outbox-relay: endpoints stopped", "error", err)
+			}
+		}()
+		log.Info("outbox-relay: endpoints listening", "address", ln.Addr().String())
+	}
+
+	// The worker's own context never ends: SIGTERM is turned into a Stop with a
+	// deadline, so in-flight batches get -stop-timeout to finish.
+	if err := d.Start(context.WithoutCancel(ctx)); err != nil {
+		return err
+	}
+	log.Info("outbox-relay: started", "relay", d.RelayID(), "store", st.kind, "broker", system, "buckets", st.BucketCount())
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		log.Info("outbox-relay: stopping; handing the leases back")
+		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), o.stopTimeout)
+		err := d.Stop(stopCtx)
+		cancel()
+		if err != nil {
+			log.Warn("outbox-relay: graceful stop incomplete; leases not handed back lapse after the lease duration", "error", err)
+		} else {
+			log.Info("outbox-relay: stopped; leases handed back")
+		}
+	case <-d.Stopped():
+		runErr = d.Err()
+	}
+	if srv != nil {
+		shutCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_ = srv.Shutdown(shutCtx)
+		cancel()
+	}
+	return runErr
+}
+
+// defaultRelayID is the host name and a random suffix.
+func defaultRelayID() (string, error) {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "relay"
+	}
+	var suffix [4]byte
+	if _, err := rand.Read(suffix[:]); err != nil {
+		return "", fmt.Errorf("relay id: %w", err)
+	}
+	return host + "-" + hex.EncodeToString(suffix[:]), nil
+}
+
+// migrate creates or upgrades the store's tables.
+func migrate(ctx context.Context, st *openedStore) error {
+	switch {
+	case st.sql != nil:
+		return st.sql.Migrate(ctx)
+	case st.dynamo != nil:
+		return dynamoCreateTable(ctx, st)
+	}
+	return nil
+}
+
+// openTransport builds the broker client and the transport.
+func openTransport(ctx context.Context, o options) (outbox.Transport, string, func(), error) {
+	if o.kafkaBrokers != "" {
+		opts := []kgo.Opt{kgo.SeedBrokers(strings.Split(o.kafkaBrokers, ",")...), kgo.RecordPartitioner(kafka.Partitioner(nil))}
+		if o.kafkaAllowAutoCreate {
+			opts = append(opts, kgo.AllowAutoTopicCreation())
+		}
+		client, err := kgo.NewClient(opts...)
+		if err != nil {
+			return nil, "", nil, fmt.Errorf("%w: kafka: %w", errUsage, err)
+		}
+		tr, err := kafka.New(client, kafka.Config{})
+		if err != nil {
+			client.Close()
+			return nil, "", nil, err
+		}
+		return tr, "kafka", client.Close, nil
+	}
+	cfg, err := awsConfig(ctx, o.store.Region)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	client := sqs.NewFromConfig(cfg, func(so *sqs.Options) {
+		if o.store.Endpoint != "" {
+			so.BaseEndpoint = aws.String(o.store.Endpoint)
+		}
+	})
+	tr, err := sqstransport.New(client, sqstransport.Config{})
+	if err != nil {
+		return nil, "", nil, err
+	}
+	return tr, "aws_sqs", func() {}, nil
+}
+
+// endpoints serves /healthz, /readyz and /metrics.
+func endpoints(d *dispatcher.Dispatcher, registry *prometheus.Registry) http.Handler {
+	mux := http.NewServeMux()
+	reply := func(w http.ResponseWriter, ok bool, body map[string]any) {
+		w.Header().Set("Content-Type", "application/json")
+		if !ok {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		_ = json.NewEncoder(w).Encode(body)
+	}
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		select {
+		case <-d.Stopped():
+			reason := "stopped"
+			if err := d.Err(); err != nil {
+				reason = err.Error()
+			}
+			reply(w, false, map[string]any{"status": "stopped", "relay": d.RelayID(), "error": reason})
+		default:
+			reply(w, true, map[string]any{"status": "ok", "relay": d.RelayID()})
+		}
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		ready := d.Ready()
+		owned := d.Owned()
+		if owned == nil {
+			owned = []int{}
+		}
+		status := "ready"
+		if !ready {
+			status = "not ready"
+		}
+		st := d.Stats()
+		reply(w, ready, map[string]any{"status": status, "relay": d.RelayID(), "owned": owned,
+			"published": st.Published, "parked": st.Parked, "refused_writes": st.RefusedWrites})
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+	return mux
+}

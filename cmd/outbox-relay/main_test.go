@@ -1,0 +1,321 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
+	sqlstore "github.com/outboxkit/outbox/store/sql"
+)
+
+// childEnv makes the test binary run the relay's main instead of the tests, so the
+// relay runs as a real child process.
+const childEnv = "OUTBOX_RELAY_TEST_CHILD"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) == "1" {
+		os.Exit(run(context.Background(), os.Args[1:], os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+// relayProcess is a running relay.
+type relayProcess struct {
+	cmd      *exec.Cmd
+	addr     chan string // the endpoints' address, from the logs
+	mu       sync.Mutex
+	lines    []map[string]any
+	badLines []string
+	done     chan struct{}
+	exitErr  error
+}
+
+func startRelay(t *testing.T, args ...string) *relayProcess {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), childEnv+"=1")
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	p := &relayProcess{cmd: cmd, addr: make(chan string, 1), done: make(chan struct{})}
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			var rec map[string]any
+			if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
+				p.mu.Lock()
+				p.badLines = append(p.badLines, sc.Text())
+				p.mu.Unlock()
+				continue
+			}
+			p.mu.Lock()
+			p.lines = append(p.lines, rec)
+			p.mu.Unlock()
+			if rec["msg"] == "outbox-relay: endpoints listening" {
+				p.addr <- rec["address"].(string)
+			}
+		}
+		p.exitErr = cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			_ = cmd.Process.Kill()
+			<-p.done
+		}
+		if t.Failed() {
+			p.mu.Lock()
+			for _, l := range p.lines {
+				t.Logf("relay log: %v", l)
+			}
+			p.mu.Unlock()
+		}
+	})
+	return p
+}
+
+func (p *relayProcess) logged(msg string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, l := range p.lines {
+		if l["msg"] == msg {
+			return true
+		}
+	}
+	return false
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(body)
+}
+
+// metric sums the samples of a Prometheus metric whose labels contain every want
+// label and none of the absent ones.
+func metric(body, name string, want []string, absent ...string) (float64, bool) {
+	re := regexp.MustCompile(`^` + regexp.QuoteMeta(name) + `(\{[^}]*\})? ([0-9.eE+-]+)$`)
+	total, found := 0.0, false
+	for _, line := range strings.Split(body, "\n") {
+		m := re.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		ok := true
+		for _, w := range want {
+			ok = ok && strings.Contains(m[1], w)
+		}
+		for _, a := range absent {
+			ok = ok && !strings.Contains(m[1], a)
+		}
+		if !ok {
+			continue
+		}
+		v, err := strconv.ParseFloat(m[2], 64)
+		if err == nil {
+			total, found = total+v, true
+		}
+	}
+	return total, found
+}
+
+func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", within, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestRelayDrainsServesAndHandsBack(t *testing.T) {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, testenv.PostgresURL())
+	if err == nil {
+		err = pool.Ping(ctx)
+	}
+	if err != nil {
+		testenv.Unavailable(t, "PostgreSQL", err)
+	}
+	t.Cleanup(pool.Close)
+
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(8, "orders"))
+	require.NoError(t, err)
+	t.Cleanup(cluster.Close)
+
+	table := fmt.Sprintf("relay_test_%08x", rand.Uint32())
+	store, err := sqlstore.NewPgx(pool, sqlstore.Config{Table: table})
+	require.NoError(t, err)
+	require.NoError(t, store.Migrate(ctx))
+	t.Cleanup(func() {
+		_ = store.DropTables(context.Background())
+		_ = store.Close()
+	})
+	const n = 200
+	ids := map[string]bool{}
+	var envs []*outbox.Envelope
+	for i := range n {
+		env, err := outbox.NewEnvelope(outbox.Message{Topic: "orders", Key: fmt.Appendf(nil, "order-%d", i%37), Payload: fmt.Appendf(nil, "payload %d", i)}, store.BucketCount())
+		require.NoError(t, err)
+		envs = append(envs, env)
+		ids[env.ID.String()] = true
+	}
+	require.NoError(t, store.Enqueue(ctx, envs...))
+
+	relayID := "relay-under-test"
+	p := startRelay(t,
+		"-store", testenv.PostgresURL(), "-table", table,
+		"-kafka-brokers", strings.Join(cluster.ListenAddrs(), ","),
+		"-listen", "127.0.0.1:0", "-relay-id", relayID,
+		"-poll-interval", "50ms", "-lease-duration", "6s", "-lease-renew-interval", "1s",
+		"-backlog-interval", "1ms", "-log-level", "debug")
+	var addr string
+	select {
+	case addr = <-p.addr:
+	case <-p.done:
+		t.Fatalf("the relay exited: %v", p.exitErr)
+	case <-time.After(60 * time.Second):
+		t.Fatal("the relay did not report its endpoints")
+	}
+	base := "http://" + addr
+
+	code, body := get(t, base+"/healthz")
+	require.Equal(t, http.StatusOK, code, body)
+
+	eventually(t, 60*time.Second, "ready", func() bool {
+		code, _ := get(t, base+"/readyz")
+		return code == http.StatusOK
+	})
+	_, body = get(t, base+"/readyz")
+	var ready struct {
+		Status string `json:"status"`
+		Relay  string `json:"relay"`
+		Owned  []int  `json:"owned"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &ready))
+	require.Equal(t, "ready", ready.Status)
+	require.Equal(t, relayID, ready.Relay)
+	require.Equal(t, []int{0, 1, 2, 3, 4, 5, 6, 7}, ready.Owned, "a lone relay holds every bucket")
+
+	// Every message reaches Kafka, and the store forgets it.
+	consumer, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.ConsumeTopics("orders"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	require.NoError(t, err)
+	t.Cleanup(consumer.Close)
+	seen := map[string]bool{}
+	consumeCtx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	for len(seen) < n {
+		fetches := consumer.PollFetches(consumeCtx)
+		require.NoError(t, consumeCtx.Err(), "consumed %d of %d", len(seen), n)
+		fetches.EachRecord(func(r *kgo.Record) {
+			for _, h := range r.Headers {
+				if h.Key == outbox.HeaderMessageID && ids[string(h.Value)] {
+					seen[string(h.Value)] = true
+				}
+			}
+		})
+	}
+	eventually(t, 30*time.Second, "an empty outbox", func() bool {
+		st, err := store.Stats(ctx)
+		require.NoError(t, err)
+		for _, c := range st.Pending {
+			if c != 0 {
+				return false
+			}
+		}
+		return true
+	})
+
+	// The metrics say the same.
+	eventually(t, 60*time.Second, "metrics of the drain and an empty backlog sample", func() bool {
+		_, body = get(t, base+"/metrics")
+
+		sent, _ := metric(body, "messaging_client_sent_messages_total", []string{`messaging_destination_name="orders"`, `messaging_system="kafka"`}, "error_type")
+		pending, okP := metric(body, "outbox_backlog_pending", nil)
+		owned, okO := metric(body, "outbox_relay_owned_buckets", []string{`outbox_relay_id="` + relayID + `"`})
+		return sent == n && okP && pending == 0 && okO && owned == 8
+	})
+	completed, _ := metric(body, "outbox_messages_completed_total", nil)
+	require.Equal(t, float64(n), completed)
+	lagCount, ok := metric(body, "outbox_message_lag_seconds_count", nil)
+	require.True(t, ok, "lag histogram exported")
+	require.Equal(t, float64(n), lagCount)
+	refused, _ := metric(body, "outbox_lease_refused_writes_total", nil)
+	require.Zero(t, refused, "a lone relay refuses no write")
+	_, ok = metric(body, "go_goroutines", nil)
+	require.True(t, ok, "runtime metrics exported")
+
+	// SIGTERM: a graceful stop that hands every lease back.
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case <-p.done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the relay did not stop after SIGTERM")
+	}
+	require.NoError(t, p.exitErr, "exit code 0 after a graceful stop")
+	require.True(t, p.logged("outbox-relay: stopped; leases handed back"))
+	view, err := store.ReadCoordination(ctx)
+	require.NoError(t, err)
+	for _, l := range view.Leases {
+		require.Empty(t, l.Owner, "bucket %d still leased after SIGTERM", l.Bucket)
+	}
+	require.Len(t, view.Relays, 1)
+	require.Equal(t, relayID, view.Relays[0].ID)
+	require.True(t, view.Relays[0].Stopped(), "the relay stamped itself stopped")
+	p.mu.Lock()
+	require.Empty(t, p.badLines, "every log line is JSON")
+	p.mu.Unlock()
+}
+
+func TestRelayBadFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "no store: pass -store or set OUTBOX_STORE"},
+		{[]string{"-store", "postgres://x"}, "no broker"},
+		{[]string{"-store", "redis://x", "-sqs"}, "the scheme must be"},
+		{[]string{"-store", "sqlite:x.db", "-kafka-brokers", "127.0.0.1:1", "-lease-renew-interval", "1m"}, "LeaseRenewInterval"},
+		{[]string{"-store", "sqlite:x.db", "-sqs", "-log-level", "loud"}, "-log-level"},
+	} {
+		var out strings.Builder
+		code := run(context.Background(), append(tc.args, "-listen", ""), &out)
+		require.Equal(t, 2, code, "%v: %s", tc.args, out.String())
+		require.Contains(t, out.String(), tc.want, "%v", tc.args)
+	}
+	var out strings.Builder
+	require.Equal(t, 0, run(context.Background(), []string{"-help"}, &out))
+	for _, f := range []string{"-store", "-kafka-brokers", "-sqs", "-listen", "-stop-timeout", "OUTBOX_KAFKA_BROKERS", "/readyz"} {
+		require.Contains(t, out.String(), f)
+	}
+}
