@@ -1,0 +1,677 @@
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+
+	"github.com/outboxkit/outbox"
+)
+
+// envPrefix starts the environment variable of every flag.
+const envPrefix = "OUTBOX_"
+
+func envName(flagName string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+var errHelp = errors.New("help")
+
+// flags is a command's flag set with the store flags every command takes.
+func (c *cli) flags(name, args string) *flag.FlagSet {
+	fs := flag.NewFlagSet("outboxctl "+name, flag.ContinueOnError)
+	fs.SetOutput(c.stderr)
+	fs.StringVar(&c.store.DSN, "store", "", "the store: postgres://…, mysql://…, sqlite:PATH or dynamodb://TABLE (required)")
+	fs.StringVar(&c.store.Table, "table", "", "SQL stores: the messages table; default outbox_messages")
+	fs.IntVar(&c.store.Buckets, "buckets", 0, "the store's bucket count; default 8 (outbox.DefaultBucketCount)")
+	fs.StringVar(&c.store.Region, "aws-region", "", "DynamoDB: the AWS region; default the SDK's (AWS_REGION)")
+	fs.StringVar(&c.store.Endpoint, "aws-endpoint", "", "DynamoDB: an endpoint URL instead of AWS's; default none")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: outboxctl %s -store DSN %s\n\nFlags (each also OUTBOX_ + its name in upper case, '-' as '_'):\n", name, args)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parse parses args, then fills unset flags from the environment.
+func (c *cli) parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return errHelp
+		}
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var envErr error
+	fs.VisitAll(func(f *flag.Flag) {
+		if v, ok := os.LookupEnv(envName(f.Name)); ok && !set[f.Name] && envErr == nil {
+			if err := fs.Set(f.Name, v); err != nil {
+				envErr = fmt.Errorf("%w: %s=%q: %v", errUsage, envName(f.Name), v, err)
+			}
+		}
+	})
+	return envErr
+}
+
+// open connects to the store.
+func (c *cli) open(ctx context.Context) (*openedStore, error) {
+	return openStore(ctx, c.store)
+}
+
+// admin returns the store's operator surface.
+func admin(st *openedStore) (outbox.Admin, error) {
+	a, ok := st.DispatchStore.(outbox.Admin)
+	if !ok {
+		return nil, fmt.Errorf("the %s store does not implement outbox.Admin", st.kind)
+	}
+	return a, nil
+}
+
+func (c *cli) printJSON(v any) error {
+	enc := json.NewEncoder(c.stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// withStore parses, opens the store and runs fn.
+func (c *cli) withStore(ctx context.Context, fs *flag.FlagSet, args []string, fn func(st *openedStore, fs *flag.FlagSet) error) error {
+	if err := c.parse(fs, args); err != nil {
+		return err
+	}
+	st, err := c.open(ctx)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	return fn(st, fs)
+}
+
+// statsView is the JSON of stats.
+type statsView struct {
+	Pending          []int     `json:"pending"`
+	PendingTotal     int       `json:"pending_total"`
+	PendingLimit     int       `json:"pending_limit"`
+	Capped           bool      `json:"capped"`
+	Parked           int       `json:"parked"`
+	OldestPending    time.Time `json:"oldest_pending,omitzero"`
+	OldestPendingAge float64   `json:"oldest_pending_age_seconds"`
+}
+
+func newStatsView(st outbox.Stats, now time.Time) statsView {
+	v := statsView{Pending: st.Pending, PendingLimit: st.PendingLimit, Parked: st.Parked, OldestPending: st.OldestPending}
+	for _, n := range st.Pending {
+		v.PendingTotal += n
+		if st.PendingLimit > 0 && n >= st.PendingLimit {
+			v.Capped = true
+		}
+	}
+	if !st.OldestPending.IsZero() {
+		v.OldestPendingAge = max(now.Sub(st.OldestPending).Seconds(), 0)
+	}
+	if v.Pending == nil {
+		v.Pending = []int{}
+	}
+	return v
+}
+
+func cmdStats(ctx context.Context, c *cli, args []string) error {
+	fs := c.flags("stats", "[-json]")
+	fs.BoolVar(&c.json, "json", false, "print JSON")
+	return c.withStore(ctx, fs, args, func(st *openedStore, _ *flag.FlagSet) error {
+		a, err := admin(st)
+		if err != nil {
+			return err
+		}
+		s, err := a.Stats(ctx)
+		if err != nil {
+			return err
+		}
+		v := newStatsView(s, time.Now())
+		if c.json {
+			return c.printJSON(v)
+		}
+		more := ""
+		if v.Capped {
+			more = fmt.Sprintf(" (at least: a bucket reached the count limit of %d)", v.PendingLimit)
+		}
+		fmt.Fprintf(c.stdout, "pending: %d%s\nparked:  %d\n", v.PendingTotal, more, v.Parked)
+		if v.OldestPending.IsZero() {
+			fmt.Fprintln(c.stdout, "oldest pending: none")
+		} else {
+			fmt.Fprintf(c.stdout, "oldest pending: %s (%s ago)\n", v.OldestPending.UTC().Format(time.RFC3339), time.Duration(v.OldestPendingAge*float64(time.Second)).Round(time.Second))
+		}
+		tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "BUCKET\tPENDING")
+		for b, n := range v.Pending {
+			fmt.Fprintf(tw, "%d\t%d\n", b, n)
+		}
+		return tw.Flush()
+	})
+}
+
+func parseStatus(s string) (outbox.Status, error) {
+	switch strings.ToLower(s) {
+	case "pending":
+		return outbox.Pending, nil
+	case "parked":
+		return outbox.Parked, nil
+	case "dispatched":
+		return outbox.Dispatched, nil
+	}
+	return 0, fmt.Errorf("%w: -status %q: use pending, parked or dispatched", errUsage, s)
+}
+
+// filter selects messages.
+type filter struct {
+	topic  string
+	bucket int // -1: any
+}
+
+func (f filter) match(e *outbox.Envelope) bool {
+	return (f.topic == "" || e.Topic == f.topic) && (f.bucket < 0 || e.Bucket == f.bucket)
+}
+
+// scan pages through the messages with status that match f, calling fn for each,
+// until fn returns false or limit (if > 0) matched.
+func scan(ctx context.Context, a outbox.Admin, status outbox.Status, f filter, limit int, fn func(*outbox.Envelope) bool) error {
+	const page = 500
+	var cur outbox.Cursor
+	if f.bucket >= 0 {
+		cur = outbox.Cursor{Bucket: f.bucket} // Seqs start at 1
+	}
+	matched := 0
+	for {
+		envs, err := a.List(ctx, status, cur, page)
+		if err != nil {
+			return err
+		}
+		for _, e := range envs {
+			if f.bucket >= 0 && e.Bucket > f.bucket {
+				return nil
+			}
+			if !f.match(e) {
+				continue
+			}
+			matched++
+			if !fn(e) || (limit > 0 && matched >= limit) {
+				return nil
+			}
+		}
+		if len(envs) < page {
+			return nil
+		}
+		cur = outbox.After(envs[len(envs)-1])
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+}
+
+// messageView is the JSON of a message.
+type messageView struct {
+	ID            string       `json:"id"`
+	Topic         string       `json:"topic"`
+	Key           *string      `json:"key"`
+	KeyBase64     bool         `json:"key_base64,omitempty"`
+	Bucket        int          `json:"bucket"`
+	Seq           int64        `json:"seq"`
+	Status        string       `json:"status"`
+	CreatedAt     time.Time    `json:"created_at"`
+	Attempts      int          `json:"attempts"`
+	NextAttemptAt time.Time    `json:"next_attempt_at,omitzero"`
+	LastError     string       `json:"last_error,omitempty"`
+	DispatchedAt  time.Time    `json:"dispatched_at,omitzero"`
+	Size          int          `json:"size"`
+	Headers       []headerView `json:"headers,omitempty"`
+	Payload       *string      `json:"payload,omitempty"`
+	PayloadBase64 bool         `json:"payload_base64,omitempty"`
+}
+
+type headerView struct {
+	Key    string `json:"key"`
+	Value  string `json:"value"`
+	Base64 bool   `json:"base64,omitempty"`
+}
+
+// text renders bytes as text when they are valid UTF-8, else as base64.
+func text(b []byte) (string, bool) {
+	if utf8.Valid(b) {
+		return string(b), false
+	}
+	return base64.StdEncoding.EncodeToString(b), true
+}
+
+func newMessageView(e *outbox.Envelope, full bool) messageView {
+	v := messageView{ID: e.ID.String(), Topic: e.Topic, Bucket: e.Bucket, Seq: e.Seq, Status: e.Status.String(),
+		CreatedAt: e.CreatedAt, Attempts: e.Attempts, NextAttemptAt: e.NextAttemptAt, LastError: e.LastError,
+		DispatchedAt: e.DispatchedAt, Size: e.Size()}
+	if e.Key != nil {
+		k, b64 := text(e.Key)
+		v.Key, v.KeyBase64 = &k, b64
+	}
+	if full {
+		for _, h := range e.Headers {
+			val, b64 := text(h.Value)
+			v.Headers = append(v.Headers, headerView{Key: h.Key, Value: val, Base64: b64})
+		}
+		if e.Payload != nil {
+			p, b64 := text(e.Payload)
+			v.Payload, v.PayloadBase64 = &p, b64
+		}
+	}
+	return v
+}
+
+func cmdList(ctx context.Context, c *cli, args []string) error {
+	fs := c.flags("list", "[-status S] [-topic T] [-bucket N] [-limit N] [-json]")
+	status := fs.String("status", "parked", "pending, parked or dispatched")
+	topic := fs.String("topic", "", "only this topic")
+	bucket := fs.Int("bucket", -1, "only this bucket; -1 for all")
+	limit := fs.Int("limit", 100, "at most this many messages; 0 for all")
+	fs.BoolVar(&c.json, "json", false, "print JSON, one array")
+	return c.withStore(ctx, fs, args, func(st *openedStore, _ *flag.FlagSet) error {
+		s, err := parseStatus(*status)
+		if err != nil {
+			return err
+		}
+		a, err := admin(st)
+		if err != nil {
+			return err
+		}
+		views := []messageView{}
+		err = scan(ctx, a, s, filter{topic: *topic, bucket: *bucket}, *limit, func(e *outbox.Envelope) bool {
+			views = append(views, newMessageView(e, false))
+			return true
+		})
+		if err != nil {
+			return err
+		}
+		if c.json {
+			return c.printJSON(views)
+		}
+		tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tTOPIC\tBUCKET\tSEQ\tSTATUS\tATTEMPTS\tCREATED\tLAST ERROR")
+		for _, v := range views {
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%d\t%s\t%s\n", v.ID, v.Topic, v.Bucket, v.Seq, v.Status, v.Attempts,
+				v.CreatedAt.UTC().Format(time.RFC3339), oneLine(v.LastError, 80))
+		}
+		return tw.Flush()
+	})
+}
+
+// oneLine shortens s to one line of at most n runes.
+func oneLine(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if r := []rune(s); len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return s
+}
+
+// find looks a message up by ID: through outbox.Finder when the store has it,
+// otherwise by reading every status (the DynamoDB store has no index by ID).
+func find(ctx context.Context, st *openedStore, id uuid.UUID) (*outbox.Envelope, error) {
+	if f, ok := st.DispatchStore.(outbox.Finder); ok {
+		e, err := f.Find(ctx, id)
+		if errors.Is(err, outbox.ErrNotFound) {
+			return nil, fmt.Errorf("%w: no message has ID %s", errNotFound, id)
+		}
+		return e, err
+	}
+	a, err := admin(st)
+	if err != nil {
+		return nil, err
+	}
+	var found *outbox.Envelope
+	for _, s := range []outbox.Status{outbox.Parked, outbox.Pending, outbox.Dispatched} {
+		err := scan(ctx, a, s, filter{bucket: -1}, 0, func(e *outbox.Envelope) bool {
+			if e.ID == id {
+				found = e
+				return false
+			}
+			return true
+		})
+		if err != nil {
+			return nil, err
+		}
+		if found != nil {
+			return found, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: no message has ID %s", errNotFound, id)
+}
+
+func cmdShow(ctx context.Context, c *cli, args []string) error {
+	fs := c.flags("show", "ID [-json]")
+	fs.BoolVar(&c.json, "json", false, "print JSON")
+	return c.withStore(ctx, fs, args, func(st *openedStore, fs *flag.FlagSet) error {
+		if fs.NArg() != 1 {
+			return fmt.Errorf("%w: show takes one message ID", errUsage)
+		}
+		id, err := uuid.Parse(fs.Arg(0))
+		if err != nil {
+			return fmt.Errorf("%w: %q is not a message ID (a UUID): %v", errUsage, fs.Arg(0), err)
+		}
+		e, err := find(ctx, st, id)
+		if err != nil {
+			return err
+		}
+		v := newMessageView(e, true)
+		if c.json {
+			return c.printJSON(v)
+		}
+		tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+		key := "(none)"
+		if v.Key != nil {
+			key = *v.Key
+		}
+		rows := [][2]string{{"id", v.ID}, {"topic", v.Topic}, {"key", key}, {"bucket", fmt.Sprint(v.Bucket)},
+			{"seq", fmt.Sprint(v.Seq)}, {"status", v.Status}, {"created", v.CreatedAt.UTC().Format(time.RFC3339Nano)},
+			{"attempts", fmt.Sprint(v.Attempts)}, {"size", fmt.Sprint(v.Size)}}
+		if !v.NextAttemptAt.IsZero() {
+			rows = append(rows, [2]string{"next attempt", v.NextAttemptAt.UTC().Format(time.RFC3339)})
+		}
+		if v.LastError != "" {
+			rows = append(rows, [2]string{"last error", v.LastError})
+		}
+		for _, h := range v.Headers {
+			rows = append(rows, [2]string{"header " + h.Key, h.Value})
+		}
+		payload := "(tombstone)"
+		if v.Payload != nil {
+			payload = *v.Payload
+			if v.PayloadBase64 {
+				payload = "base64:" + payload
+			}
+		}
+		rows = append(rows, [2]string{"payload", payload})
+		for _, r := range rows {
+			fmt.Fprintf(tw, "%s\t%s\n", r[0], r[1])
+		}
+		return tw.Flush()
+	})
+}
+
+// selection is what requeue and purge act on.
+type selection struct {
+	all   bool
+	topic string
+	ids   []uuid.UUID
+}
+
+func (c *cli) selectionFlags(fs *flag.FlagSet) (*bool, *string, *bool, *bool) {
+	all := fs.Bool("all", false, "every parked message")
+	topic := fs.String("topic", "", "every parked message of this topic")
+	dry := fs.Bool("dry-run", false, "report what would change, change nothing")
+	quiet := fs.Bool("quiet", false, "no progress on stderr")
+	return all, topic, dry, quiet
+}
+
+func parseSelection(fs *flag.FlagSet, all bool, topic string) (selection, error) {
+	sel := selection{all: all, topic: topic}
+	for _, a := range fs.Args() {
+		id, err := uuid.Parse(a)
+		if err != nil {
+			return sel, fmt.Errorf("%w: %q is not a message ID (a UUID): %v", errUsage, a, err)
+		}
+		sel.ids = append(sel.ids, id)
+	}
+	n := 0
+	for _, b := range []bool{all, topic != "", len(sel.ids) > 0} {
+		if b {
+			n++
+		}
+	}
+	if n != 1 {
+		return sel, fmt.Errorf("%w: name what to act on: -all, -topic T, or message IDs (exactly one of them)", errUsage)
+	}
+	return sel, nil
+}
+
+// batchSize is how many IDs one Requeue or Purge call carries.
+const batchSize = 100
+
+// apply runs op on the selection in batches and reports progress. A run cut short
+// (ctx ended) returns errInterrupted after the batch in flight; running it again
+// finishes the rest, since requeued and purged messages are no longer parked.
+func (c *cli) apply(ctx context.Context, a outbox.Admin, verb string, sel selection, dry, quiet bool,
+	op func(ctx context.Context, ids ...uuid.UUID) (int, error)) error {
+	ids := sel.ids
+	if len(ids) == 0 {
+		err := scan(ctx, a, outbox.Parked, filter{topic: sel.topic, bucket: -1}, 0, func(e *outbox.Envelope) bool {
+			ids = append(ids, e.ID)
+			return true
+		})
+		if err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("%w before anything changed", errInterrupted)
+			}
+			return err
+		}
+	}
+	if dry {
+		what := "parked messages"
+		if len(sel.ids) > 0 {
+			what = "messages named (those not parked are skipped)"
+			if verb == "purged" {
+				what = "messages named (those that exist are deleted)"
+			}
+		}
+		fmt.Fprintf(c.stdout, "dry run: %d %s would be %s\n", len(ids), what, verb)
+		return nil
+	}
+	done := 0
+	progress := newProgress(c.stderr, len(ids), quiet || len(ids) <= batchSize)
+	for i := 0; i < len(ids); i += batchSize {
+		if ctx.Err() != nil {
+			progress.finish()
+			fmt.Fprintf(c.stdout, "%s %d of %d\n", verb, done, len(ids))
+			return fmt.Errorf("%w after %d of %d; run the same command again to finish", errInterrupted, done, len(ids))
+		}
+		batch := ids[i:min(i+batchSize, len(ids))]
+		// The batch in flight finishes even if an interrupt arrives meanwhile.
+		n, err := op(context.WithoutCancel(ctx), batch...)
+		done += n
+		if err != nil {
+			progress.finish()
+			fmt.Fprintf(c.stdout, "%s %d of %d\n", verb, done, len(ids))
+			return err
+		}
+		progress.step(i+len(batch), done)
+	}
+	progress.finish()
+	fmt.Fprintf(c.stdout, "%s %d of %d\n", verb, done, len(ids))
+	return nil
+}
+
+// progress draws a bar on stderr for long runs.
+type progress struct {
+	w     io.Writer
+	total int
+	off   bool
+}
+
+func newProgress(w io.Writer, total int, off bool) *progress {
+	return &progress{w: w, total: total, off: off}
+}
+
+func (p *progress) step(seen, done int) {
+	if p.off {
+		return
+	}
+	const width = 30
+	filled := width * seen / max(p.total, 1)
+	fmt.Fprintf(p.w, "\r[%s%s] %d/%d (%d changed)", strings.Repeat("#", filled), strings.Repeat(".", width-filled), seen, p.total, done)
+}
+
+func (p *progress) finish() {
+	if !p.off {
+		fmt.Fprintln(p.w)
+	}
+}
+
+func cmdRequeue(ctx context.Context, c *cli, args []string) error {
+	fs := c.flags("requeue", "(-all | -topic T | ID…) [-dry-run] [-quiet]")
+	all, topic, dry, quiet := c.selectionFlags(fs)
+	return c.withStore(ctx, fs, args, func(st *openedStore, fs *flag.FlagSet) error {
+		sel, err := parseSelection(fs, *all, *topic)
+		if err != nil {
+			return err
+		}
+		a, err := admin(st)
+		if err != nil {
+			return err
+		}
+		return c.apply(ctx, a, "requeued", sel, *dry, *quiet, a.Requeue)
+	})
+}
+
+func cmdPurge(ctx context.Context, c *cli, args []string) error {
+	fs := c.flags("purge", "(-all | -topic T | ID…) [-dry-run] [-quiet]")
+	all, topic, dry, quiet := c.selectionFlags(fs)
+	return c.withStore(ctx, fs, args, func(st *openedStore, fs *flag.FlagSet) error {
+		sel, err := parseSelection(fs, *all, *topic)
+		if err != nil {
+			return err
+		}
+		a, err := admin(st)
+		if err != nil {
+			return err
+		}
+		return c.apply(ctx, a, "purged", sel, *dry, *quiet, a.Purge)
+	})
+}
+
+// leasesView is the JSON of leases.
+type leasesView struct {
+	Leases []leaseView `json:"leases"`
+	Relays []relayView `json:"relays"`
+}
+
+type leaseView struct {
+	Bucket    int       `json:"bucket"`
+	Owner     string    `json:"owner"`
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
+	Free      bool      `json:"free"`
+}
+
+type relayView struct {
+	ID          string    `json:"id"`
+	LastSeen    time.Time `json:"last_seen"`
+	StoppedAt   time.Time `json:"stopped_at,omitzero"`
+	BucketCount int       `json:"bucket_count"`
+	Owned       int       `json:"owned"`
+}
+
+func newLeasesView(view outbox.Coordination, buckets int, now time.Time) leasesView {
+	v := leasesView{Leases: []leaseView{}, Relays: []relayView{}}
+	byBucket := map[int]outbox.Lease{}
+	for _, l := range view.Leases {
+		byBucket[l.Bucket] = l
+	}
+	owned := map[string]int{}
+	for b := range buckets {
+		l := byBucket[b]
+		free := l.Free(now)
+		if !free {
+			owned[l.Owner]++
+		}
+		v.Leases = append(v.Leases, leaseView{Bucket: b, Owner: l.Owner, ExpiresAt: l.ExpiresAt, Free: free})
+	}
+	for _, r := range view.Relays {
+		v.Relays = append(v.Relays, relayView{ID: r.ID, LastSeen: r.LastSeen, StoppedAt: r.StoppedAt, BucketCount: r.BucketCount, Owned: owned[r.ID]})
+	}
+	return v
+}
+
+func cmdLeases(ctx context.Context, c *cli, args []string) error {
+	fs := c.flags("leases", "[-json]")
+	fs.BoolVar(&c.json, "json", false, "print JSON")
+	return c.withStore(ctx, fs, args, func(st *openedStore, _ *flag.FlagSet) error {
+		view, err := st.ReadCoordination(ctx)
+		if err != nil {
+			return err
+		}
+		now := time.Now()
+		v := newLeasesView(view, st.BucketCount(), now)
+		if c.json {
+			return c.printJSON(v)
+		}
+		tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "BUCKET\tOWNER\tEXPIRES")
+		for _, l := range v.Leases {
+			owner, exp := l.Owner, "-"
+			if l.Free {
+				owner = "(free)"
+			} else {
+				exp = fmt.Sprintf("%s (in %s)", l.ExpiresAt.UTC().Format(time.RFC3339), l.ExpiresAt.Sub(now).Round(time.Second))
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\n", l.Bucket, owner, exp)
+		}
+		fmt.Fprintln(tw, "\nRELAY\tLAST SEEN\tSTATE\tBUCKETS")
+		for _, r := range v.Relays {
+			state := "active"
+			switch {
+			case !r.StoppedAt.IsZero():
+				state = "stopped " + r.StoppedAt.UTC().Format(time.RFC3339)
+			case now.Sub(r.LastSeen) > time.Minute:
+				state = "silent"
+			}
+			fmt.Fprintf(tw, "%s\t%s (%s ago)\t%s\t%d\n", r.ID, r.LastSeen.UTC().Format(time.RFC3339), now.Sub(r.LastSeen).Round(time.Second), state, r.Owned)
+		}
+		return tw.Flush()
+	})
+}
+
+func cmdMigrate(ctx context.Context, c *cli, args []string) error {
+	fs := c.flags("migrate", "")
+	return c.withStore(ctx, fs, args, func(st *openedStore, _ *flag.FlagSet) error {
+		if st.sql == nil {
+			return fmt.Errorf("%w: migrate is for SQL stores; for DynamoDB run create-table", errUsage)
+		}
+		if err := st.sql.Migrate(ctx); err != nil {
+			return err
+		}
+		fmt.Fprintf(c.stdout, "migrated: the %s tables are up to date\n", st.kind)
+		return nil
+	})
+}
+
+func cmdDDL(ctx context.Context, c *cli, args []string) error {
+	fs := c.flags("ddl", "")
+	return c.withStore(ctx, fs, args, func(st *openedStore, _ *flag.FlagSet) error {
+		if st.sql == nil {
+			return fmt.Errorf("%w: ddl is for SQL stores; for DynamoDB run create-table", errUsage)
+		}
+		for _, s := range st.sql.DDL() {
+			fmt.Fprintf(c.stdout, "%s;\n\n", s)
+		}
+		return nil
+	})
+}
+
+func cmdCreateTable(ctx context.Context, c *cli, args []string) error {
+	fs := c.flags("create-table", "")
+	return c.withStore(ctx, fs, args, func(st *openedStore, _ *flag.FlagSet) error {
+		if st.dynamo == nil {
+			return fmt.Errorf("%w: create-table is for DynamoDB; for SQL stores run migrate", errUsage)
+		}
+		if err := dynamoCreateTable(ctx, st); err != nil {
+			return err
+		}
+		fmt.Fprintf(c.stdout, "table %s is ready\n", st.ddbCfg.TableName)
+		return nil
+	})
+}

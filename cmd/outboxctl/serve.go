@@ -1,0 +1,311 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"embed"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/outboxkit/outbox"
+)
+
+//go:embed web
+var webFiles embed.FS
+
+var pageTemplate = template.Must(template.New("page.html").Funcs(template.FuncMap{
+	"since": func(now, t time.Time) string { return now.Sub(t).Round(time.Second).String() },
+	"until": func(now, t time.Time) string { return t.Sub(now).Round(time.Second).String() },
+}).ParseFS(webFiles, "web/page.html"))
+
+// adminOptions configure the admin page.
+type adminOptions struct {
+	// Writes allows requeue and purge.
+	Writes bool
+	// Token, when set, is required as "Authorization: Bearer TOKEN" or in the
+	// session cookie that GET /?token=TOKEN sets.
+	Token string
+	// ParkedLimit is how many parked messages the page lists.
+	ParkedLimit int
+	Logger      *slog.Logger
+}
+
+// adminServer serves the admin page over one store.
+type adminServer struct {
+	st   *openedStore
+	adm  outbox.Admin
+	opts adminOptions
+	csrf string
+	mux  *http.ServeMux
+}
+
+const tokenCookie = "outboxctl_token"
+
+func newAdminHandler(st *openedStore, opts adminOptions) (http.Handler, error) {
+	a, err := admin(st)
+	if err != nil {
+		return nil, err
+	}
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return nil, err
+	}
+	if opts.ParkedLimit <= 0 {
+		opts.ParkedLimit = 100
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	s := &adminServer{st: st, adm: a, opts: opts, csrf: hex.EncodeToString(b[:]), mux: http.NewServeMux()}
+	static, _ := fs.Sub(webFiles, "web")
+	s.mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	s.mux.HandleFunc("GET /{$}", s.page)
+	s.mux.HandleFunc("POST /requeue", s.write("requeued", a.Requeue))
+	s.mux.HandleFunc("POST /purge", s.write("purged", a.Purge))
+	return s, nil
+}
+
+func (s *adminServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	h.Set("Content-Security-Policy", "default-src 'self'; style-src 'self'; frame-ancestors 'none'; form-action 'self'")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("Cache-Control", "no-store")
+	if s.opts.Token != "" {
+		if r.Method == http.MethodGet && r.URL.Path == "/" && r.URL.Query().Has("token") {
+			if !equal(r.URL.Query().Get("token"), s.opts.Token) {
+				http.Error(w, "wrong token", http.StatusUnauthorized)
+				return
+			}
+			http.SetCookie(w, &http.Cookie{Name: tokenCookie, Value: s.opts.Token, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
+			http.Redirect(w, r, "/", http.StatusSeeOther)
+			return
+		}
+		if !s.authorized(r) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="outboxctl"`)
+			http.Error(w, "unauthorized: send Authorization: Bearer TOKEN, or open /?token=TOKEN once", http.StatusUnauthorized)
+			return
+		}
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+func equal(a, b string) bool { return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1 }
+
+func (s *adminServer) authorized(r *http.Request) bool {
+	if auth, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && equal(auth, s.opts.Token) {
+		return true
+	}
+	c, err := r.Cookie(tokenCookie)
+	return err == nil && equal(c.Value, s.opts.Token)
+}
+
+// chart is the SVG bar chart of the backlog.
+type chart struct {
+	Width, Height, Left, Base, LabelY int
+	Max                               int
+	Bars                              []bar
+}
+
+type bar struct {
+	Bucket, Pending            int
+	X, Y, W, H, LabelX, CountY int
+}
+
+func newChart(pending []int) chart {
+	c := chart{Width: 720, Height: 200, Left: 48, Base: 170, LabelY: 188}
+	c.Max = 1
+	for _, n := range pending {
+		c.Max = max(c.Max, n)
+	}
+	n := max(len(pending), 1)
+	slot := (c.Width - c.Left - 8) / n
+	w := max(slot*7/10, 1)
+	for b, p := range pending {
+		h := (c.Base - 20) * p / c.Max
+		x := c.Left + 4 + b*slot + (slot-w)/2
+		c.Bars = append(c.Bars, bar{Bucket: b, Pending: p, X: x, Y: c.Base - h, W: w, H: h, LabelX: x + w/2, CountY: c.Base - h - 4})
+	}
+	return c
+}
+
+type pageData struct {
+	Kind         string
+	Buckets      int
+	Now          time.Time
+	Stats        statsView
+	OldestAge    string
+	Chart        chart
+	Leases       leasesView
+	ActiveRelays int
+	Parked       []*outbox.Envelope
+	MoreParked   bool
+	Topic        string
+	Writes       bool
+	CSRF         string
+	Flash, Error string
+}
+
+func (s *adminServer) page(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	now := time.Now()
+	d := pageData{Kind: s.st.kind, Buckets: s.st.BucketCount(), Now: now.UTC(), Writes: s.opts.Writes, CSRF: s.csrf,
+		Topic: r.URL.Query().Get("topic"), Flash: r.URL.Query().Get("done"), Error: r.URL.Query().Get("error")}
+	st, err := s.adm.Stats(ctx)
+	if err != nil {
+		s.fail(w, "reading the backlog", err)
+		return
+	}
+	d.Stats = newStatsView(st, now)
+	d.OldestAge = "none"
+	if !st.OldestPending.IsZero() {
+		d.OldestAge = time.Duration(d.Stats.OldestPendingAge * float64(time.Second)).Round(time.Second).String()
+	}
+	d.Chart = newChart(st.Pending)
+	view, err := s.st.ReadCoordination(ctx)
+	if err != nil {
+		s.fail(w, "reading the leases", err)
+		return
+	}
+	d.Leases = newLeasesView(view, s.st.BucketCount(), now)
+	for _, rl := range view.Relays {
+		if !rl.Stopped() && now.Sub(rl.LastSeen) < time.Minute {
+			d.ActiveRelays++
+		}
+	}
+	err = scan(ctx, s.adm, outbox.Parked, filter{topic: d.Topic, bucket: -1}, s.opts.ParkedLimit+1, func(e *outbox.Envelope) bool {
+		d.Parked = append(d.Parked, e)
+		return true
+	})
+	if err != nil {
+		s.fail(w, "listing parked messages", err)
+		return
+	}
+	if len(d.Parked) > s.opts.ParkedLimit {
+		d.Parked, d.MoreParked = d.Parked[:s.opts.ParkedLimit], true
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	if err := pageTemplate.Execute(w, d); err != nil {
+		s.opts.Logger.Warn("outboxctl serve: rendering the page", "error", err)
+	}
+}
+
+func (s *adminServer) fail(w http.ResponseWriter, what string, err error) {
+	s.opts.Logger.Warn("outboxctl serve: "+what, "error", err)
+	http.Error(w, what+": "+err.Error(), http.StatusBadGateway)
+}
+
+// write handles a requeue or purge form.
+func (s *adminServer) write(verb string, op func(context.Context, ...uuid.UUID) (int, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !s.opts.Writes {
+			http.Error(w, "read-only: start outboxctl serve with -allow-writes to requeue or purge", http.StatusForbidden)
+			return
+		}
+		if err := r.ParseForm(); err != nil {
+			http.Error(w, "bad form: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		if !equal(r.PostForm.Get("csrf"), s.csrf) {
+			http.Error(w, "missing or stale form token: reload the page and try again", http.StatusForbidden)
+			return
+		}
+		if o := r.Header.Get("Origin"); o != "" && o != "null" {
+			if u, err := url.Parse(o); err != nil || u.Host != r.Host {
+				http.Error(w, "cross-origin request refused", http.StatusForbidden)
+				return
+			}
+		}
+		ctx := r.Context()
+		var ids []uuid.UUID
+		for _, v := range r.PostForm["id"] {
+			id, err := uuid.Parse(v)
+			if err != nil {
+				http.Error(w, fmt.Sprintf("%q is not a message ID", v), http.StatusBadRequest)
+				return
+			}
+			ids = append(ids, id)
+		}
+		topic := r.PostForm.Get("topic")
+		if r.PostForm.Get("all") == "1" {
+			err := scan(ctx, s.adm, outbox.Parked, filter{topic: topic, bucket: -1}, 0, func(e *outbox.Envelope) bool {
+				ids = append(ids, e.ID)
+				return true
+			})
+			if err != nil {
+				s.fail(w, "listing parked messages", err)
+				return
+			}
+		}
+		if len(ids) == 0 {
+			http.Error(w, "nothing selected: send id=… or all=1", http.StatusBadRequest)
+			return
+		}
+		done := 0
+		for i := 0; i < len(ids); i += batchSize {
+			n, err := op(context.WithoutCancel(ctx), ids[i:min(i+batchSize, len(ids))]...)
+			done += n
+			if err != nil {
+				s.opts.Logger.Warn("outboxctl serve: "+verb, "error", err, "done", done)
+				http.Redirect(w, r, "/?error="+url.QueryEscape(fmt.Sprintf("%s %d of %d, then: %v", verb, done, len(ids), err)), http.StatusSeeOther)
+				return
+			}
+		}
+		s.opts.Logger.Info("outboxctl serve: "+verb, "messages", done, "remote", r.RemoteAddr)
+		back := "/?done=" + url.QueryEscape(fmt.Sprintf("%s %d of %d", verb, done, len(ids)))
+		if topic != "" {
+			back += "&topic=" + url.QueryEscape(topic)
+		}
+		http.Redirect(w, r, back, http.StatusSeeOther)
+	}
+}
+
+func cmdServe(ctx context.Context, c *cli, args []string) error {
+	fs := c.flags("serve", "[-listen ADDR] [-allow-writes] [-token T]")
+	listen := fs.String("listen", "127.0.0.1:8080", "address to serve on; keep it on loopback unless -token is set")
+	writes := fs.Bool("allow-writes", false, "allow requeue and purge from the page; default read-only")
+	token := fs.String("token", "", "require this bearer token (Authorization: Bearer T, or open /?token=T once); default none")
+	limit := fs.Int("parked-limit", 100, "parked messages listed on the page")
+	return c.withStore(ctx, fs, args, func(st *openedStore, _ *flag.FlagSet) error {
+		log := slog.New(slog.NewTextHandler(c.stderr, nil))
+		h, err := newAdminHandler(st, adminOptions{Writes: *writes, Token: *token, ParkedLimit: *limit, Logger: log})
+		if err != nil {
+			return err
+		}
+		ln, err := net.Listen("tcp", *listen)
+		if err != nil {
+			return fmt.Errorf("%w: -listen %s: %v", errUsage, *listen, err)
+		}
+		if host, _, _ := net.SplitHostPort(ln.Addr().String()); *token == "" && !net.ParseIP(host).IsLoopback() {
+			log.Warn("outboxctl serve: listening beyond loopback without -token: anyone who reaches the address can read the outbox")
+		}
+		srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+		fmt.Fprintf(c.stdout, "serving the admin page on http://%s/ (%s)\n", ln.Addr(), map[bool]string{true: "writes allowed", false: "read-only"}[*writes])
+		errc := make(chan error, 1)
+		go func() { errc <- srv.Serve(ln) }()
+		select {
+		case err := <-errc:
+			return err
+		case <-ctx.Done():
+		}
+		shut, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(shut); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	})
+}
