@@ -336,9 +336,9 @@ func validSubject(s string) error {
 
 // permanentCodes are JetStream API errors retrying the same message cannot change.
 var permanentCodes = map[jetstream.ErrorCode]bool{
-	jetstream.JSErrCodeBadRequest:                   true,
+	jetstream.JSErrCodeBadRequest:                    true,
 	jetstream.JSErrCodeJetStreamNotEnabledForAccount: true,
-	jetstream.JSErrCodeJetStreamNotEnabled:          true,
+	jetstream.JSErrCodeJetStreamNotEnabled:           true,
 }
 
 // classify turns one message's failure into the error reported for it: the one

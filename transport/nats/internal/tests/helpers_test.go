@@ -105,9 +105,38 @@ func newReader(tb testing.TB, s jetstream.Stream, subject string) *reader {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}})
+	// Not an ordered consumer: the server deletes those after a few seconds without
+	// a fetch, as during an outage a test stages.
+	c, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{
+		FilterSubject:     subject,
+		AckPolicy:         jetstream.AckNonePolicy,
+		DeliverPolicy:     jetstream.DeliverAllPolicy,
+		InactiveThreshold: 10 * time.Minute,
+	})
 	require.NoError(tb, err)
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = s.DeleteConsumer(ctx, c.CachedInfo().Name)
+	})
 	return &reader{cons: c}
+}
+
+// some returns up to n messages, decoded, waiting at most a second for them.
+func (r *reader) some(tb testing.TB, n int) []natstransport.Delivery {
+	tb.Helper()
+	var out []natstransport.Delivery
+	batch, err := r.cons.Fetch(n, jetstream.FetchMaxWait(time.Second))
+	require.NoError(tb, err)
+	for m := range batch.Messages() {
+		d, err := natstransport.Decode(m)
+		require.NoError(tb, err)
+		out = append(out, d)
+	}
+	if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
+		require.NoError(tb, err)
+	}
+	return out
 }
 
 // read returns the next n messages, decoded, failing after a generous wait.
@@ -117,16 +146,7 @@ func (r *reader) read(tb testing.TB, n int) []natstransport.Delivery {
 	deadline := time.Now().Add(30 * time.Second)
 	for len(out) < n {
 		require.True(tb, time.Now().Before(deadline), "only %d of %d messages arrived", len(out), n)
-		batch, err := r.cons.Fetch(n-len(out), jetstream.FetchMaxWait(time.Second))
-		require.NoError(tb, err)
-		for m := range batch.Messages() {
-			d, err := natstransport.Decode(m)
-			require.NoError(tb, err)
-			out = append(out, d)
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
-			require.NoError(tb, err)
-		}
+		out = append(out, r.some(tb, n-len(out))...)
 	}
 	return out
 }
