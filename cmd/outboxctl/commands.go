@@ -45,12 +45,24 @@ func (c *cli) flags(name, args string) *flag.FlagSet {
 }
 
 // parse parses args, then fills unset flags from the environment.
+// Flags may come before, between or after the arguments ("show ID -json").
 func (c *cli) parse(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return errHelp
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return errHelp
+			}
+			return fmt.Errorf("%w: %v", errUsage, err)
 		}
-		return fmt.Errorf("%w: %v", errUsage, err)
+		args = fs.Args()
+		if len(args) == 0 {
+			break
+		}
+		if args[0] == "--" {
+			c.pos = append(c.pos, args[1:]...)
+			break
+		}
+		c.pos, args = append(c.pos, args[0]), args[1:]
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -357,12 +369,12 @@ func cmdShow(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags("show", "ID [-json]")
 	fs.BoolVar(&c.json, "json", false, "print JSON")
 	return c.withStore(ctx, fs, args, func(st *openedStore, fs *flag.FlagSet) error {
-		if fs.NArg() != 1 {
+		if len(c.pos) != 1 {
 			return fmt.Errorf("%w: show takes one message ID", errUsage)
 		}
-		id, err := uuid.Parse(fs.Arg(0))
+		id, err := uuid.Parse(c.pos[0])
 		if err != nil {
-			return fmt.Errorf("%w: %q is not a message ID (a UUID): %v", errUsage, fs.Arg(0), err)
+			return fmt.Errorf("%w: %q is not a message ID (a UUID): %v", errUsage, c.pos[0], err)
 		}
 		e, err := find(ctx, st, id)
 		if err != nil {
@@ -419,9 +431,9 @@ func (c *cli) selectionFlags(fs *flag.FlagSet) (*bool, *string, *bool, *bool) {
 	return all, topic, dry, quiet
 }
 
-func parseSelection(fs *flag.FlagSet, all bool, topic string) (selection, error) {
+func parseSelection(pos []string, all bool, topic string) (selection, error) {
 	sel := selection{all: all, topic: topic}
-	for _, a := range fs.Args() {
+	for _, a := range pos {
 		id, err := uuid.Parse(a)
 		if err != nil {
 			return sel, fmt.Errorf("%w: %q is not a message ID (a UUID): %v", errUsage, a, err)
@@ -526,7 +538,7 @@ func cmdRequeue(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags("requeue", "(-all | -topic T | ID…) [-dry-run] [-quiet]")
 	all, topic, dry, quiet := c.selectionFlags(fs)
 	return c.withStore(ctx, fs, args, func(st *openedStore, fs *flag.FlagSet) error {
-		sel, err := parseSelection(fs, *all, *topic)
+		sel, err := parseSelection(c.pos, *all, *topic)
 		if err != nil {
 			return err
 		}
@@ -542,7 +554,7 @@ func cmdPurge(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags("purge", "(-all | -topic T | ID…) [-dry-run] [-quiet]")
 	all, topic, dry, quiet := c.selectionFlags(fs)
 	return c.withStore(ctx, fs, args, func(st *openedStore, fs *flag.FlagSet) error {
-		sel, err := parseSelection(fs, *all, *topic)
+		sel, err := parseSelection(c.pos, *all, *topic)
 		if err != nil {
 			return err
 		}

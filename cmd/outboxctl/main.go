@@ -87,6 +87,8 @@ type cli struct {
 	stdout, stderr io.Writer
 	store          storeOptions
 	json           bool
+	// pos are the arguments that are not flags.
+	pos []string
 }
 
 func usage(w io.Writer) {
