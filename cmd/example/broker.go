@@ -39,8 +39,8 @@ func openBroker(ctx context.Context, opts options) (broker, error) {
 	if opts.AMQP != "" {
 		return openRabbitMQ(ctx, opts.AMQP)
 	}
-	if opts.NATS != "" {
-		return openNATS(ctx, opts.NATS)
+	if opts.Watermill != "" {
+		return openWatermillAMQP(ctx, opts.Watermill)
 	}
 	if opts.SQSEndpoint != "" {
 		return openSQS(ctx, opts.SQSEndpoint, opts.SQSQueue)
