@@ -39,6 +39,9 @@ func openBroker(ctx context.Context, opts options) (broker, error) {
 	if opts.AMQP != "" {
 		return openRabbitMQ(ctx, opts.AMQP)
 	}
+	if opts.NATS != "" {
+		return openNATS(ctx, opts.NATS)
+	}
 	if opts.Watermill != "" {
 		return openWatermillAMQP(ctx, opts.Watermill)
 	}

@@ -7,6 +7,7 @@ require (
 	github.com/outboxkit/outbox/internal/sqsemulator v0.0.0-00010101000000-000000000000
 	github.com/outboxkit/outbox/store/sql v0.0.0-00010101000000-000000000000
 	github.com/outboxkit/outbox/transport/kafka v0.0.0-00010101000000-000000000000
+	github.com/outboxkit/outbox/transport/nats v0.0.0-00010101000000-000000000000
 	github.com/outboxkit/outbox/transport/rabbitmq v0.0.0-00010101000000-000000000000
 	github.com/outboxkit/outbox/transport/sqs v0.0.0-00010101000000-000000000000
 	github.com/outboxkit/outbox/transport/watermill v0.0.0-00010101000000-000000000000
@@ -20,7 +21,9 @@ require (
 	github.com/aws/aws-sdk-go-v2/service/sqs v1.53.0
 	github.com/glebarez/go-sqlite v1.23.0
 	github.com/go-sql-driver/mysql v1.10.1
+	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.12.0
+	github.com/nats-io/nats.go v1.55.0
 	github.com/rabbitmq/amqp091-go v1.16.0
 	github.com/stretchr/testify v1.12.1
 	github.com/twmb/franz-go v1.22.3
@@ -35,7 +38,6 @@ require (
 	github.com/aws/smithy-go v1.28.9 // indirect
 	github.com/cenkalti/backoff/v3 v3.2.2 // indirect
 	github.com/dustin/go-humanize v1.0.1 // indirect
-	github.com/google/uuid v1.6.0 // indirect
 	github.com/hashicorp/errwrap v1.1.0 // indirect
 	github.com/hashicorp/go-multierror v1.1.1 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
@@ -44,15 +46,18 @@ require (
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/lithammer/shortuuid/v3 v3.0.7 // indirect
 	github.com/mattn/go-isatty v0.0.20 // indirect
+	github.com/nats-io/nkeys v0.4.16 // indirect
+	github.com/nats-io/nuid v1.0.1 // indirect
 	github.com/ncruces/go-strftime v1.0.0 // indirect
 	github.com/oklog/ulid v1.3.1 // indirect
 	github.com/pierrec/lz4/v4 v4.1.33 // indirect
 	github.com/pkg/errors v0.9.1 // indirect
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
-	golang.org/x/sync v0.22.0 // indirect
-	golang.org/x/sys v0.46.0 // indirect
-	golang.org/x/text v0.41.0 // indirect
+	golang.org/x/crypto v0.57.0 // indirect
+	golang.org/x/sync v0.23.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/text v0.42.0 // indirect
 	modernc.org/libc v1.74.1 // indirect
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.11.0 // indirect
@@ -64,6 +69,7 @@ replace (
 	github.com/outboxkit/outbox/internal/sqsemulator => ../../internal/sqsemulator
 	github.com/outboxkit/outbox/store/sql => ../../store/sql
 	github.com/outboxkit/outbox/transport/kafka => ../../transport/kafka
+	github.com/outboxkit/outbox/transport/nats => ../../transport/nats
 	github.com/outboxkit/outbox/transport/rabbitmq => ../../transport/rabbitmq
 	github.com/outboxkit/outbox/transport/sqs => ../../transport/sqs
 	github.com/outboxkit/outbox/transport/watermill => ../../transport/watermill

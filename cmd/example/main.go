@@ -26,6 +26,7 @@
 //	-sqs-endpoint URL   SQS, or an SQS emulator, instead of Kafka
 //	-sqs-queue NAME     the queue's name or URL (default order-placed; created if absent)
 //	-amqp URL           RabbitMQ instead of Kafka, e.g. amqp://guest:guest@host:5672/
+//	-nats URL           NATS JetStream instead of Kafka, e.g. nats://host:4222 (a stream of its own)
 //	-watermill-amqp URL RabbitMQ through Watermill's AMQP publisher (transport/watermill)
 //
 // On PostgreSQL and MySQL each story uses tables of its own, with a random suffix, and
@@ -72,6 +73,7 @@ type options struct {
 	SQSEndpoint string   // SQS endpoint URL
 	SQSQueue    string   // SQS queue name or URL
 	AMQP        string   // RabbitMQ URL
+	NATS        string   // NATS server URL (JetStream enabled)
 	Watermill   string   // RabbitMQ URL for Watermill's AMQP publisher
 }
 
@@ -87,6 +89,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&opts.SQSQueue, "sqs-queue", topic, "SQS queue `name or URL` for -sqs-endpoint; a name is created if absent")
 	fs.StringVar(&opts.AMQP, "amqp", "", "publish to RabbitMQ at this `URL` instead of Kafka; declares a fanout exchange and a durable queue named "+topic)
 	fs.StringVar(&opts.Watermill, "watermill-amqp", "", "publish through Watermill's AMQP publisher to RabbitMQ at this `URL` instead of Kafka; declares a durable queue named "+topic)
+	fs.StringVar(&opts.NATS, "nats", "", "publish to NATS JetStream at this `URL` instead of Kafka; creates a stream of its own and deletes it at exit")
 	if err := fs.Parse(args); err != nil {
 		return options{}, err
 	}
@@ -120,6 +123,9 @@ func (o options) validate() error {
 	}
 	if o.Watermill != "" && (len(o.Kafka) > 0 || o.SQSEndpoint != "" || o.AMQP != "") {
 		return fmt.Errorf("-watermill-amqp and another broker: choose one broker")
+	}
+	if o.NATS != "" && (len(o.Kafka) > 0 || o.SQSEndpoint != "" || o.AMQP != "" || o.Watermill != "") {
+		return fmt.Errorf("-nats and another broker: choose one broker")
 	}
 	if o.SQSEndpoint != "" && strings.HasSuffix(o.SQSQueue, ".fifo") {
 		// A FIFO queue drops a copy whose message id it saw in the last five minutes,
