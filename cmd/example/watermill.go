@@ -9,6 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	"github.com/google/uuid"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxkit/outbox"
@@ -16,21 +17,21 @@ import (
 )
 
 // watermillBroker publishes through transport/watermill and Watermill's AMQP
-// publisher (a durable queue named after the topic, with delivery confirmation), and
-// reads the queue back through the adapter's marshaler, as a Watermill subscriber
-// would.
+// publisher (with delivery confirmation) to a durable queue of this run's own, named
+// after the topic with a random suffix and deleted at Close, and reads the queue back
+// through the adapter's marshaler, as a Watermill subscriber would.
 type watermillBroker struct {
 	*watermilltransport.Transport
+	queue    string
 	pub      *wamqp.Publisher
 	conn     *amqp.Connection // the reader's connection
 	ch       *amqp.Channel
 	received []delivery
 }
 
-// openWatermillAMQP declares the queue (if absent), empties it of messages earlier
-// runs left there, and connects Watermill's publisher.
+// openWatermillAMQP declares the queue and connects Watermill's publisher.
 func openWatermillAMQP(_ context.Context, url string) (_ *watermillBroker, err error) {
-	b := &watermillBroker{}
+	b := &watermillBroker{queue: topic + "." + uuid.NewString()[:8]}
 	defer func() {
 		if err != nil {
 			_ = b.Close()
@@ -42,11 +43,8 @@ func openWatermillAMQP(_ context.Context, url string) (_ *watermillBroker, err e
 	if b.ch, err = b.conn.Channel(); err != nil {
 		return nil, fmt.Errorf("watermill: %w", err)
 	}
-	if _, err := b.ch.QueueDeclare(topic, true, false, false, false, nil); err != nil {
-		return nil, fmt.Errorf("watermill: declare queue %s: %w", topic, err)
-	}
-	if _, err := b.ch.QueuePurge(topic, false); err != nil {
-		return nil, fmt.Errorf("watermill: purge queue %s: %w", topic, err)
+	if _, err := b.ch.QueueDeclare(b.queue, true, false, false, false, nil); err != nil {
+		return nil, fmt.Errorf("watermill: declare queue %s: %w", b.queue, err)
 	}
 	cfg := wamqp.NewDurableQueueConfig(url)
 	cfg.Publish.ConfirmDelivery = true // published means the broker has it
@@ -54,6 +52,8 @@ func openWatermillAMQP(_ context.Context, url string) (_ *watermillBroker, err e
 		return nil, fmt.Errorf("watermill: %w", err)
 	}
 	b.Transport, err = watermilltransport.New(b.pub, watermilltransport.Config{
+		// The Watermill topic is the queue; the outbox topic travels in the metadata.
+		Topic: func(*outbox.Envelope) string { return b.queue },
 		Ping: func(context.Context) error {
 			if !b.pub.IsConnected() {
 				return errors.New("not connected")
@@ -67,13 +67,13 @@ func openWatermillAMQP(_ context.Context, url string) (_ *watermillBroker, err e
 	return b, nil
 }
 
-func (b *watermillBroker) Name() string { return "Watermill's AMQP publisher, queue " + topic }
+func (b *watermillBroker) Name() string { return "Watermill's AMQP publisher, queue " + b.queue }
 
 // Received reads the queue until it is empty and returns every message read since
 // the broker was opened.
 func (b *watermillBroker) Received(ctx context.Context) ([]delivery, error) {
 	for ctx.Err() == nil {
-		d, ok, err := b.ch.Get(topic, true)
+		d, ok, err := b.ch.Get(b.queue, true)
 		if err != nil {
 			return nil, fmt.Errorf("watermill: get: %w", err)
 		}
@@ -101,6 +101,9 @@ func (b *watermillBroker) Close() error {
 	var errs []error
 	if b.pub != nil {
 		errs = append(errs, b.pub.Close())
+	}
+	if b.ch != nil {
+		_, _ = b.ch.QueueDelete(b.queue, false, false, false)
 	}
 	if b.conn != nil {
 		if err := b.conn.Close(); err != nil && !errors.Is(err, amqp.ErrClosed) {
