@@ -182,6 +182,7 @@ func (s *Store) Requeue(ctx context.Context, ids ...uuid.UUID) (int, error) {
 			return s.translate(ctx, "requeue", err)
 		}
 		moved.Add(1)
+		s.forgetHeld(moves[i].bucket)
 		s.hub.Notify(moves[i].bucket)
 		return nil
 	})

@@ -380,6 +380,8 @@ func (s *Store) Release(ctx context.Context, held outbox.Lease) (bool, error) {
 func (s *Store) forgetRemoved(bucket int) {
 	s.mu.Lock()
 	s.lastRemoved[bucket] = 0
+	s.heads[bucket] = nil
+	s.ahead[bucket] = ahead{}
 	s.mu.Unlock()
 }
 

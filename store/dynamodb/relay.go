@@ -76,13 +76,16 @@ func (s *Store) Fetch(ctx context.Context, bucket, limit int) ([]*outbox.Envelop
 		ranges, cut := gaps(envs, lower)
 		filled, err := s.probeGaps(ctx, bucket, ranges)
 		if err != nil {
+			s.forgetHeld(bucket)
 			return nil, err
 		}
 		if filled < 0 {
+			s.holdHead(bucket, envs, len(items), limit, cut == len(envs))
 			return envs[:cut], nil
 		}
 		if round == maxFetchRounds {
 			// No read left: return what lies below the first filled gap.
+			s.forgetHeld(bucket)
 			return envs[:ranges[filled].before], nil
 		}
 	}
@@ -239,31 +242,6 @@ func (s *Store) probeGaps(ctx context.Context, bucket int, ranges []seqRange) (i
 	return -1, nil
 }
 
-// HasPending reports whether bucket holds any message, due or not, with one
-// eventually consistent Query of one key: the cheap idle probe a relay can send for
-// each owned bucket on every poll before it pays for a strongly consistent
-// [Store.Fetch]. A stale answer only delays a fetch to the next poll.
-func (s *Store) HasPending(ctx context.Context, bucket int) (bool, error) {
-	if err := s.enter(ctx); err != nil {
-		return false, err
-	}
-	if err := s.checkBucket(bucket); err != nil {
-		return false, err
-	}
-	out, err := s.client.Query(ctx, &ddb.QueryInput{
-		TableName:                 aws.String(s.cfg.TableName),
-		KeyConditionExpression:    aws.String("#pk = :pk"),
-		ExpressionAttributeNames:  map[string]string{"#pk": s.keys.pk, "#sk": s.keys.sk},
-		ExpressionAttributeValues: map[string]types.AttributeValue{":pk": &types.AttributeValueMemberS{Value: s.keys.messages(bucket)}},
-		ProjectionExpression:      aws.String("#sk"),
-		Limit:                     aws.Int32(1),
-	})
-	if err != nil {
-		return false, s.translate(ctx, "probe for pending messages", err)
-	}
-	return len(out.Items) > 0, nil
-}
-
 // Complete deletes the envelopes with BatchWriteItem, 25 keys per request and up to
 // MaxConcurrency requests at once. Keys DynamoDB leaves unprocessed (throttling) are
 // retried with exponential backoff; if some are still left, Complete returns an error
@@ -308,6 +286,9 @@ func (s *Store) Complete(ctx context.Context, envs []*outbox.Envelope) error {
 	s.mu.Lock()
 	for b, seq := range highest {
 		s.lastRemoved[b] = max(s.lastRemoved[b], seq)
+	}
+	for k := range seen {
+		s.updateHeld(int(k[0]), k[1], func(*heldMsg) bool { return false })
 	}
 	s.mu.Unlock()
 	return nil
@@ -384,8 +365,12 @@ func (s *Store) Reschedule(ctx context.Context, env *outbox.Envelope, next time.
 		},
 	})
 	if err == nil || isConditionFailed(err) {
+		s.mu.Lock()
+		s.updateHeld(env.Bucket, env.Seq, func(m *heldMsg) bool { m.next = next; return err == nil })
+		s.mu.Unlock()
 		return nil
 	}
+	s.forgetHeld(env.Bucket)
 	return s.translate(ctx, "reschedule", err)
 }
 
@@ -444,6 +429,7 @@ func (s *Store) Park(ctx context.Context, env *outbox.Envelope, cause string) er
 	}
 	s.mu.Lock()
 	s.lastRemoved[env.Bucket] = max(s.lastRemoved[env.Bucket], env.Seq)
+	s.updateHeld(env.Bucket, env.Seq, func(*heldMsg) bool { return false })
 	s.mu.Unlock()
 	return nil
 }

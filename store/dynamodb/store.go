@@ -49,6 +49,10 @@ type Store struct {
 	// lastRemoved holds, per bucket, the highest Seq this store removed since it took
 	// the bucket's lease (0: none yet). Gap probing starts above it.
 	lastRemoved []int64
+	// heads holds, per bucket, what the last fetch saw of a head that waits for a due
+	// time (nil: nothing known), and ahead a counter value seen above it.
+	heads []*heldHead
+	ahead []ahead
 	// zeroUntil is the expiry of bucket zero's lease as last claimed or renewed through
 	// this store (zero: not held), for SampleBacklog.
 	zeroUntil time.Time
@@ -80,6 +84,8 @@ func New(client Client, cfg Config) (*Store, error) {
 		keys:        keys{prefix: cfg.KeyPrefix, pk: cfg.PartitionKeyAttributeName, sk: cfg.SortKeyAttributeName},
 		log:         cfg.Logger,
 		lastRemoved: make([]int64, cfg.BucketCount),
+		heads:       make([]*heldHead, cfg.BucketCount),
+		ahead:       make([]ahead, cfg.BucketCount),
 	}, nil
 }
 

@@ -140,6 +140,7 @@ func (s *Store) NotifyCommitted(envs ...*outbox.Envelope) {
 			buckets = append(buckets, env.Bucket)
 		}
 	}
+	s.forgetHeld(buckets...)
 	s.hub.Notify(buckets...)
 }
 

@@ -67,6 +67,39 @@ type proxy struct {
 	// refused, per operation.
 	limits    *limits
 	overLimit map[string]int
+	// queries counts Query requests per partition key value and consistency.
+	queries map[queryKind]int
+}
+
+// queryKind is the partition a Query read and whether it was strongly consistent.
+type queryKind struct {
+	pk         string
+	consistent bool
+}
+
+// countQuery counts a Query by its partition key value (the :pk value) and
+// consistency. The caller holds p.mu.
+func (p *proxy) countQuery(body []byte) {
+	var in struct {
+		ConsistentRead            bool
+		ExpressionAttributeValues map[string]map[string]any
+	}
+	if json.Unmarshal(body, &in) != nil {
+		return
+	}
+	pk, _ := in.ExpressionAttributeValues[":pk"]["S"].(string)
+	if p.queries == nil {
+		p.queries = map[queryKind]int{}
+	}
+	p.queries[queryKind{pk, in.ConsistentRead}]++
+}
+
+// queriesOf returns how many strongly and eventually consistent Queries read the
+// partition pk so far.
+func (p *proxy) queriesOf(pk string) (consistent, eventual int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.queries[queryKind{pk, true}], p.queries[queryKind{pk, false}]
 }
 
 // refuseOverLimit answers a request over one of DynamoDB's size limits with the
@@ -360,6 +393,9 @@ func (p *proxy) inspect(resp *http.Response) error {
 		resp.Status = "500 Internal Server Error"
 	}
 	p.last[op] = exchange{sent: sent.body, got: body}
+	if op == "Query" {
+		p.countQuery(sent.body)
+	}
 	p.mu.Unlock()
 	resp.Body = io.NopCloser(bytes.NewReader(body))
 	resp.ContentLength = int64(len(body))
