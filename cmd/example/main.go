@@ -87,8 +87,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&kafka, "kafka", "", "publish to these Kafka brokers (`host:port`, comma-separated) instead of an in-process one; the topic "+topic+" must exist")
 	fs.StringVar(&opts.SQSEndpoint, "sqs-endpoint", "", "publish to SQS at this endpoint `URL` (or an emulator) instead of Kafka")
 	fs.StringVar(&opts.SQSQueue, "sqs-queue", topic, "SQS queue `name or URL` for -sqs-endpoint; a name is created if absent")
-	fs.StringVar(&opts.AMQP, "amqp", "", "publish to RabbitMQ at this `URL` instead of Kafka; declares a fanout exchange and a durable queue named "+topic)
-	fs.StringVar(&opts.Watermill, "watermill-amqp", "", "publish through Watermill's AMQP publisher to RabbitMQ at this `URL` instead of Kafka; declares a durable queue named "+topic)
+	fs.StringVar(&opts.AMQP, "amqp", "", "publish to RabbitMQ at this `URL` instead of Kafka; declares a fanout exchange and a durable queue of its own, named "+topic+" and a random suffix, and deletes them at exit")
+	fs.StringVar(&opts.Watermill, "watermill-amqp", "", "publish through Watermill's AMQP publisher to RabbitMQ at this `URL` instead of Kafka; declares a durable queue of its own, named "+topic+" and a random suffix, and deletes it at exit")
 	fs.StringVar(&opts.NATS, "nats", "", "publish to NATS JetStream at this `URL` instead of Kafka; creates a stream of its own and deletes it at exit")
 	if err := fs.Parse(args); err != nil {
 		return options{}, err
