@@ -113,6 +113,10 @@ type Observer struct {
 // topicAttrs are the attribute sets of one topic, built once.
 type topicAttrs struct {
 	plain, permanent, transient, send metric.MeasurementOption
+	// The option slices passed on the hot path, built once so a measurement
+	// allocates nothing.
+	addPlain, addPermanent, addTransient []metric.AddOption
+	recPlain                             []metric.RecordOption
 }
 
 // Lag and duration histogram boundaries, in seconds.
@@ -239,6 +243,8 @@ func (o *Observer) attrs(topic string) *topicAttrs {
 		transient: set(attribute.String("error.type", "transient")),
 		send:      set(attribute.String("messaging.operation.name", "send"), attribute.String("messaging.operation.type", "send")),
 	}
+	a.addPlain, a.addPermanent, a.addTransient = []metric.AddOption{a.plain}, []metric.AddOption{a.permanent}, []metric.AddOption{a.transient}
+	a.recPlain = []metric.RecordOption{a.plain}
 	actual, _ := o.topics.LoadOrStore(topic, a)
 	return actual.(*topicAttrs)
 }
@@ -247,26 +253,28 @@ func (o *Observer) attrs(topic string) *topicAttrs {
 // and each acknowledged message's lag.
 func (o *Observer) Published(ctx context.Context, batch, acked []*outbox.Envelope, start time.Time, took time.Duration, err error) {
 	ackAt := start.Add(took)
-	ackedIDs := make(map[[16]byte]bool, len(acked))
 	for _, e := range acked {
-		ackedIDs[e.ID] = true
 		a := o.attrs(e.Topic)
-		o.sent.Add(ctx, 1, a.plain)
+		o.sent.Add(ctx, 1, a.addPlain...)
 		if !e.CreatedAt.IsZero() {
-			o.lag.Record(ctx, max(ackAt.Sub(e.CreatedAt).Seconds(), 0), a.plain)
+			o.lag.Record(ctx, max(ackAt.Sub(e.CreatedAt).Seconds(), 0), a.recPlain...)
 		}
 	}
 	if len(acked) < len(batch) {
 		permanent := outbox.IsPermanent(err)
+		ackedIDs := make(map[[16]byte]bool, len(acked))
+		for _, e := range acked {
+			ackedIDs[e.ID] = true
+		}
 		for _, e := range batch {
 			if ackedIDs[e.ID] {
 				continue
 			}
 			a := o.attrs(e.Topic)
 			if permanent {
-				o.sent.Add(ctx, 1, a.permanent)
+				o.sent.Add(ctx, 1, a.addPermanent...)
 			} else {
-				o.sent.Add(ctx, 1, a.transient)
+				o.sent.Add(ctx, 1, a.addTransient...)
 			}
 		}
 	}
@@ -301,7 +309,7 @@ func ctxErr(err error) bool {
 // Completed implements [dispatcher.Observer].
 func (o *Observer) Completed(ctx context.Context, envs []*outbox.Envelope) {
 	for _, e := range envs {
-		o.completed.Add(ctx, 1, o.attrs(e.Topic).plain)
+		o.completed.Add(ctx, 1, o.attrs(e.Topic).addPlain...)
 	}
 }
 
