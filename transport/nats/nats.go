@@ -264,7 +264,8 @@ func resolved(f jetstream.PubAckFuture) error {
 }
 
 // holdBackTails reports every message after a key's first failure as failed too, so
-// the dispatcher never completes a key's later message while retrying an earlier one.
+// the dispatcher never completes a key's later message while retrying (or parking) an
+// earlier one.
 func holdBackTails(batch []*outbox.Envelope, errs []error) {
 	var failedKeys map[string]bool
 	for i, env := range batch {
@@ -272,7 +273,7 @@ func holdBackTails(batch []*outbox.Envelope, errs []error) {
 			continue
 		}
 		switch {
-		case errs[i] != nil && !outbox.IsPermanent(errs[i]):
+		case errs[i] != nil:
 			if failedKeys == nil {
 				failedKeys = map[string]bool{}
 			}
