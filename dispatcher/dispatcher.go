@@ -401,7 +401,24 @@ func (d *Dispatcher) DispatchOne(ctx context.Context, id uuid.UUID) (Result, err
 	if err := d.checkEnvelope(env); err != nil {
 		return res, err
 	}
-	b := env.Bucket
+	return d.DispatchAt(ctx, env.Bucket, env.Seq)
+}
+
+// DispatchAt publishes the envelope with Seq seq in bucket, for a change-stream
+// trigger whose record names the bucket and the Seq (a DynamoDB stream record's keys
+// do), so no lookup by ID is needed. It follows the rules of [Dispatcher.DispatchOne]:
+// under the bucket's lease it drains the bucket in Seq order up to and including seq;
+// a bucket another relay holds, or that this relay's running worker leaves to a peer,
+// is left alone with a zero Result; an envelope that is gone or not yet due is left
+// alone as well. A bucket outside the relay's bucket count is an error wrapping
+// [outbox.ErrMisconfigured].
+func (d *Dispatcher) DispatchAt(ctx context.Context, bucket int, seq int64) (Result, error) {
+	var res Result
+	if bucket < 0 || bucket >= d.cfg.BucketCount {
+		return res, fmt.Errorf("%w: dispatcher: DispatchAt: bucket %d is outside this relay's %d buckets; every writer, store and relay must use one count",
+			outbox.ErrMisconfigured, bucket, d.cfg.BucketCount)
+	}
+	b := bucket
 	if !d.publishable(b, d.now()) {
 		if d.running() {
 			return res, nil // the worker's plan gives the bucket to someone: they publish it
@@ -425,7 +442,7 @@ func (d *Dispatcher) DispatchOne(ctx context.Context, id uuid.UUID) (Result, err
 	}
 	defer d.unlockBucket(b)
 	for {
-		p, err := d.drainOnce(ctx, b, env.Seq)
+		p, err := d.drainOnce(ctx, b, seq)
 		res.add(p.Result)
 		if err != nil || !p.more || p.reached {
 			return res, err
