@@ -240,6 +240,7 @@ func TestInboxSurvivesKilledConsumers(t *testing.T) {
 	// Kills between the commit and the offset commit: the process sleeps in the
 	// Processed hook, after its unit committed and before the poll's offsets are
 	// committed, and is killed there.
+	began := time.Now()
 	survivor := r.start(t, "survivor", common...)
 	procs := []*consumerProc{survivor}
 	for i := range 3 {
@@ -253,6 +254,7 @@ func TestInboxSurvivesKilledConsumers(t *testing.T) {
 			t.Fatalf("consumer %s processed nothing within two minutes", victim.id)
 		}
 		victim.kill(t)
+		t.Logf("%v: killed %s after a commit", time.Since(began).Round(time.Millisecond), victim.id)
 	}
 
 	// Kills at random points.
@@ -262,9 +264,11 @@ func TestInboxSurvivesKilledConsumers(t *testing.T) {
 		procs = append(procs, victim)
 		time.Sleep(time.Duration(100+rng.IntN(900)) * time.Millisecond)
 		victim.kill(t)
+		t.Logf("%v: killed %s", time.Since(began).Round(time.Millisecond), victim.id)
 	}
 
 	counts := r.waitApplied(t, ids, 3*time.Minute)
+	t.Logf("%v: every effect applied", time.Since(began).Round(time.Millisecond))
 	requireOnce(t, ids, counts)
 	require.Len(t, counts, n, "no effect of an unknown message")
 	survivor.stop(t)

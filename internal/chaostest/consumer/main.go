@@ -78,7 +78,7 @@ func run() error {
 		kgo.ConsumerGroup(*group), kgo.ConsumeTopics(*topic), kgo.DisableAutoCommit(),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchMaxWait(100*time.Millisecond),
-		kgo.SessionTimeout(*session), kgo.HeartbeatInterval(*session/10),
+		kgo.SessionTimeout(*session), kgo.HeartbeatInterval(*session/10), kgo.RebalanceTimeout(*session),
 	)
 	if err != nil {
 		return err
