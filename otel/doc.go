@@ -1,4 +1,5 @@
-// Package outboxotel reports a dispatcher's measurements as OpenTelemetry metrics.
+// Package outboxotel reports a dispatcher's measurements as OpenTelemetry metrics,
+// and optionally a producer span per published message.
 //
 // Build an [Observer] and pass it as the dispatcher's Config.Observer:
 //
@@ -50,8 +51,13 @@
 //
 // # Limitations
 //
-//   - Metrics only: no spans are recorded yet (capture, publish and consume spans
-//     are not implemented).
+//   - Spans: with Config.TracerProvider set, each message of each publish call gets
+//     a producer span ("send TOPIC") that continues the trace context captured with
+//     the message; a message without one starts a new trace. The span covers the
+//     whole call (the transport reports no per-message timing) and is recorded after
+//     the call returned. There is no capture span, and consumers' Decode helpers do
+//     not return a continuing context yet: a consumer extracts the captured context
+//     from the headers itself (propagation.TraceContext{}.Extract).
 //   - Stores report no metrics of their own beyond the backlog samples.
 //   - The owned-buckets gauge keeps its last value after the worker stops, until
 //     the process ends or the reader stops collecting.

@@ -11,6 +11,8 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/dispatcher"
@@ -49,6 +51,14 @@ type Config struct {
 	// figures must not sit beside the new holder's. Set it above the dispatcher's
 	// BacklogInterval plus its LeaseRenewInterval. Defaults to 90 s.
 	BacklogTTL time.Duration
+	// TracerProvider, when set, records a producer span per message and publish
+	// call ("send TOPIC"), continuing the trace context captured with the message
+	// (the headers that middleware/tracecontext stamps at Send). Pass
+	// otel.GetTracerProvider() to use the global one. Defaults to nil: no spans.
+	TracerProvider trace.TracerProvider
+	// Propagator reads the captured trace context from a message's headers.
+	// Defaults to propagation.TraceContext{} (W3C traceparent and tracestate).
+	Propagator propagation.TextMapPropagator
 	// Now is the clock, for tests. Defaults to time.Now.
 	Now func() time.Time
 }
@@ -93,7 +103,8 @@ func (c Config) Validate() error {
 // implements [dispatcher.Observer]; one Observer serves one dispatcher (its gauges
 // hold that relay's figures). Build it with [New].
 type Observer struct {
-	cfg Config
+	cfg   Config
+	trace *tracing // nil: no spans
 
 	sent, completed, retried, parked, deleted, refused, rounds metric.Int64Counter
 	duration, lag                                              metric.Float64Histogram
@@ -134,7 +145,7 @@ func New(cfg Config) (*Observer, error) {
 	}
 	cfg = cfg.withDefaults()
 	m := cfg.MeterProvider.Meter(ScopeName)
-	o := &Observer{cfg: cfg}
+	o := &Observer{cfg: cfg, trace: newTracing(cfg)}
 	if cfg.MessagingSystem != "" {
 		o.base = attribute.NewSet(attribute.String("messaging.system", cfg.MessagingSystem))
 	}
@@ -252,6 +263,9 @@ func (o *Observer) attrs(topic string) *topicAttrs {
 // Published implements [dispatcher.Observer]: sent messages, the call's duration
 // and each acknowledged message's lag.
 func (o *Observer) Published(ctx context.Context, batch, acked []*outbox.Envelope, start time.Time, took time.Duration, err error) {
+	if o.trace != nil {
+		o.trace.published(ctx, batch, acked, start, took, err)
+	}
 	ackAt := start.Add(took)
 	for _, e := range acked {
 		a := o.attrs(e.Topic)
