@@ -56,6 +56,12 @@
 //     LeaseDuration after they stopped, dead ones after ten.
 //   - Refused conditional writes are counted ([Stats.RefusedWrites]); a healthy fleet
 //     in steady state makes none.
+//   - Metrics: every publish, completion, retry, park, retention delete, refused
+//     write, round and backlog sample is reported to [Config.Observer] as it happens
+//     (package outboxotel turns them into OpenTelemetry instruments); without one
+//     nothing is measured beyond [Stats]. The worker holding bucket 0 samples the
+//     backlog every [Config.BacklogInterval] ([Stats.Backlog]); [Dispatcher.Ready]
+//     tells a readiness probe whether the relay holds its share.
 //   - An envelope stamped with another bucket count stops the worker with an error
 //     wrapping [outbox.ErrMisconfigured] ([Dispatcher.Err]).
 //   - Wake-ups: with a store that implements [outbox.Notifier] the worker drains a
