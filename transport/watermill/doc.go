@@ -5,7 +5,9 @@
 //
 // The caller builds the publisher with its adapter and passes it to [New]; the
 // transport never dials and never closes it. A consumer turns what a Watermill
-// subscriber receives back into messages with [Decode].
+// subscriber receives back into messages with [Decode], or registers [Handler] with
+// its router, which applies each message's effects once through an inbox
+// (github.com/outboxkit/outbox/inbox).
 //
 //	pub, err := amqp.NewPublisher(amqp.NewDurableQueueConfig(url), logger)
 //	transport, err := watermilltransport.New(pub, watermilltransport.Config{
