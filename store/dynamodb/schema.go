@@ -354,3 +354,24 @@ func transactItemSize(it types.TransactWriteItem) (size int, put bool) {
 func exprSize(expr *string, values map[string]types.AttributeValue) int {
 	return len(aws.ToString(expr)) + itemSize(values)
 }
+
+// MessageKey reads the key of an item of the store's table, as a DynamoDB stream
+// record carries it: it reports whether the partition and sort key values pk and sk
+// name a pending message item of this store (not a parked message, a counter, a lease
+// or a relay record, nor an item of another KeyPrefix or of the application), and if
+// so its bucket and Seq. The bucket is not checked against the bucket count.
+func (s *Store) MessageKey(pk, sk string) (bucket int, seq int64, ok bool) {
+	digits, found := strings.CutPrefix(pk, s.keys.prefix+"#MESSAGES#")
+	if !found || len(sk) != 19 {
+		return 0, 0, false
+	}
+	b, err := strconv.Atoi(digits)
+	if err != nil || b < 0 || strconv.Itoa(b) != digits {
+		return 0, 0, false
+	}
+	n, err := strconv.ParseInt(sk, 10, 64)
+	if err != nil || n < 0 || seqSortKey(n) != sk {
+		return 0, 0, false
+	}
+	return b, n, true
+}
