@@ -78,9 +78,9 @@ func startConsumer(t *testing.T, bin, id string, args ...string) *consumerProc {
 			switch {
 			case len(f) == 2 && f[0] == "ready":
 				p.ready = true
-			case len(f) == 4 && f[0] == "committed":
+			case len(f) == 3 && f[0] == "committed":
 				p.committed++
-				if f[3] == "true" {
+				if f[2] == "true" {
 					p.duplicates++
 				}
 				select {
