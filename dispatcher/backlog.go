@@ -2,6 +2,7 @@ package dispatcher
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/outboxkit/outbox"
@@ -91,5 +92,7 @@ func (d *Dispatcher) startSample(ctx context.Context) {
 func (d *Dispatcher) lastBacklog() (outbox.Stats, time.Time) {
 	d.backlogMu.Lock()
 	defer d.backlogMu.Unlock()
-	return d.backlogState.sample, d.backlogState.at
+	st := d.backlogState.sample
+	st.Pending = slices.Clone(st.Pending) // the caller's to keep
+	return st, d.backlogState.at
 }

@@ -25,8 +25,13 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testenv"
+	dynamostore "github.com/outboxkit/outbox/store/dynamodb"
 	sqlstore "github.com/outboxkit/outbox/store/sql"
 )
+
+// The DynamoDB store's SampleBacklog is the optional capability the dispatcher
+// samples the backlog through.
+var _ outbox.BacklogSampler = (*dynamostore.Store)(nil)
 
 // childEnv makes the test binary run the relay's main instead of the tests, so the
 // relay runs as a real child process.
