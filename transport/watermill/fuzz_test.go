@@ -1,0 +1,54 @@
+package watermilltransport
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+
+	"github.com/outboxkit/outbox"
+)
+
+// FuzzRoundTrip: any message capture accepts is encoded into Watermill metadata and
+// decoded back byte for byte — binary keys and values, nil and empty apart, headers in
+// order with repeats — or refused permanently before sending.
+func FuzzRoundTrip(f *testing.F) {
+	f.Add([]byte("k"), []byte("v"), "a", []byte("1"), "a", []byte{0xff}, false)
+	f.Add([]byte{0xfe}, []byte(nil), "x-outbox-key", []byte{}, "b", []byte(nil), true)
+	f.Add([]byte{}, []byte{}, "idempotency-key", []byte("mine"), "x-outbox-message-id", []byte("not an id"), false)
+	tr, err := New(gochannel.NewGoChannel(gochannel.Config{}, nil), Config{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, key, payload []byte, n1 string, v1 []byte, n2 string, v2 []byte, nilKey bool) {
+		if nilKey {
+			key = nil
+		}
+		env, err := outbox.NewEnvelope(outbox.Message{Topic: "t", Key: key, Payload: payload, Headers: []outbox.Header{{Key: n1, Value: v1}, {Key: n2, Value: v2}}}, 8)
+		if err != nil {
+			return // capture refuses it
+		}
+		msg, err := tr.encode(context.Background(), env)
+		if err != nil {
+			if !outbox.IsPermanent(err) || !errors.Is(err, outbox.ErrInvalidMessage) {
+				t.Fatalf("a refusal is permanent and wraps ErrInvalidMessage: %v", err)
+			}
+			return
+		}
+		d, err := Decode(msg)
+		if err != nil {
+			if errors.Is(err, outbox.ErrInvalidMessage) && (n1 == outbox.HeaderMessageID || n2 == outbox.HeaderMessageID) {
+				return // the application's own message-id header is not a UUID
+			}
+			t.Fatalf("decode: %v", err)
+		}
+		if d.Topic != "t" || !bytes.Equal(d.Key, key) || (d.Key == nil) != (key == nil) || !bytes.Equal(d.Payload, payload) || (d.Payload == nil) != (payload == nil) {
+			t.Fatalf("key or payload changed: %q/%q, want %q/%q", d.Key, d.Payload, key, payload)
+		}
+		if len(d.Headers) < 2 || d.Headers[0].Key != n1 || !bytes.Equal(d.Headers[0].Value, v1) || d.Headers[1].Key != n2 || !bytes.Equal(d.Headers[1].Value, v2) {
+			t.Fatalf("headers changed: %q", d.Headers)
+		}
+	})
+}
