@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/outboxkit/outbox v0.0.0-00010101000000-000000000000
+	github.com/outboxkit/outbox/middleware/tracecontext v0.0.0-00010101000000-000000000000
 	github.com/stretchr/testify v1.12.1
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/metric v1.47.0
@@ -23,4 +24,7 @@ require (
 	golang.org/x/sys v0.48.0 // indirect
 )
 
-replace github.com/outboxkit/outbox => ..
+replace (
+	github.com/outboxkit/outbox => ..
+	github.com/outboxkit/outbox/middleware/tracecontext => ../middleware/tracecontext
+)

@@ -229,24 +229,32 @@ func (o *Observer) Close() error { return o.reg.Unregister() }
 
 var _ dispatcher.Observer = (*Observer)(nil)
 
-// attrs returns topic's attribute sets, bounded by MaxTopics.
+// attrs returns topic's attribute sets, bounded by MaxTopics: the first MaxTopics
+// distinct topics get their own, every later one shares OtherTopic's.
 func (o *Observer) attrs(topic string) *topicAttrs {
 	if a, ok := o.topics.Load(topic); ok {
 		return a.(*topicAttrs)
 	}
 	o.mu.Lock()
+	defer o.mu.Unlock()
+	if a, ok := o.topics.Load(topic); ok { // created meanwhile
+		return a.(*topicAttrs)
+	}
+	name := topic
 	if o.nTopics >= o.cfg.MaxTopics {
-		o.mu.Unlock()
-		if topic != OtherTopic {
-			return o.attrs(OtherTopic)
+		name = OtherTopic
+		// Topics beyond the bound are not remembered (their number is not bounded):
+		// each of their measurements takes the lock once.
+		if a, ok := o.topics.Load(OtherTopic); ok {
+			return a.(*topicAttrs)
 		}
 	} else {
 		o.nTopics++
-		o.mu.Unlock()
 	}
 	base := o.base.ToSlice()
 	set := func(extra ...attribute.KeyValue) metric.MeasurementOption {
-		return metric.WithAttributeSet(attribute.NewSet(append(append(append([]attribute.KeyValue(nil), base...), attribute.String("messaging.destination.name", topic)), extra...)...))
+		kv := append(append([]attribute.KeyValue(nil), base...), attribute.String("messaging.destination.name", name))
+		return metric.WithAttributeSet(attribute.NewSet(append(kv, extra...)...))
 	}
 	a := &topicAttrs{
 		plain:     set(),
@@ -256,8 +264,8 @@ func (o *Observer) attrs(topic string) *topicAttrs {
 	}
 	a.addPlain, a.addPermanent, a.addTransient = []metric.AddOption{a.plain}, []metric.AddOption{a.permanent}, []metric.AddOption{a.transient}
 	a.recPlain = []metric.RecordOption{a.plain}
-	actual, _ := o.topics.LoadOrStore(topic, a)
-	return actual.(*topicAttrs)
+	o.topics.Store(name, a)
+	return a
 }
 
 // Published implements [dispatcher.Observer]: sent messages, the call's duration

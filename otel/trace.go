@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
@@ -34,6 +35,8 @@ func (h headerCarrier) Keys() []string {
 	}
 	return keys
 }
+
+func globalTracerProvider() trace.TracerProvider { return otel.GetTracerProvider() }
 
 // tracing records the producer spans.
 type tracing struct {
