@@ -35,7 +35,9 @@
 //     broker; they are published again), transient unless [Config.Permanent]
 //     classifies the error, and the later messages of their keys in the batch are held
 //     back (failed, transient). That is the promise of [outbox.KeyOrderKeeper], so the
-//     dispatcher sends a key's messages together.
+//     dispatcher sends a key's messages together — unless [Config.PartialFailures]
+//     says the publisher may write a call's later messages after failing an earlier
+//     one; then a call carries at most one message of a key.
 //   - Refused before sending, permanently and on their own: a message over
 //     [Config.MaxMessageSize] ([outbox.ErrTooLarge]) and one with a header named like a
 //     metadata entry the transport writes ([outbox.ErrInvalidMessage]). Set
@@ -49,10 +51,11 @@
 //
 //   - Delivery is at least once, and a failed call duplicates whatever part of it
 //     reached the broker. Consumers deduplicate on the message id.
-//   - Per-key order holds only as far as the adapter keeps a call's messages in order
-//     and the broker keeps them (one queue, one partition); the transport cannot see
-//     either. Watermill's AMQP publisher, for one, publishes a call's messages one by
-//     one on one channel.
+//   - Per-key order holds only as far as the adapter keeps a call's messages in order,
+//     stops at a call's first failure (or [Config.PartialFailures] is set), and the
+//     broker keeps them in order (one queue, one partition); the transport cannot see
+//     any of it. Watermill's AMQP publisher publishes a call's messages one by one on
+//     one channel and stops at the first failure.
 //   - Failures cannot be told apart per message: one bad message in a call fails the
 //     call's other messages with it, transiently unless [Config.Permanent] says
 //     otherwise, and a permanent classification parks them all.

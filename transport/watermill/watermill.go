@@ -64,6 +64,14 @@ type Config struct {
 	// can say. Defaults to nil: every publisher error is transient.
 	Permanent func(err error) bool
 
+	// PartialFailures declares that the publisher may write a later message of a
+	// call to the broker after failing an earlier one (a batch producer that fails
+	// messages one by one, say). The transport then does not claim
+	// [outbox.KeyOrderKeeper], and the dispatcher puts at most one message of a key in
+	// a call, so that a key's order survives such failures. Defaults to false: the
+	// publisher, like Watermill's AMQP one, stops at the first failure of a call.
+	PartialFailures bool
+
 	// Ping, when set, is what [Transport.Ping] calls to learn, without publishing,
 	// whether the publisher reaches its broker (for Watermill's AMQP publisher,
 	// IsConnected). Defaults to nil: Ping reports nil, which makes the dispatcher
@@ -114,8 +122,9 @@ func (t *Transport) MaxMessageSize() int { return t.cfg.MaxMessageSize }
 
 // KeepsKeyOrder implements [outbox.KeyOrderKeeper]: a failed publisher call fails all
 // its messages, and the later messages of their keys in the batch are held back, so
-// the transport never reports a key's message sent after failing an earlier one.
-func (t *Transport) KeepsKeyOrder() bool { return true }
+// the transport never reports a key's message sent after failing an earlier one. It
+// reports false with [Config.PartialFailures].
+func (t *Transport) KeepsKeyOrder() bool { return !t.cfg.PartialFailures }
 
 // Ping implements [outbox.Pinger] with [Config.Ping]; without one it reports nil.
 func (t *Transport) Ping(ctx context.Context) error {

@@ -103,6 +103,8 @@ func TestConfig(t *testing.T) {
 	tr := newTransport(t, pubsub(t), watermilltransport.Config{})
 	assert.Zero(t, tr.MaxMessageSize(), "no limit by default")
 	assert.True(t, tr.KeepsKeyOrder())
+	partial := newTransport(t, pubsub(t), watermilltransport.Config{PartialFailures: true})
+	assert.False(t, partial.KeepsKeyOrder(), "a publisher that fails messages one by one cannot keep a call's key order")
 	assert.NoError(t, tr.Ping(context.Background()), "without Config.Ping, Ping reports nil")
 	var pub message.Publisher
 	require.True(t, tr.As(&pub))
