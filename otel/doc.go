@@ -33,6 +33,14 @@
 //	outbox.backlog.oldest_age            gauge      s          age of the oldest pending message at the last sample
 //	outbox.backlog.parked                gauge      {message}  parked messages at the last sample
 //
+// # Traces
+//
+// Three pieces make one trace from the request that sent a message to the consumer
+// that handles it: [CaptureSpans] in the route, before tracecontext.Stamp, records
+// "create TOPIC" in the caller's trace and its context is stamped on the message;
+// Config.TracerProvider makes the relay record "send TOPIC" per message as a child of
+// it; [Extract] gives the consumer a context that continues it.
+//
 // The three backlog gauges come from the samples that the relay holding bucket 0
 // takes every dispatcher Config.BacklogInterval; the other relays of a fleet report
 // none, so summing across relays does not double count. A relay whose last sample
@@ -55,9 +63,9 @@
 //     a producer span ("send TOPIC") that continues the trace context captured with
 //     the message; a message without one starts a new trace. The span covers the
 //     whole call (the transport reports no per-message timing) and is recorded after
-//     the call returned. There is no capture span, and consumers' Decode helpers do
-//     not return a continuing context yet: a consumer extracts the captured context
-//     from the headers itself (propagation.TraceContext{}.Extract).
+//     the call returned. [CaptureSpans] adds the capture's span; the transports'
+//     Decode helpers return headers, not a context: a consumer passes them to
+//     [Extract].
 //   - Stores report no metrics of their own beyond the backlog samples.
 //   - The owned-buckets gauge keeps its last value after the worker stops, until
 //     the process ends or the reader stops collecting.
