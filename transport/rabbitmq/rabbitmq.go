@@ -38,8 +38,8 @@ const maxShortString = 255
 //	}
 //
 // The connection must not have amqp.Config.Recovery set: the transport reconnects by
-// itself, and the client's own recovery would replay publishes the transport already
-// reported failed.
+// itself, and counts on a channel that closes, failing its outstanding confirms, when
+// its connection breaks; the client's recovery would reopen it underneath instead.
 type Dialer func(ctx context.Context) (*amqp.Connection, error)
 
 // Route maps an envelope to the exchange and routing key it is published with.
