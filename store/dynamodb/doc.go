@@ -60,11 +60,17 @@
 //     Enqueue and the unit of work's commit are safe under the SDK's retries: a
 //     retry that finds the messages of its own first attempt reports success.
 //   - Fetch is a strongly consistent Query in sequence order, followed by gap probing:
-//     a Query is only read-committed against TransactWriteItems, so up to eight ranges
-//     of missing sequence numbers (between fetched messages, and from the last message
-//     this store removed, or from the bucket's start after it took the lease) are
-//     probed with one-range consistent queries, and the head is read again when a
-//     probe finds a message.
+//     a Query is only read-committed against TransactWriteItems, so the ranges of
+//     missing sequence numbers, lowest first (below the first fetched message down to
+//     the last message this store removed, or to the bucket's start after it took the
+//     lease; then between fetched messages), are probed with one-range consistent
+//     queries, up to eight. The batch is cut before the first gap left unprobed; a
+//     probe that finds a message makes Fetch read the head again, at most three reads,
+//     and after the last one the batch is cut before the first gap found filled. No
+//     message is returned above a gap nobody looked into.
+//   - A message item without MessageId, Topic or CreatedAtUtc, or with an attribute
+//     that does not decode, is parked by the fetch that reads it, unpublished, with a
+//     LastError naming the attribute.
 //   - Complete deletes with BatchWriteItem, 25 keys a request; throttled keys are
 //     retried with backoff, and those still left are published again later: a
 //     duplicate, never a loss.
@@ -82,7 +88,16 @@
 //     eventually consistent Query of its relay items alone (a key condition on the
 //     RELAY# sort keys): 0.5 read units for a fleet of up to about 30 relays.
 //   - [Store.HasPending] is the idle probe ([outbox.Prober]) the dispatcher sends before
-//     polling a bucket: one eventually consistent one-key query.
+//     polling a bucket: one eventually consistent one-key query. A bucket whose last
+//     fetch left every message pending (a head backing off, the rest behind it) is
+//     answered no until the earliest due time, with no request (a full window) or one
+//     read of its sequence counter, so another process's commit still counts.
+//   - Writers need only PutItem and UpdateItem: a retried request's refused put
+//     returns the stored item (ReturnValuesOnConditionCheckFailure ALL_OLD), which
+//     tells a retry of an applied write from a collision without a read.
+//   - [Store.MessageKey] reads a message item's bucket and Seq from its key, for
+//     dispatch from the table's stream (package dynamostreams, a module of its own,
+//     and [github.com/outboxkit/outbox/dispatcher.Dispatcher.DispatchAt]).
 //   - [Store.Stats] counts pending and parked messages up to PendingCountLimit per
 //     bucket and reads each bucket's head for the oldest age; [Store.SampleBacklog]
 //     samples only while this store's relay holds bucket zero.
@@ -91,6 +106,11 @@
 //
 // # Limitations
 //
+//   - An accepted message item leaves room under DynamoDB's 400 KB for what a failed
+//     publish adds (attempts, next attempt, 2 KB of error text, parking time), so
+//     [Store.MaxMessageSize] is about 397 KB and every accepted message can be
+//     rescheduled and parked. KeyPrefix is at most 2,028 bytes and a relay id at most
+//     1,018 (DynamoDB's key value limits), checked before any request.
 //   - One transaction holds at most 100 items and 4 MB, and an item at most 400 KB. A
 //     unit of work counts the application's items and its messages together: the
 //     commit refuses a unit over a limit before it sends anything, and [AddItems]
@@ -103,7 +123,10 @@
 //     start with [outbox.ErrMisconfigured].
 //   - No lookup by ID ([outbox.Finder]): DynamoDB would need an index or a read of
 //     every bucket. [Store.Purge] and [Store.Requeue] pay that read; they are operator
-//     tools.
+//     tools. Stream dispatch needs no lookup: the record's keys name bucket and Seq.
+//   - While a head backs off, a message another process commits into a gap inside
+//     the last fetched window, or requeues, waits for the head's due time; a
+//     reservation above the window left uncommitted for 30 s counts as abandoned.
 //   - One bucket is one partition key, which DynamoDB serves at up to 1,000 write
 //     units a second; raise the bucket count (after draining the table) for more.
 //   - One region: conditional writes in a multi-region global table do not arbitrate
