@@ -132,7 +132,6 @@ func length(tb testing.TB, client *redis.Client, stream string) int64 {
 	return n
 }
 
-
 // proxy forwards TCP connections to a server. While it is down it closes every
 // connection it holds and every new one at once, as a broken network would.
 type proxy struct {
@@ -219,4 +218,3 @@ func (p *proxy) close() {
 	p.Cut()
 	p.wg.Wait()
 }
-
