@@ -34,8 +34,10 @@ func (c headers) Get(key string) string {
 	}
 	return ""
 }
-func (c headers) Set(key, value string) { *c.h = append(*c.h, outbox.Header{Key: key, Value: []byte(value)}) }
-func (c headers) Keys() []string        { return nil }
+func (c headers) Set(key, value string) {
+	*c.h = append(*c.h, outbox.Header{Key: key, Value: []byte(value)})
+}
+func (c headers) Keys() []string { return nil }
 
 func TestProducerSpansContinueTheCapturedTrace(t *testing.T) {
 	ctx := context.Background()
