@@ -169,6 +169,10 @@ func parseLevel(s string) (slog.Level, error) {
 	return l, nil
 }
 
+// errWorkerStopped marks the worker stopping on its own (exit code 1, even when
+// the cause is a misconfiguration such as a bucket count mismatch).
+var errWorkerStopped = errors.New("the worker stopped on its own")
+
 // run is the whole program; it returns the exit code.
 func run(ctx context.Context, args []string, stderr io.Writer) int {
 	o, err := parseFlags(args, stderr)
@@ -183,7 +187,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
 	if err := relay(ctx, o, log); err != nil {
 		log.Error("outbox-relay: stopped", "error", err)
-		if errors.Is(err, errUsage) {
+		if !errors.Is(err, errWorkerStopped) && (errors.Is(err, errUsage) || errors.Is(err, outbox.ErrMisconfigured)) {
 			return 2
 		}
 		return 1
@@ -298,7 +302,9 @@ func relay(ctx context.Context, o options, log *slog.Logger) error {
 			log.Info("outbox-relay: stopped; leases handed back")
 		}
 	case <-d.Stopped():
-		runErr = d.Err()
+		if err := d.Err(); err != nil {
+			runErr = fmt.Errorf("%w: %w", errWorkerStopped, err)
+		}
 	}
 	if srv != nil {
 		shutCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
