@@ -42,6 +42,9 @@ func openBroker(ctx context.Context, opts options) (broker, error) {
 	if opts.NATS != "" {
 		return openNATS(ctx, opts.NATS)
 	}
+	if opts.Redis != "" {
+		return openRedis(ctx, opts.Redis)
+	}
 	if opts.Watermill != "" {
 		return openWatermillAMQP(ctx, opts.Watermill)
 	}

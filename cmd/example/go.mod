@@ -9,6 +9,7 @@ require (
 	github.com/outboxkit/outbox/transport/kafka v0.0.0-00010101000000-000000000000
 	github.com/outboxkit/outbox/transport/nats v0.0.0-00010101000000-000000000000
 	github.com/outboxkit/outbox/transport/rabbitmq v0.0.0-00010101000000-000000000000
+	github.com/outboxkit/outbox/transport/redis v0.0.0-00010101000000-000000000000
 	github.com/outboxkit/outbox/transport/sqs v0.0.0-00010101000000-000000000000
 	github.com/outboxkit/outbox/transport/watermill v0.0.0-00010101000000-000000000000
 )
@@ -25,6 +26,7 @@ require (
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/nats-io/nats.go v1.55.0
 	github.com/rabbitmq/amqp091-go v1.16.0
+	github.com/redis/go-redis/v9 v9.23.0
 	github.com/stretchr/testify v1.12.1
 	github.com/twmb/franz-go v1.22.3
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
@@ -37,6 +39,7 @@ require (
 	github.com/aws/aws-sdk-go-v2/internal/endpoints/v2 v2.8.12 // indirect
 	github.com/aws/smithy-go v1.28.9 // indirect
 	github.com/cenkalti/backoff/v3 v3.2.2 // indirect
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/dustin/go-humanize v1.0.1 // indirect
 	github.com/hashicorp/errwrap v1.1.0 // indirect
 	github.com/hashicorp/go-multierror v1.1.1 // indirect
@@ -53,6 +56,7 @@ require (
 	github.com/pierrec/lz4/v4 v4.1.33 // indirect
 	github.com/pkg/errors v0.9.1 // indirect
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
+	go.uber.org/atomic v1.12.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/crypto v0.57.0 // indirect
 	golang.org/x/sync v0.23.0 // indirect
@@ -71,6 +75,7 @@ replace (
 	github.com/outboxkit/outbox/transport/kafka => ../../transport/kafka
 	github.com/outboxkit/outbox/transport/nats => ../../transport/nats
 	github.com/outboxkit/outbox/transport/rabbitmq => ../../transport/rabbitmq
+	github.com/outboxkit/outbox/transport/redis => ../../transport/redis
 	github.com/outboxkit/outbox/transport/sqs => ../../transport/sqs
 	github.com/outboxkit/outbox/transport/watermill => ../../transport/watermill
 )

@@ -27,6 +27,7 @@
 //	-sqs-queue NAME     the queue's name or URL (default order-placed; created if absent)
 //	-amqp URL           RabbitMQ instead of Kafka, e.g. amqp://guest:guest@host:5672/
 //	-nats URL           NATS JetStream instead of Kafka, e.g. nats://host:4222 (a stream of its own)
+//	-redis host:port    Redis Streams instead of Kafka (a stream of its own)
 //	-watermill-amqp URL RabbitMQ through Watermill's AMQP publisher (transport/watermill)
 //
 // On PostgreSQL and MySQL each story uses tables of its own, with a random suffix, and
@@ -74,6 +75,7 @@ type options struct {
 	SQSQueue    string   // SQS queue name or URL
 	AMQP        string   // RabbitMQ URL
 	NATS        string   // NATS server URL (JetStream enabled)
+	Redis       string   // Redis address, host:port
 	Watermill   string   // RabbitMQ URL for Watermill's AMQP publisher
 }
 
@@ -90,6 +92,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&opts.AMQP, "amqp", "", "publish to RabbitMQ at this `URL` instead of Kafka; declares a fanout exchange and a durable queue of its own, named "+topic+" and a random suffix, and deletes them at exit")
 	fs.StringVar(&opts.Watermill, "watermill-amqp", "", "publish through Watermill's AMQP publisher to RabbitMQ at this `URL` instead of Kafka; declares a durable queue of its own, named "+topic+" and a random suffix, and deletes it at exit")
 	fs.StringVar(&opts.NATS, "nats", "", "publish to NATS JetStream at this `URL` instead of Kafka; creates a stream of its own and deletes it at exit")
+	fs.StringVar(&opts.Redis, "redis", "", "append to a Redis stream at this `host:port` instead of Kafka; the stream is the run's own, deleted at exit")
 	if err := fs.Parse(args); err != nil {
 		return options{}, err
 	}
@@ -126,6 +129,9 @@ func (o options) validate() error {
 	}
 	if o.NATS != "" && (len(o.Kafka) > 0 || o.SQSEndpoint != "" || o.AMQP != "" || o.Watermill != "") {
 		return fmt.Errorf("-nats and another broker: choose one broker")
+	}
+	if o.Redis != "" && (len(o.Kafka) > 0 || o.SQSEndpoint != "" || o.AMQP != "" || o.Watermill != "" || o.NATS != "") {
+		return fmt.Errorf("-redis and another broker: choose one broker")
 	}
 	if o.SQSEndpoint != "" && strings.HasSuffix(o.SQSQueue, ".fifo") {
 		// A FIFO queue drops a copy whose message id it saw in the last five minutes,
