@@ -312,7 +312,7 @@ func TestRelayBadFlags(t *testing.T) {
 		{[]string{"-store", "redis://x", "-sqs"}, "the scheme must be"},
 		{[]string{"-store", "sqlite:x.db", "-kafka-brokers", "127.0.0.1:1", "-lease-renew-interval", "1m"}, "LeaseRenewInterval"},
 		{[]string{"-store", "sqlite:x.db", "-sqs", "-log-level", "loud"}, "-log-level"},
-		{[]string{"-store", "dynamodb://t", "-aws-region", "us-east-1", "-aws-endpoint", "http://127.0.0.1:1",
+		{[]string{"-store", "dynamodb://outbox", "-aws-region", "us-east-1", "-aws-endpoint", "http://127.0.0.1:1",
 			"-kafka-brokers", "127.0.0.1:1", "-retention", "1h"}, "Retention"},
 	} {
 		var out strings.Builder
