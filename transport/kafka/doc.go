@@ -66,14 +66,34 @@
 //   - Order is per partition. Within a batch, records of one key keep their order
 //     (one partition, one idempotent producer). With kgo.DisableIdempotentWrite and
 //     retries, Kafka itself may reorder.
-//   - An idempotent producer never withdraws a record it sent, so during a broker
-//     outage the client can hold a batch indefinitely. Publish stops waiting after
-//     [Config.AckTimeout] (every message of the batch is then reported failed,
-//     transient) or when ctx ends (ctx's error is returned). The client keeps the
-//     records it sent and may still deliver them later, so the dispatcher's retry can
-//     be a duplicate. A helper goroutine waits for the client to resolve those
-//     records; it ends when they are acknowledged, when the client's retry limits
-//     fail them, or when the client is closed.
+//   - A cut publish. An idempotent producer never withdraws a record it has sent, so
+//     during a broker outage the client can hold a batch indefinitely. When
+//     [Config.AckTimeout] passes, Publish asks the client to withdraw the records it
+//     has not sent yet (the client fails a partition's buffered records from its head,
+//     when it next tries to send to that broker and the head was never sent) and
+//     waits, for as long again at most, for every record to be resolved: a message
+//     reported failed with "the client no longer holds the message" cannot be
+//     delivered later from this client. Records on the wire, and records buffered
+//     behind a request that is on the wire (franz-go then does not get to withdraw
+//     them: with a silent broker its in-flight requests block the connection), are
+//     not resolved; after the second AckTimeout they are reported failed with the
+//     warning that the client may still deliver them, and it does once the broker
+//     answers (a duplicate of the retry, never a loss). A
+//     dispatcher whose broker is that unreachable finds out through [Transport.Ping]
+//     and parks nothing meanwhile, so a message parked after MaxAttempts was refused
+//     by the broker or withdrawn from the client.
+//     Records of other Publish calls that such a cut fails are produced again, in
+//     order, at no cost in attempts. If ctx ends first (the dispatcher ends it before
+//     the bucket's lease runs out, and on Stop or Kill), Publish withdraws what was not
+//     sent and returns ctx's error at once: records already on the wire can still
+//     reach the broker afterwards, while the client retries them — also after the
+//     bucket has moved to another relay. Such late records are duplicates of what the
+//     new owner publishes, never a first delivery out of key order, since the new owner
+//     publishes the same pending messages in the same order. A helper goroutine per
+//     such publish waits for the client to resolve them and ends when they are
+//     acknowledged, failed by the client's retry limits, or the client is closed.
+//   - [Transport.Ping] ([outbox.Pinger]) asks for the cluster's metadata: a relay whose
+//     publishes keep failing and whose ping fails too hands its buckets to peers.
 //   - The record timestamp is the produce time. The capture time is not used, so that
 //     time-based retention never deletes a record that waited in the outbox.
 //   - [Config.MaxMessageSize] compares [outbox.Message.Size] (topic, key, payload and

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -79,15 +80,18 @@ type Config struct {
 	// Defaults to false: New refuses such a client.
 	AllowNonIdempotent bool
 
-	// AckTimeout bounds how long Publish waits for the broker's acknowledgements.
-	// When it passes, every message of the batch is reported failed, transient, so
-	// the dispatcher retries the batch later; the client keeps the records it already
-	// sent and may still deliver them (the retry is then a duplicate). An idempotent
-	// producer never gives up on a record it sent, so without this bound a broker
-	// outage would hold Publish until the broker returns. Keep it well under the
-	// dispatcher's LeaseDuration: the worker renews its leases between drain passes,
-	// and one pass may wait this long for each of a few batches. Defaults to 10 s
-	// (kgo's default produce request timeout); a negative value waits until ctx ends.
+	// AckTimeout bounds how long Publish waits for the broker's acknowledgements
+	// before it gives up on a batch. Giving up withdraws from the client every record
+	// it has not sent yet; records already sent cannot be withdrawn (an idempotent
+	// producer waits for the broker's answer), so Publish waits for those, for as
+	// long again at most. A record is reported failed, transient, only once the client no longer
+	// holds it — or, if the broker does not answer for as long again, reported failed
+	// with the warning that the client may still deliver it. If ctx ends first (the dispatcher
+	// ends it before the bucket's lease runs out), Publish returns ctx's error, which
+	// costs no attempt; the records still on the wire may then reach the broker after
+	// the lease, as duplicates of what the bucket's next owner publishes (see the
+	// package documentation, "A cut publish"). Defaults to 10 s (kgo's default produce
+	// request timeout); a negative value waits until ctx ends.
 	AckTimeout time.Duration
 }
 
@@ -120,6 +124,7 @@ type Transport struct {
 var (
 	_ outbox.Transport   = (*Transport)(nil)
 	_ outbox.SizeLimiter = (*Transport)(nil)
+	_ outbox.Pinger      = (*Transport)(nil)
 )
 
 // New returns a transport that produces through client. The client is the caller's:
@@ -210,9 +215,7 @@ func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error
 		// the key in this batch are held back, so a key's order never skips a message.
 		heldKeys map[string]bool
 	)
-	recs := make([]kgo.Record, 0, len(batch))
-	// indexes maps each record to its envelope's index in batch.
-	indexes := make([]int, 0, len(batch))
+	send := make([]int, 0, len(batch)) // batch indexes to produce, in batch order
 	for i, env := range batch {
 		if env.Key != nil && heldKeys[keyOf(env)] {
 			errs[i], failed = errHeldBack, true
@@ -228,54 +231,14 @@ func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error
 			}
 			continue
 		}
-		rec := kgo.Record{
-			Topic:   env.Topic,
-			Key:     env.Key,
-			Value:   env.Payload,
-			Headers: t.headers(env),
-		}
-		if env.Partition != nil {
-			// Only records with an explicit partition carry a context of their own,
-			// so the common path costs no allocation per record for it.
-			rec.Context = withMeta(ctx, &recordMeta{explicit: *env.Partition})
-		}
-		recs = append(recs, rec)
-		indexes = append(indexes, i)
+		send = append(send, i)
 	}
-	if len(recs) > 0 {
-		ptrs := make([]*kgo.Record, len(recs))
-		for i := range recs {
-			ptrs[i] = &recs[i]
-		}
-		results, err := t.produce(ctx, ptrs)
+	if len(send) > 0 {
+		produceFailed, err := t.produce(ctx, batch, send, errs)
 		if err != nil {
 			return err
 		}
-		if results == nil {
-			for _, i := range indexes {
-				errs[i] = fmt.Errorf("%w (waited %s)", errNoAck, t.cfg.AckTimeout)
-			}
-			failed = true
-		}
-		var indexOf map[*kgo.Record]int // built on the first failure
-		for _, res := range results {
-			if res.Err == nil {
-				continue
-			}
-			if err := ctx.Err(); err != nil {
-				// The client failed records because ctx ended: report the context's
-				// error alone, as for a cancelled wait.
-				return err
-			}
-			if indexOf == nil {
-				indexOf = make(map[*kgo.Record]int, len(ptrs))
-				for j, p := range ptrs {
-					indexOf[p] = indexes[j]
-				}
-			}
-			i := indexOf[res.Record]
-			errs[i], failed = t.classify(batch[i], metaOf(res.Record), res.Err), true
-		}
+		failed = failed || produceFailed
 	}
 	if !failed {
 		return nil
@@ -290,39 +253,136 @@ func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error
 }
 
 // errNoAck reports records the broker did not acknowledge within AckTimeout.
-var errNoAck = errors.New("kafka: no acknowledgement within Config.AckTimeout; the broker may still have the message")
+var errNoAck = errors.New("kafka: no acknowledgement within Config.AckTimeout; the client no longer holds the message")
 
-// produce hands the records to the client in one ProduceSync, which stops the
-// client's linger for their partitions so a batch does not wait out
-// kgo.ProducerLinger, and waits for the results, ctx, or the ack timeout, whichever
-// comes first. ProduceSync itself may wait for the broker far longer: an idempotent
-// producer cannot withdraw a record it sent. The helper goroutine ends when the
-// client resolves the records (acknowledged, failed by its retry limits, or failed
-// by client.Close). A nil result with a nil error means the timeout passed.
-func (t *Transport) produce(ctx context.Context, recs []*kgo.Record) (kgo.ProduceResults, error) {
-	if ctx.Done() == nil && t.cfg.AckTimeout < 0 {
-		return t.client.ProduceSync(ctx, recs...), nil
-	}
-	done := make(chan kgo.ProduceResults, 1)
-	go func() { done <- t.client.ProduceSync(ctx, recs...) }()
-	var timeout <-chan time.Time
+// errInFlight reports records the broker did not answer for even after the cut: the
+// client still holds some of them and may deliver them later.
+var errInFlight = errors.New("kafka: no answer from the broker within Config.AckTimeout, nor within as long again after the publish was cut; records already sent stay with the client, which may still deliver them")
+
+// produce produces batch[i] for each i in send in one ProduceSync (which stops the
+// client's linger for their partitions, so a batch does not wait out
+// kgo.ProducerLinger) and sets errs[i] for each record the broker did not
+// acknowledge. It reports whether any failed, or returns ctx's error when ctx ended
+// first.
+//
+// The records carry a context of their own that only a cut ends. When AckTimeout
+// passes first, produce cuts the round: the client then fails every record it has not
+// sent yet, and produce waits, for as long again or until ctx ends, for the records
+// already on the wire to be resolved (an idempotent producer cannot withdraw them). So
+// a record is reported failed with errNoAck only once this client can no longer
+// deliver it; if the wire stays silent, every record is reported with errInFlight; if
+// ctx ends first, produce returns ctx's error, which costs the messages no attempt. A cut fails everything the
+// client buffered behind the cut records in their partition, other Publish calls'
+// records too: such a record failed for another call's sake, not its own, and is
+// produced again, in order, while ctx and AckTimeout allow.
+func (t *Transport) produce(ctx context.Context, batch []*outbox.Envelope, send []int, errs []error) (failed bool, _ error) {
+	var expired <-chan time.Time
 	if t.cfg.AckTimeout > 0 {
 		timer := time.NewTimer(t.cfg.AckTimeout)
 		defer timer.Stop()
-		timeout = timer.C
+		expired = timer.C
 	}
-	select {
-	case results := <-done:
-		return results, nil
-	case <-ctx.Done():
-	case <-timeout:
+	timedOut := false
+	noAck := func(i int) {
+		errs[i], failed = fmt.Errorf("%w (waited %s)", errNoAck, t.cfg.AckTimeout), true
 	}
-	select {
-	case results := <-done:
-		return results, nil
-	default:
-		return nil, ctx.Err()
+	for len(send) > 0 {
+		if timedOut {
+			for _, i := range send {
+				noAck(i)
+			}
+			return failed, nil
+		}
+		recs, cut := t.records(batch, send)
+		done := make(chan kgo.ProduceResults, 1)
+		go func() { done <- t.client.ProduceSync(context.Background(), recs...) }()
+		var results kgo.ProduceResults
+		select {
+		case results = <-done:
+		case <-ctx.Done():
+			// Shutting down or out of lease: withdraw what the client has not sent and
+			// report ctx's error, which charges nothing.
+			cut()
+			return failed, ctx.Err()
+		case <-expired:
+			timedOut = true
+			cut()
+			// Records already on the wire wait for the broker's answer: give them
+			// one more AckTimeout, so a dead cluster cannot hold Publish for ever.
+			grace := time.NewTimer(t.cfg.AckTimeout)
+			select {
+			case results = <-done:
+				grace.Stop()
+			case <-ctx.Done():
+				grace.Stop()
+				return failed, ctx.Err()
+			case <-grace.C:
+				for _, i := range send {
+					errs[i], failed = fmt.Errorf("%w (waited %s, twice)", errInFlight, t.cfg.AckTimeout), true
+				}
+				return failed, nil
+			}
+		}
+		cut()
+		index := make(map[*kgo.Record]int, len(recs))
+		for j, r := range recs {
+			index[r] = send[j]
+		}
+		var again []int
+		for _, res := range results {
+			i := index[res.Record]
+			switch {
+			case res.Err == nil:
+			case cutOff(res.Err) && timedOut:
+				noAck(i)
+			case cutOff(res.Err):
+				again = append(again, i) // another call's cut failed it
+			default:
+				errs[i], failed = t.classify(batch[i], metaOf(res.Record), res.Err), true
+			}
+		}
+		slices.Sort(again) // batch order, so a key's records go out in order again
+		send = again
 	}
+	return failed, nil
+}
+
+// records builds the records of batch[i] for each i in send, every one with a
+// context that the returned cut ends.
+func (t *Transport) records(batch []*outbox.Envelope, send []int) ([]*kgo.Record, context.CancelFunc) {
+	rctx, cut := context.WithCancel(context.Background())
+	recs := make([]kgo.Record, len(send))
+	ptrs := make([]*kgo.Record, len(send))
+	for j, i := range send {
+		env := batch[i]
+		recs[j] = kgo.Record{
+			Topic:   env.Topic,
+			Key:     env.Key,
+			Value:   env.Payload,
+			Headers: t.headers(env),
+			Context: rctx,
+		}
+		if env.Partition != nil {
+			recs[j].Context = withMeta(rctx, &recordMeta{explicit: *env.Partition})
+		}
+		ptrs[j] = &recs[j]
+	}
+	return ptrs, cut
+}
+
+// cutOff reports whether the client failed a record because a cut ended the context
+// of its partition's buffered records (the records carry no other context that ends).
+func cutOff(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, kgo.ErrAborting)
+}
+
+// Ping implements [outbox.Pinger]: it asks the cluster for its metadata, which
+// succeeds when any broker answers.
+func (t *Transport) Ping(ctx context.Context) error {
+	if err := t.client.Ping(ctx); err != nil {
+		return fmt.Errorf("kafka: no broker answers: %w", err)
+	}
+	return nil
 }
 
 // errHeldBack is reported for a message not sent because an earlier message of its
