@@ -43,8 +43,6 @@ func cutSetup(t *testing.T, topic string) (c *kfake.Cluster, p *netProxy, patien
 	return c, p, patient, hasty
 }
 
-
-
 // waitQueued waits until the proxy holds bytes in its hole: a produce request is on
 // the wire.
 func waitQueued(t *testing.T, p *netProxy) {
