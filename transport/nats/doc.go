@@ -5,7 +5,9 @@
 // (jetstream.New(nc)) and passes it to [New]; the transport never dials and never
 // closes the connection. Streams belong to the deployment: the transport creates
 // none, and each topic's subject must be captured by a stream. A consumer turns
-// messages back into what was sent with [Decode] (or [DecodeMsg]).
+// messages back into what was sent with [Decode] (or [DecodeMsg]), or runs a
+// [Consumer], which applies each message's effects once through an inbox
+// (github.com/outboxkit/outbox/inbox).
 //
 //	js, err := jetstream.New(nc)
 //	transport, err := natstransport.New(js, natstransport.Config{})
