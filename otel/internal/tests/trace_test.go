@@ -1,4 +1,4 @@
-package outboxotel_test
+package tests
 
 import (
 	"context"
@@ -21,7 +21,7 @@ import (
 	"github.com/outboxkit/outbox/store/memory"
 )
 
-// One trace from the request that captured a message, through the store and the
+// TestOneTraceFromCaptureToConsumer: one trace from the request that captured a message, through the store and the
 // relay's publish, to the consumer that reads it back.
 func TestOneTraceFromCaptureToConsumer(t *testing.T) {
 	ctx := context.Background()
