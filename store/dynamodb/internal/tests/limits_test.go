@@ -29,6 +29,31 @@ type limits struct {
 
 	mu   sync.Mutex
 	keys map[string][2]string // table -> partition and sort key attribute names
+	// bounds holds an upper bound of the size of every item written through the
+	// proxy, whether each write was applied or refused, so an update of a small item (a
+	// lease renewal, a counter) needs no read: a put raises the bound to its item's
+	// size, an update by what it may add, and a read of the item resets it when it
+	// nears the limit. A key without a bound was never written: its item is absent.
+	bounds map[string]int
+}
+
+// itemKey names one item of table, by its key attributes.
+func (l *limits) itemKey(table string, item attrs) string {
+	l.mu.Lock()
+	names := l.keys[table]
+	l.mu.Unlock()
+	return table + "\x00" + attrString(item[names[0]]) + "\x00" + attrString(item[names[1]])
+}
+
+// raise raises the bound of an item to n.
+func (l *limits) raise(table string, item attrs, n int) {
+	k := l.itemKey(table, item)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.bounds == nil {
+		l.bounds = map[string]int{}
+	}
+	l.bounds[k] = max(l.bounds[k], n)
 }
 
 type attrs = map[string]map[string]any
@@ -144,9 +169,11 @@ func (l *limits) put(table string, item attrs) string {
 	if msg := l.keySizes(table, item); msg != "" {
 		return msg
 	}
-	if n := dynamoItemSize(item); n > limitItemSize {
+	n := dynamoItemSize(item)
+	if n > limitItemSize {
 		return fmt.Sprintf("Item size has exceeded the maximum allowed size (%d bytes)", n)
 	}
+	l.raise(table, item, n)
 	return ""
 }
 
@@ -190,6 +217,22 @@ func (l *limits) update(in update) string {
 	if msg := l.keySizes(in.TableName, in.Key); msg != "" {
 		return msg
 	}
+	added := dynamoItemSize(in.ExpressionAttributeValues)
+	for _, n := range in.ExpressionAttributeNames {
+		added += len(n)
+	}
+	k := l.itemKey(in.TableName, in.Key)
+	l.mu.Lock()
+	bound := l.bounds[k] // 0: never written, absent
+	if bound+added+dynamoItemSize(in.Key) <= limitItemSize/2 {
+		if l.bounds == nil {
+			l.bounds = map[string]int{}
+		}
+		l.bounds[k] = bound + added + dynamoItemSize(in.Key)
+		l.mu.Unlock()
+		return ""
+	}
+	l.mu.Unlock()
 	item, err := l.get(in.TableName, in.Key)
 	if err != nil || item == nil {
 		item = attrs{}
@@ -197,6 +240,7 @@ func (l *limits) update(in update) string {
 			item[k] = v
 		}
 	}
+	stored := dynamoItemSize(item)
 	name := func(n string) string {
 		if strings.HasPrefix(n, "#") {
 			return in.ExpressionAttributeNames[n]
@@ -236,9 +280,16 @@ func (l *limits) update(in update) string {
 			}
 		}
 	}
-	if n := dynamoItemSize(item); n > limitItemSize {
+	n := dynamoItemSize(item)
+	if n > limitItemSize {
 		return fmt.Sprintf("Item size to update has exceeded the maximum allowed size (%d bytes)", n)
 	}
+	l.mu.Lock()
+	if l.bounds == nil {
+		l.bounds = map[string]int{}
+	}
+	l.bounds[k] = max(n, stored) // the update may be refused: the item stays as it was
+	l.mu.Unlock()
 	return ""
 }
 
