@@ -4,7 +4,9 @@
 // The caller builds the client (redis.NewClient, redis.NewFailoverClient or
 // redis.NewClusterClient) and passes it to [New]; the transport never dials and never
 // closes it. Each topic is a stream; XADD creates it on the first append. A consumer
-// turns entries back into what was sent with [Decode].
+// turns entries back into what was sent with [Decode], or runs a [Consumer], which
+// applies each entry's effects once through an inbox
+// (github.com/outboxkit/outbox/inbox).
 //
 //	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
 //	transport, err := redistransport.New(client, redistransport.Config{})
