@@ -46,7 +46,8 @@ func (k keys) inbox(key string) string { return k.prefix + "#INBOX#" + key }
 // function is skipped. Otherwise it adds a Put of the key's item, conditional on
 // attribute_not_exists, to the unit's TransactWriteItems: if a racing unit records
 // the key first, DynamoDB cancels the whole transaction, and the returned function
-// recognises the cancellation reason of that item as a duplicate.
+// recognises the cancellation reason of that item (by the item it returns, or by its
+// place among the unit's items) as a duplicate.
 //
 // The key's item counts against the unit's 100 items like an item of [AddItems].
 // Keys are removed by DynamoDB's TTL on [InboxTTLAttributeName], which must be
@@ -68,7 +69,8 @@ func (s *Store) StageInboxKey(ctx context.Context, key inbox.Key) (func(error) b
 	case key.ID == "" || len(key.ID) > inbox.MaxKeyLength || !utf8.ValidString(key.ID):
 		return nil, fmt.Errorf("%w: dynamostore: inbox key %q: it must be valid UTF-8 of 1 to %d bytes (inbox.Inbox hashes longer keys)", outbox.ErrInvalidMessage, key.ID, inbox.MaxKeyLength)
 	}
-	if _, ok := ctx.Value(currentUnitKey{}).(*unit); !ok {
+	u, ok := ctx.Value(currentUnitKey{}).(*unit)
+	if !ok {
 		return nil, fmt.Errorf("dynamostore: StageInboxKey: call it with the ctx that (*dynamostore.Store).Transact passes to its function: %w", outbox.ErrNoTransaction)
 	}
 	pk, sk := s.keys.inbox(key.ID), inboxSKPrefix+key.Consumer
@@ -103,23 +105,34 @@ func (s *Store) StageInboxKey(ctx context.Context, key inbox.Key) (func(error) b
 		ExpressionAttributeNames:            map[string]string{"#pk": s.keys.pk},
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 	}}
+	// The key's item is the unit's next application item: its cancellation reason
+	// sits at that index (application items come first, in the order added).
+	u.mu.Lock()
+	index := len(u.items)
+	u.mu.Unlock()
 	if err := AddItems(ctx, put); err != nil {
 		return nil, err
 	}
-	return func(commitErr error) bool { return s.inboxCancelled(commitErr, pk, sk) }, nil
+	return func(commitErr error) bool { return s.inboxCancelled(commitErr, pk, sk, index) }, nil
 }
 
 // inboxCancelled reports whether err is a cancelled transaction whose reason for the
 // inbox item pk/sk is its failed condition: the item exists, the key is recorded.
-// The reason is found by the item it returns (ALL_OLD), so the item's place among
-// the unit's items does not matter.
-func (s *Store) inboxCancelled(err error, pk, sk string) bool {
+// The reason is the one that returns the item (ALL_OLD), or, from a server that
+// returns no item, the one at index, the key item's place in the request.
+func (s *Store) inboxCancelled(err error, pk, sk string, index int) bool {
 	tce, ok := errors.AsType[*types.TransactionCanceledException](err)
 	if !ok {
 		return false
 	}
-	for _, r := range tce.CancellationReasons {
+	for i, r := range tce.CancellationReasons {
 		if aws.ToString(r.Code) != "ConditionalCheckFailed" {
+			continue
+		}
+		if len(r.Item) == 0 {
+			if i == index {
+				return true
+			}
 			continue
 		}
 		gotPK, _ := r.Item[s.keys.pk].(*types.AttributeValueMemberS)
