@@ -177,3 +177,47 @@ func TestInboxItemLayout(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, n, "DynamoDB's TTL removes the keys")
 }
+
+// TestInboxRacingUnitsReadAsDuplicates: units racing on one key all pass the check
+// before their function and commit together; every loser's cancellation is read as a
+// duplicate, none as an error.
+func TestInboxRacingUnitsReadAsDuplicates(t *testing.T) {
+	ctx := context.Background()
+	db := newTestDB(t)
+	table := uniqueTable(t)
+	st := db.newStore(t, dynamostore.Config{TableName: table, BucketCount: 1})
+	const racers = 5
+	var entered sync.WaitGroup
+	entered.Add(racers)
+	type outcome struct {
+		res inbox.Result
+		err error
+	}
+	out := make(chan outcome, racers)
+	for range racers {
+		in, err := inbox.New(st, inbox.Config{Consumer: "billing"})
+		require.NoError(t, err)
+		go func() {
+			msg := &outbox.Message{Headers: []outbox.Header{{Key: outbox.HeaderIdempotencyKey, Value: []byte("pay-race")}}}
+			res, err := in.Process(ctx, msg, func(ctx context.Context) error {
+				if err := dynamostore.AddItems(ctx, appItem(table, "pay-race")); err != nil {
+					return err
+				}
+				entered.Done()
+				entered.Wait() // every racer has passed the check
+				return nil
+			})
+			out <- outcome{res, err}
+		}()
+	}
+	dups := 0
+	for range racers {
+		o := <-out
+		require.NoError(t, o.err, "a racing unit's cancellation is a duplicate, not an error")
+		if o.res.Duplicate {
+			dups++
+		}
+	}
+	require.Equal(t, racers-1, dups)
+	require.Equal(t, 1, countApp(t, inboxTable{db.client, table}, "pay-race"))
+}
