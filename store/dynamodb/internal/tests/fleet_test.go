@@ -133,6 +133,11 @@ func TestFleetMakesNoRefusedWritesInSteadyState(t *testing.T) {
 	// Writers keep enqueuing throughout.
 	stopWriters := make(chan struct{})
 	var writers sync.WaitGroup
+	var stopOnce sync.Once
+	// stop ends the writer; it also runs if the test fails early, so the writer never
+	// reports after the test completed.
+	stop := func() { stopOnce.Do(func() { close(stopWriters); writers.Wait() }) }
+	t.Cleanup(stop)
 	enqueued := 0
 	writers.Go(func() {
 		for i := 0; ; i++ {
@@ -212,8 +217,7 @@ func TestFleetMakesNoRefusedWritesInSteadyState(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 
-	close(stopWriters)
-	writers.Wait()
+	stop()
 	deadline = time.Now().Add(10 * time.Second)
 	for f.published() < enqueued && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
