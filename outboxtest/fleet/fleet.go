@@ -1,0 +1,334 @@
+// Package fleet is an exported suite that runs relays against a store as a fleet
+// does, with real workers on the wall clock, so every store shows the lease
+// protocol's promises: quick fair share, graceful stops without refused writes,
+// renewals that never wait for a publish, loud mixed bucket counts, store calls with
+// deadlines, and a relay that steps aside when it loses its broker.
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/dispatcher"
+	"github.com/outboxkit/outbox/outboxtest"
+)
+
+// callTimeout bounds every store call the suite makes itself.
+const callTimeout = 30 * time.Second
+
+// Run runs relays against the store as a fleet does, with real workers on
+// the wall clock, and checks what the lease protocol promises on every store:
+//
+//   - a relay joining a settled fleet holds its fair share within seconds, without
+//     waiting for a regular round, and refuses nothing;
+//   - a graceful stop hands every bucket to the peer without a refused write;
+//   - leases renew on their own clock while every publish blocks for twice the renew
+//     interval: nothing lapses, nothing is refused;
+//   - relays with different bucket counts on one store all stop with
+//     [outbox.ErrMisconfigured], whatever the order of their ids;
+//   - store calls that hang hit their deadline and the relay recovers by itself;
+//   - a relay cut off from its broker (an [outbox.Pinger] that fails) hands its buckets
+//     to a peer, parks nothing, and takes its share back once the broker answers.
+//
+// Every subtest gets its own store from h.New. The suite takes about a minute; its
+// subtests run in parallel unless h.Sequential is set.
+func Run(t *testing.T, h outboxtest.StoreHarness) {
+	t.Helper()
+	require.NotNil(t, h.New, "StoreHarness.New is required")
+	f := fleetSuite{h: h}
+	for _, tc := range []struct {
+		name string
+		run  func(t *testing.T)
+	}{
+		{"JoinTakesItsShareWithoutWaitingForARound", f.join},
+		{"GracefulStopHandsOverWithoutARefusedWrite", f.stop},
+		{"LeasesRenewWhileEveryPublishBlocks", f.blockingPublish},
+		{"MixedBucketCountsStopEveryRelay", f.mixedCounts},
+		{"HungStoreCallsHitTheirDeadline", f.hungStore},
+		{"RelayCutOffFromItsBrokerHandsOver", f.cutOffBroker},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if !h.Sequential {
+				t.Parallel()
+			}
+			tc.run(t)
+		})
+	}
+}
+
+type fleetSuite struct{ h outboxtest.StoreHarness }
+
+// fleetWithin bounds every wait of the suite: generous, so a busy machine passes.
+const fleetWithin = 2 * time.Minute
+
+func (f fleetSuite) store(t *testing.T, buckets int) outbox.DispatchStore {
+	s := f.h.New(t, buckets)
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// relay starts a worker that is killed at cleanup.
+func (fleetSuite) relay(t *testing.T, s outbox.DispatchStore, tr outbox.Transport, cfg dispatcher.Config) *dispatcher.Dispatcher {
+	t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	d, err := dispatcher.New(s, tr, cfg)
+	require.NoError(t, err)
+	require.NoError(t, d.Start(context.Background()))
+	t.Cleanup(d.Kill)
+	return d
+}
+
+// quick is a worker configuration with a 3 s lease renewed every second.
+func quick(id string) dispatcher.Config {
+	return dispatcher.Config{RelayID: id, PollInterval: 50 * time.Millisecond,
+		LeaseDuration: 3 * time.Second, LeaseRenewInterval: time.Second,
+		BackoffBase: 50 * time.Millisecond, BackoffMax: 200 * time.Millisecond}
+}
+
+// rare makes the regular round so rare (every 100 s) that anything the fleet does
+// within the test comes from the watch and the quick rounds.
+func rare(id string) dispatcher.Config {
+	return dispatcher.Config{RelayID: id, PollInterval: 200 * time.Millisecond,
+		LeaseDuration: 5 * time.Minute, LeaseRenewInterval: 100 * time.Second}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > fleetWithin {
+			t.Fatalf("%s: not within %s", what, fleetWithin)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+func refused(ds ...*dispatcher.Dispatcher) (n int64) {
+	for _, d := range ds {
+		n += d.Stats().RefusedWrites
+	}
+	return n
+}
+
+func fill(t *testing.T, s outbox.Store, n int) {
+	t.Helper()
+	envs := make([]*outbox.Envelope, 0, n)
+	for i := range n {
+		env, err := outbox.NewEnvelope(outbox.Message{Topic: "fleet", Key: fmt.Appendf(nil, "k%d", i%13), Payload: fmt.Appendf(nil, "m%d", i)}, s.BucketCount())
+		require.NoError(t, err)
+		envs = append(envs, env)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
+	require.NoError(t, s.Enqueue(ctx, envs...))
+}
+
+func (f fleetSuite) join(t *testing.T) {
+	s := f.store(t, 8)
+	a := f.relay(t, s, outboxtest.NewRecorder(), rare("a"))
+	waitFor(t, "a holds every bucket", func() bool { return len(a.Owned()) == 8 })
+	b := f.relay(t, s, outboxtest.NewRecorder(), rare("b"))
+	took := waitFor(t, "b holds its share", func() bool { return len(a.Owned()) == 4 && len(b.Owned()) == 4 })
+	t.Logf("join to fair share: %s (regular rounds every 100 s)", took)
+	require.Zero(t, refused(a, b), "a join into a settled fleet refuses nothing")
+}
+
+func (f fleetSuite) stop(t *testing.T) {
+	s := f.store(t, 8)
+	a := f.relay(t, s, outboxtest.NewRecorder(), rare("a"))
+	waitFor(t, "a holds every bucket", func() bool { return len(a.Owned()) == 8 })
+	b := f.relay(t, s, outboxtest.NewRecorder(), rare("b"))
+	waitFor(t, "the fleet splits", func() bool { return len(a.Owned()) == 4 && len(b.Owned()) == 4 })
+	before := refused(a, b)
+	start := time.Now()
+	require.NoError(t, a.Stop(context.Background()))
+	waitFor(t, "b holds every bucket", func() bool { return len(b.Owned()) == 8 })
+	t.Logf("stop to takeover: %s (regular rounds every 100 s)", time.Since(start))
+	require.Equal(t, before, refused(a, b), "a graceful stop refuses nothing")
+}
+
+// blocking holds every Publish call for hold (or until its context ends), then
+// acknowledges the batch.
+type blocking struct {
+	*outboxtest.Recorder
+	hold time.Duration
+}
+
+func (b blocking) Publish(ctx context.Context, batch []*outbox.Envelope) error {
+	select {
+	case <-time.After(b.hold):
+		return b.Recorder.Publish(ctx, batch)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// claims counts lease claims.
+type claims struct {
+	outbox.DispatchStore
+	n atomic.Int64
+}
+
+func (c *claims) Claim(ctx context.Context, bucket int, owner string, now, exp time.Time) (bool, error) {
+	c.n.Add(1)
+	return c.DispatchStore.Claim(ctx, bucket, owner, now, exp)
+}
+
+func (f fleetSuite) blockingPublish(t *testing.T) {
+	s := &claims{DispatchStore: f.store(t, 4)}
+	cfg := func(id string) dispatcher.Config {
+		c := quick(id)
+		c.BatchSize = 2 // each bucket drains in several calls one after the other: over a lease
+		return c
+	}
+	tr := blocking{Recorder: outboxtest.NewRecorder(), hold: 2 * time.Second}
+	a := f.relay(t, s, tr, cfg("a"))
+	b := f.relay(t, s, tr, cfg("b"))
+	waitFor(t, "the fleet splits", func() bool { return len(a.Owned()) == 2 && len(b.Owned()) == 2 })
+	before, claimed := refused(a, b), s.n.Load()
+	fill(t, s, 24)
+	waitFor(t, "every message published", func() bool { return tr.Unique() == 24 })
+	require.Equal(t, before, refused(a, b), "no write refused")
+	require.Equal(t, claimed, s.n.Load(), "no lease lapsed and was claimed again")
+}
+
+// countAs reports another bucket count, as a relay configured for another count
+// would see the store.
+type countAs struct {
+	outbox.DispatchStore
+	n int
+}
+
+func (c countAs) BucketCount() int { return c.n }
+
+func (f fleetSuite) mixedCounts(t *testing.T) {
+	for _, ids := range [][2]string{{"a", "b"}, {"b", "a"}} {
+		t.Run(fmt.Sprintf("8-bucket relay %s, 16-bucket relay %s", ids[0], ids[1]), func(t *testing.T) {
+			s := f.store(t, 8)
+			eight := f.relay(t, s, outboxtest.NewRecorder(), quick(ids[0]))
+			waitFor(t, "the 8-bucket relay runs", func() bool { return len(eight.Owned()) == 8 })
+			sixteen := f.relay(t, countAs{s, 16}, outboxtest.NewRecorder(), quick(ids[1]))
+			for _, d := range []*dispatcher.Dispatcher{eight, sixteen} {
+				select {
+				case <-d.Stopped():
+				case <-time.After(fleetWithin):
+					t.Fatalf("relay %s still runs beside a relay with another bucket count", d.RelayID())
+				}
+				require.ErrorIs(t, d.Err(), outbox.ErrMisconfigured)
+				require.ErrorContains(t, d.Err(), "with 8 buckets")
+				require.ErrorContains(t, d.Err(), "with 16 buckets")
+			}
+		})
+	}
+}
+
+// hanging makes the relay's reads hang until their context ends while open, as a
+// connection whose packets are dropped does.
+type hanging struct {
+	outbox.DispatchStore
+	open     atomic.Bool
+	timedOut atomic.Int64
+}
+
+func (h *hanging) hang(ctx context.Context) error {
+	if !h.open.Load() {
+		return nil
+	}
+	<-ctx.Done()
+	h.timedOut.Add(1)
+	return ctx.Err()
+}
+
+func (h *hanging) Fetch(ctx context.Context, bucket, limit int) ([]*outbox.Envelope, error) {
+	if err := h.hang(ctx); err != nil {
+		return nil, err
+	}
+	return h.DispatchStore.Fetch(ctx, bucket, limit)
+}
+
+func (h *hanging) ReadCoordination(ctx context.Context) (outbox.Coordination, error) {
+	if err := h.hang(ctx); err != nil {
+		return outbox.Coordination{}, err
+	}
+	return h.DispatchStore.ReadCoordination(ctx)
+}
+
+func (h *hanging) ReadRelays(ctx context.Context) ([]outbox.RelayRecord, error) {
+	if err := h.hang(ctx); err != nil {
+		return nil, err
+	}
+	return h.DispatchStore.ReadRelays(ctx)
+}
+
+func (f fleetSuite) hungStore(t *testing.T) {
+	inner := f.store(t, 2)
+	s := &hanging{DispatchStore: inner}
+	tr := outboxtest.NewRecorder()
+	d := f.relay(t, s, tr, quick("a"))
+	waitFor(t, "the relay holds its buckets", func() bool { return len(d.Owned()) == 2 })
+	s.open.Store(true)
+	waitFor(t, "store calls time out", func() bool { return s.timedOut.Load() >= 3 })
+	fill(t, inner, 10)
+	s.open.Store(false)
+	waitFor(t, "the relay publishes again", func() bool { return tr.Unique() == 10 })
+	require.NoError(t, d.Err())
+}
+
+// severable is a transport whose broker can be cut off: publishes fail, transient,
+// and pings fail.
+type severable struct {
+	*outboxtest.Recorder
+	cut atomic.Bool
+}
+
+var errBrokerUnreachable = errors.New("outboxtest: broker unreachable")
+
+func (c *severable) Publish(ctx context.Context, batch []*outbox.Envelope) error {
+	if c.cut.Load() {
+		return errBrokerUnreachable
+	}
+	return c.Recorder.Publish(ctx, batch)
+}
+
+func (c *severable) Ping(context.Context) error {
+	if c.cut.Load() {
+		return errBrokerUnreachable
+	}
+	return nil
+}
+
+func (f fleetSuite) cutOffBroker(t *testing.T) {
+	s := f.store(t, 4)
+	cfg := func(id string) dispatcher.Config {
+		c := quick(id)
+		c.MaxAttempts = 2 // attempts run out long before the lease
+		return c
+	}
+	cutTr := &severable{Recorder: outboxtest.NewRecorder()}
+	goodTr := &severable{Recorder: outboxtest.NewRecorder()}
+	a := f.relay(t, s, cutTr, cfg("a"))
+	b := f.relay(t, s, goodTr, cfg("b"))
+	waitFor(t, "the fleet splits", func() bool { return len(a.Owned()) == 2 && len(b.Owned()) == 2 })
+	cutTr.cut.Store(true)
+	fill(t, s, 40)
+	took := waitFor(t, "the peer publishes everything", func() bool { return goodTr.Unique() == 40 })
+	t.Logf("cut off to all published by the peer: %s (LeaseDuration 3 s)", took)
+	require.Zero(t, a.Stats().Parked+b.Stats().Parked, "nothing parked")
+	require.Empty(t, a.Owned())
+	require.Positive(t, a.Stats().Retried, "the cut-off relay did try")
+	cutTr.cut.Store(false)
+	waitFor(t, "the relay takes its share back", func() bool { return len(a.Owned()) == 2 && len(b.Owned()) == 2 })
+	require.NoError(t, a.Err())
+}
