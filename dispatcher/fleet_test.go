@@ -168,4 +168,3 @@ func TestCrashAtAnyPointOfARoundHandsOverWithinTheLease(t *testing.T) {
 		})
 	}
 }
-
