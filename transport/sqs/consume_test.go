@@ -164,7 +164,8 @@ func TestReceiverLeavesFailedMessageForRedelivery(t *testing.T) {
 	stop := runReceiver(t, r)
 	require.Eventually(t, func() bool { return processed.Load() == 1 }, time.Minute, 20*time.Millisecond)
 	require.NoError(t, stop())
-	require.EqualValues(t, 2, calls.Load(), "the failed message was received again")
+	// Twice at least: a slow machine may also outlast the 1 s visibility timeout.
+	require.GreaterOrEqual(t, calls.Load(), int64(2), "the failed message was received again")
 	applied, _ := l.snapshot()
 	require.Len(t, applied, 1)
 	for _, times := range applied {
