@@ -197,9 +197,20 @@ func (r *Recorder) ByKey() map[string][]*outbox.Envelope {
 // WaitFor blocks until at least n messages were recorded and returns nil, or returns
 // ctx's error once ctx is done.
 func (r *Recorder) WaitFor(ctx context.Context, n int) error {
+	return r.wait(ctx, func() bool { return r.n >= n })
+}
+
+// WaitForUnique waits until n distinct messages were recorded (duplicates do not
+// count), or ctx ends.
+func (r *Recorder) WaitForUnique(ctx context.Context, n int) error {
+	return r.wait(ctx, func() bool { return len(r.seen) >= n })
+}
+
+// wait waits until done, called with r.mu held, holds, or ctx ends.
+func (r *Recorder) wait(ctx context.Context, done func() bool) error {
 	for {
 		r.mu.Lock()
-		if r.n >= n {
+		if done() {
 			r.mu.Unlock()
 			return nil
 		}

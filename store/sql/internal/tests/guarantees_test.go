@@ -286,7 +286,7 @@ func TestTwoRelaysNeverOwnOneBucket(t *testing.T) {
 			require.NoError(t, d.Start(ctx))
 			workers = append(workers, d)
 		}
-		require.NoError(t, rec.WaitFor(ctx, messages))
+		require.NoError(t, rec.WaitForUnique(ctx, messages))
 		for _, d := range workers {
 			require.NoError(t, d.Stop(ctx))
 		}
