@@ -31,6 +31,7 @@ const callTimeout = 30 * time.Second
 //   - a relay joining a settled fleet holds its fair share within seconds, without
 //     waiting for a regular round, and refuses nothing;
 //   - a graceful stop hands every bucket to the peer without a refused write;
+//   - after a crash the peer takes each bucket just after its lease lapses;
 //   - leases renew on their own clock while every publish blocks for twice the renew
 //     interval: nothing lapses, nothing is refused;
 //   - relays with different bucket counts on one store all stop with
@@ -51,6 +52,7 @@ func Run(t *testing.T, h outboxtest.StoreHarness) {
 	}{
 		{"JoinTakesItsShareWithoutWaitingForARound", f.join},
 		{"GracefulStopHandsOverWithoutARefusedWrite", f.stop},
+		{"CrashHandsOverWhenTheLeasesLapse", f.crash},
 		{"LeasesRenewWhileEveryPublishBlocks", f.blockingPublish},
 		{"MixedBucketCountsStopEveryRelay", f.mixedCounts},
 		{"HungStoreCallsHitTheirDeadline", f.hungStore},
@@ -157,6 +159,44 @@ func (f fleetSuite) stop(t *testing.T) {
 	waitFor(t, "b holds every bucket", func() bool { return len(b.Owned()) == 8 })
 	t.Logf("stop to takeover: %s (regular rounds every 100 s)", time.Since(start))
 	require.Equal(t, before, refused(a, b), "a graceful stop refuses nothing")
+}
+
+func (f fleetSuite) crash(t *testing.T) {
+	s := f.store(t, 8)
+	a := f.relay(t, s, outboxtest.NewRecorder(), quick("a"))
+	waitFor(t, "a holds every bucket", func() bool { return len(a.Owned()) == 8 })
+	b := f.relay(t, s, outboxtest.NewRecorder(), quick("b"))
+	waitFor(t, "the fleet splits", func() bool { return len(a.Owned()) == 4 && len(b.Owned()) == 4 })
+	a.Kill()
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
+	view, err := s.ReadCoordination(ctx)
+	require.NoError(t, err)
+	expiry := map[int]time.Time{}
+	for _, l := range view.Leases {
+		if l.Owner == "a" {
+			expiry[l.Bucket] = l.ExpiresAt
+		}
+	}
+	require.Len(t, expiry, 4)
+	start := time.Now()
+	for len(expiry) > 0 {
+		now := time.Now()
+		for _, bk := range b.Owned() {
+			if exp, ok := expiry[bk]; ok {
+				late := now.Sub(exp)
+				t.Logf("bucket %d taken over %s after a's lease lapsed", bk, late)
+				// The peer re-plans just after a lapse (1 % of LeaseDuration): 1.05 ×
+				// LeaseDuration after the last renewal, and two seconds more for a busy
+				// machine's scheduling and store calls.
+				require.Less(t, late, 2*time.Second+3*time.Second/20, "bucket %d taken over long after its lease lapsed", bk)
+				delete(expiry, bk)
+			}
+		}
+		require.Less(t, time.Since(start), fleetWithin)
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.Len(t, b.Owned(), 8)
 }
 
 // blocking holds every Publish call for hold (or until its context ends), then
