@@ -13,11 +13,7 @@ require (
 
 require (
 	github.com/aws/aws-sdk-go-v2 v1.48.0
-	github.com/aws/aws-sdk-go-v2/config v1.33.18
-	github.com/aws/aws-sdk-go-v2/service/dynamodb v1.74.0
 	github.com/aws/aws-sdk-go-v2/service/sqs v1.53.0
-	github.com/glebarez/go-sqlite v1.23.0
-	github.com/go-sql-driver/mysql v1.10.1
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/outboxkit/outbox/internal/sqsemulator v0.0.0-00010101000000-000000000000
 	github.com/prometheus/client_golang v1.25.0
@@ -26,6 +22,13 @@ require (
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
 	go.opentelemetry.io/otel/exporters/prometheus v0.69.0
 	go.opentelemetry.io/otel/sdk/metric v1.47.0
+)
+
+require (
+	github.com/aws/aws-sdk-go-v2/config v1.33.18 // indirect
+	github.com/aws/aws-sdk-go-v2/service/dynamodb v1.74.0 // indirect
+	github.com/glebarez/go-sqlite v1.23.0 // indirect
+	github.com/go-sql-driver/mysql v1.10.1 // indirect
 )
 
 require (
@@ -56,6 +59,7 @@ require (
 	github.com/mattn/go-isatty v0.0.20 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/ncruces/go-strftime v1.0.0 // indirect
+	github.com/outboxkit/outbox/cmd/internal/storeconn v0.0.0-00010101000000-000000000000
 	github.com/pierrec/lz4/v4 v4.1.33 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
@@ -89,3 +93,5 @@ replace (
 	github.com/outboxkit/outbox/transport/kafka => ../../transport/kafka
 	github.com/outboxkit/outbox/transport/sqs => ../../transport/sqs
 )
+
+replace github.com/outboxkit/outbox/cmd/internal/storeconn => ../internal/storeconn

@@ -287,7 +287,7 @@ func relay(ctx context.Context, o options, log *slog.Logger) error {
 	if err := d.Start(context.WithoutCancel(ctx)); err != nil {
 		return err
 	}
-	log.Info("outbox-relay: started", "relay", d.RelayID(), "store", st.kind, "broker", system, "buckets", st.BucketCount())
+	log.Info("outbox-relay: started", "relay", d.RelayID(), "store", st.Kind, "broker", system, "buckets", st.BucketCount())
 
 	var runErr error
 	select {
@@ -330,9 +330,9 @@ func defaultRelayID() (string, error) {
 // migrate creates or upgrades the store's tables.
 func migrate(ctx context.Context, st *openedStore) error {
 	switch {
-	case st.sql != nil:
-		return st.sql.Migrate(ctx)
-	case st.dynamo != nil:
+	case st.SQL != nil:
+		return st.SQL.Migrate(ctx)
+	case st.Dynamo != nil:
 		return dynamoCreateTable(ctx, st)
 	}
 	return nil

@@ -30,7 +30,7 @@ func TestRelayFromSQLiteToSQS(t *testing.T) {
 	st, err := openStore(ctx, storeOptions{DSN: dsn})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = st.Close() })
-	require.NoError(t, st.sql.Migrate(ctx))
+	require.NoError(t, st.SQL.Migrate(ctx))
 	const n = 50
 	var envs []*outbox.Envelope
 	for i := range n {

@@ -86,7 +86,7 @@ func (c *cli) open(ctx context.Context) (*openedStore, error) {
 func admin(st *openedStore) (outbox.Admin, error) {
 	a, ok := st.DispatchStore.(outbox.Admin)
 	if !ok {
-		return nil, fmt.Errorf("the %s store does not implement outbox.Admin", st.kind)
+		return nil, fmt.Errorf("the %s store does not implement outbox.Admin", st.Kind)
 	}
 	return a, nil
 }
@@ -650,13 +650,13 @@ func cmdLeases(ctx context.Context, c *cli, args []string) error {
 func cmdMigrate(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags("migrate", "")
 	return c.withStore(ctx, fs, args, func(st *openedStore, _ *flag.FlagSet) error {
-		if st.sql == nil {
+		if st.SQL == nil {
 			return fmt.Errorf("%w: migrate is for SQL stores; for DynamoDB run create-table", errUsage)
 		}
-		if err := st.sql.Migrate(ctx); err != nil {
+		if err := st.SQL.Migrate(ctx); err != nil {
 			return err
 		}
-		fmt.Fprintf(c.stdout, "migrated: the %s tables are up to date\n", st.kind)
+		fmt.Fprintf(c.stdout, "migrated: the %s tables are up to date\n", st.Kind)
 		return nil
 	})
 }
@@ -664,10 +664,10 @@ func cmdMigrate(ctx context.Context, c *cli, args []string) error {
 func cmdDDL(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags("ddl", "")
 	return c.withStore(ctx, fs, args, func(st *openedStore, _ *flag.FlagSet) error {
-		if st.sql == nil {
+		if st.SQL == nil {
 			return fmt.Errorf("%w: ddl is for SQL stores; for DynamoDB run create-table", errUsage)
 		}
-		for _, s := range st.sql.DDL() {
+		for _, s := range st.SQL.DDL() {
 			fmt.Fprintf(c.stdout, "%s;\n\n", s)
 		}
 		return nil
@@ -677,13 +677,13 @@ func cmdDDL(ctx context.Context, c *cli, args []string) error {
 func cmdCreateTable(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags("create-table", "")
 	return c.withStore(ctx, fs, args, func(st *openedStore, _ *flag.FlagSet) error {
-		if st.dynamo == nil {
+		if st.Dynamo == nil {
 			return fmt.Errorf("%w: create-table is for DynamoDB; for SQL stores run migrate", errUsage)
 		}
 		if err := dynamoCreateTable(ctx, st); err != nil {
 			return err
 		}
-		fmt.Fprintf(c.stdout, "table %s is ready\n", st.ddbCfg.TableName)
+		fmt.Fprintf(c.stdout, "table %s is ready\n", st.DDBConfig.TableName)
 		return nil
 	})
 }

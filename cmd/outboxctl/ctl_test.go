@@ -130,8 +130,8 @@ func TestCommandsAgainstEveryStore(t *testing.T) {
 				Region: flagValue(b.args, "-aws-region"), Endpoint: flagValue(b.args, "-aws-endpoint")})
 			require.NoError(t, err)
 			t.Cleanup(func() {
-				if st.sql != nil {
-					_ = st.sql.DropTables(context.Background())
+				if st.SQL != nil {
+					_ = st.SQL.DropTables(context.Background())
 				}
 				_ = st.Close()
 			})
@@ -234,7 +234,7 @@ func TestCommandsAgainstEveryStore(t *testing.T) {
 			require.Contains(t, errOut, "-all, -topic T, or message IDs")
 			code, _, _ = ctl(t, b, "requeue", "-all", "-topic", "x")
 			require.Equal(t, exitUsage, code)
-			if st.sql != nil {
+			if st.SQL != nil {
 				require.Contains(t, ok(t, b, "ddl"), "CREATE TABLE")
 				code, _, _ = ctl(t, b, "create-table")
 				require.Equal(t, exitUsage, code)

@@ -4,21 +4,24 @@ go 1.26.0
 
 require (
 	github.com/outboxkit/outbox v0.0.0-00010101000000-000000000000
-	github.com/outboxkit/outbox/store/dynamodb v0.0.0-00010101000000-000000000000
-	github.com/outboxkit/outbox/store/sql v0.0.0-00010101000000-000000000000
+	github.com/outboxkit/outbox/store/dynamodb v0.0.0-00010101000000-000000000000 // indirect
+	github.com/outboxkit/outbox/store/sql v0.0.0-00010101000000-000000000000 // indirect
 )
 
 require (
-	github.com/aws/aws-sdk-go-v2 v1.48.0
-	github.com/aws/aws-sdk-go-v2/config v1.33.18
-	github.com/aws/aws-sdk-go-v2/service/dynamodb v1.74.0
 	github.com/chromedp/chromedp v0.23.0
-	github.com/glebarez/go-sqlite v1.23.0
-	github.com/go-sql-driver/mysql v1.10.1
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/stretchr/testify v1.12.1
 	github.com/truora/minidyn v0.8.2
+)
+
+require (
+	github.com/aws/aws-sdk-go-v2 v1.48.0 // indirect
+	github.com/aws/aws-sdk-go-v2/config v1.33.18 // indirect
+	github.com/aws/aws-sdk-go-v2/service/dynamodb v1.74.0 // indirect
+	github.com/glebarez/go-sqlite v1.23.0 // indirect
+	github.com/go-sql-driver/mysql v1.10.1 // indirect
 )
 
 require (
@@ -44,6 +47,7 @@ require (
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
 	github.com/mattn/go-isatty v0.0.20 // indirect
 	github.com/ncruces/go-strftime v1.0.0 // indirect
+	github.com/outboxkit/outbox/cmd/internal/storeconn v0.0.0-00010101000000-000000000000
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/sync v0.22.0 // indirect
@@ -61,3 +65,5 @@ replace (
 	github.com/outboxkit/outbox/store/dynamodb => ../../store/dynamodb
 	github.com/outboxkit/outbox/store/sql => ../../store/sql
 )
+
+replace github.com/outboxkit/outbox/cmd/internal/storeconn => ../internal/storeconn

@@ -71,7 +71,7 @@ func TestRequeueShowsProgressAndSurvivesAnInterrupt(t *testing.T) {
 	require.Contains(t, errOut.String(), "[############..................] 100/250 (100 changed)", "a progress bar")
 	require.Contains(t, errOut.String(), "run the same command again to finish")
 
-	stats, err := st.sql.Stats(ctx)
+	stats, err := st.SQL.Stats(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 150, stats.Parked, "exactly the first batch was requeued")
 
@@ -80,7 +80,7 @@ func TestRequeueShowsProgressAndSurvivesAnInterrupt(t *testing.T) {
 	require.Equal(t, exitOK, run(ctx, append([]string{"requeue"}, append(b.args, "-all")...), &out2, &errOut2))
 	require.Contains(t, out2.String(), "requeued 150 of 150")
 	require.Contains(t, errOut2.String(), "150/150 (150 changed)")
-	stats, err = st.sql.Stats(ctx)
+	stats, err = st.SQL.Stats(ctx)
 	require.NoError(t, err)
 	require.Zero(t, stats.Parked)
 

@@ -162,7 +162,7 @@ type pageData struct {
 func (s *adminServer) page(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	now := time.Now()
-	d := pageData{Kind: s.st.kind, Buckets: s.st.BucketCount(), Now: now.UTC(), Writes: s.opts.Writes, CSRF: s.csrf,
+	d := pageData{Kind: s.st.Kind, Buckets: s.st.BucketCount(), Now: now.UTC(), Writes: s.opts.Writes, CSRF: s.csrf,
 		Topic: r.URL.Query().Get("topic"), Flash: r.URL.Query().Get("done"), Error: r.URL.Query().Get("error")}
 	st, err := s.adm.Stats(ctx)
 	if err != nil {

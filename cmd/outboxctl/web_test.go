@@ -80,7 +80,7 @@ func seedPage(t *testing.T) *openedStore {
 	st, err := openStore(ctx, storeOptions{DSN: "sqlite:" + filepath.Join(t.TempDir(), "outbox.db")})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = st.Close() })
-	require.NoError(t, st.sql.Migrate(ctx))
+	require.NoError(t, st.SQL.Migrate(ctx))
 
 	var envs []*outbox.Envelope
 	for i := range 240 {
@@ -136,6 +136,26 @@ func pageText(t *testing.T, ctx context.Context, sel string) string {
 	return strings.TrimSpace(v)
 }
 
+// waitText waits until the first element sel matches reads want. A click that posts
+// a form navigates: until the new page is in, sel may still match the old page's
+// element, or the read may fail as the page goes.
+func waitText(t *testing.T, ctx context.Context, sel, want string) {
+	t.Helper()
+	var last string
+	var lastErr error
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		last, lastErr = chromedp.Run(rctx, chromedp.Text(chromedp.CSS(sel), chromedp.NodeVisible))
+		cancel()
+		if lastErr == nil && strings.TrimSpace(last) == want {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("text of %s: %q (error %v), want %q", sel, last, lastErr, want)
+}
+
 func eval[T any](t *testing.T, ctx context.Context, js string) T {
 	t.Helper()
 	v, err := chromedp.Run(ctx, chromedp.Evaluate[T](js))
@@ -157,7 +177,7 @@ func TestAdminPageInChromium(t *testing.T) {
 
 	// With it: the page, whose numbers are the store's.
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/?token="+token), chromedp.WaitVisible(chromedp.CSS("#backlog-chart"))))
-	stats, err := st.sql.Stats(context.Background())
+	stats, err := st.SQL.Stats(context.Background())
 	require.NoError(t, err)
 	total := 0
 	for _, n := range stats.Pending {
@@ -199,9 +219,9 @@ func TestAdminPageInChromium(t *testing.T) {
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Click(chromedp.CSS(`tr.parked[data-id="`+first+`"] button.requeue`), chromedp.NodeVisible),
 		chromedp.WaitVisible(chromedp.CSS("#flash"))))
-	require.Equal(t, "requeued 1 of 1", pageText(t, ctx, "#flash"))
+	waitText(t, ctx, "#flash", "requeued 1 of 1")
 	require.Equal(t, "5", pageText(t, ctx, "#parked-total"))
-	var f outbox.Finder = st.sql
+	var f outbox.Finder = st.SQL
 	env, err := f.Find(context.Background(), mustUUID(t, first))
 	require.NoError(t, err)
 	require.Equal(t, outbox.Pending, env.Status, "the store has it pending again")
@@ -212,7 +232,7 @@ func TestAdminPageInChromium(t *testing.T) {
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Click(chromedp.CSS(`tr.parked[data-id="`+second+`"] button.purge`), chromedp.NodeVisible),
 		chromedp.WaitVisible(chromedp.CSS("#flash"))))
-	require.Equal(t, "purged 1 of 1", pageText(t, ctx, "#flash"))
+	waitText(t, ctx, "#flash", "purged 1 of 1")
 	_, err = f.Find(context.Background(), mustUUID(t, second))
 	require.ErrorIs(t, err, outbox.ErrNotFound)
 
@@ -226,7 +246,7 @@ func TestAdminPageInChromium(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusForbidden, resp.StatusCode)
 	require.Contains(t, string(msg), "form token")
-	after, err := st.sql.Stats(context.Background())
+	after, err := st.SQL.Stats(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, 4, after.Parked, "nothing requeued by the refused POST")
 }
@@ -263,7 +283,7 @@ func TestAdminPageReadOnly(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	require.Contains(t, pageText(t, ctx, "body"), "read-only: start outboxctl serve with -allow-writes")
-	stats, err := st.sql.Stats(context.Background())
+	stats, err := st.SQL.Stats(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, 6, stats.Parked, "nothing requeued")
 }
