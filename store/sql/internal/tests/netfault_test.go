@@ -3,10 +3,7 @@ package tests
 import (
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"net/url"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,118 +12,17 @@ import (
 
 	"github.com/outboxkit/outbox/dispatcher"
 	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/outboxtest/netfault"
 	sqlstore "github.com/outboxkit/outbox/store/sql"
 )
 
-// tcpProxy forwards connections to PostgreSQL and plays the network between: it
-// delays every chunk by a latency, and can black-hole the connections open at that
-// moment for good — they stay open and forward nothing, as a path whose packets
-// are dropped without a reset — while new connections pass.
-type tcpProxy struct {
-	ln     net.Listener
-	target string
-
-	mu      sync.Mutex
-	latency time.Duration
-	holed   map[*proxied]bool
-	open    map[*proxied]bool
-}
-
-type proxied struct{ client, server net.Conn }
-
-func newTCPProxy(t *testing.T, target string) *tcpProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	p := &tcpProxy{ln: ln, target: target, holed: map[*proxied]bool{}, open: map[*proxied]bool{}}
-	go p.accept()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		for c := range p.open {
-			_ = c.client.Close()
-			_ = c.server.Close()
-		}
-	})
-	return p
-}
-
-func (p *tcpProxy) accept() {
-	for {
-		client, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		server, err := net.Dial("tcp", p.target)
-		if err != nil {
-			_ = client.Close()
-			continue
-		}
-		c := &proxied{client, server}
-		p.mu.Lock()
-		p.open[c] = true
-		p.mu.Unlock()
-		go p.pipe(c, client, server)
-		go p.pipe(c, server, client)
-	}
-}
-
-// pipe copies src to dst chunk by chunk, after the latency, unless c is holed.
-func (p *tcpProxy) pipe(c *proxied, src, dst net.Conn) {
-	defer func() {
-		p.mu.Lock()
-		holed := p.holed[c]
-		delete(p.open, c)
-		p.mu.Unlock()
-		if !holed { // a holed connection's far side never hears of the close
-			_ = dst.Close()
-		}
-	}()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			p.mu.Lock()
-			latency, holed := p.latency, p.holed[c]
-			p.mu.Unlock()
-			if !holed {
-				time.Sleep(latency)
-				if _, werr := dst.Write(buf[:n]); werr != nil {
-					return
-				}
-			}
-		}
-		if err != nil {
-			if err != io.EOF {
-				_ = src.Close()
-			}
-			return
-		}
-	}
-}
-
-// blackhole holes every connection open now, for good.
-func (p *tcpProxy) blackhole() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for c := range p.open {
-		p.holed[c] = true
-	}
-}
-
-func (p *tcpProxy) setLatency(d time.Duration) {
-	p.mu.Lock()
-	p.latency = d
-	p.mu.Unlock()
-}
-
 // proxiedPool is a pgx pool that reaches PostgreSQL through p.
-func proxiedPool(t *testing.T) (*pgxpool.Pool, *tcpProxy) {
+func proxiedPool(t *testing.T) (*pgxpool.Pool, *netfault.Proxy) {
 	postgresPool(t) // skips (or fails under CI) without a server
 	u, err := url.Parse(postgresURL())
 	require.NoError(t, err)
-	p := newTCPProxy(t, u.Host)
-	u.Host = p.ln.Addr().String()
+	p := netfault.New(t, u.Host)
+	u.Host = p.Addr()
 	cfg, err := pgxpool.ParseConfig(u.String())
 	require.NoError(t, err)
 	cfg.MaxConns = 8
@@ -159,7 +55,7 @@ func TestBlackHoledConnectionsHitTheirDeadline(t *testing.T) {
 	defer cancel()
 	require.NoError(t, rec.WaitForUnique(ctx, 1))
 
-	p.blackhole()
+	p.Blackhole()
 	for i := range 20 {
 		require.NoError(t, direct.Enqueue(testContext(t), newEnvelope(t, direct, fmt.Sprintf("k%d", i%3), fmt.Sprintf("during-%d", i))))
 	}
@@ -174,7 +70,7 @@ func TestGracefulStopUnderLatencyRefusesNothing(t *testing.T) {
 	t.Parallel()
 	pool, p := proxiedPool(t)
 	direct := pgxBackend().open(t, sqlstore.Config{BucketCount: 6})
-	p.setLatency(3 * time.Millisecond)
+	p.SetLatency(3 * time.Millisecond)
 	relays := map[string]*dispatcher.Dispatcher{}
 	for _, id := range []string{"a", "b", "c"} {
 		s, err := sqlstore.NewPgx(pool, sqlstore.Config{BucketCount: 6, Table: direct.Config().Table, Logger: quietLog})

@@ -6,9 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
 	"net/url"
 	"os"
 	"sync"
@@ -20,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxtest/netfault"
 	"github.com/outboxkit/outbox/transport/rabbitmq"
 )
 
@@ -172,88 +171,10 @@ func failures(t testing.TB, err error) map[uuid.UUID]error {
 	return out
 }
 
-// proxy forwards TCP connections to the broker until it is cut: Cut closes every
-// connection it carries and refuses new ones until Restore.
-type proxy struct {
-	ln     net.Listener
-	target string
-
-	mu    sync.Mutex
-	down  bool
-	conns map[net.Conn]bool
-	wg    sync.WaitGroup
-}
-
-func newProxy(t testing.TB) *proxy {
-	t.Helper()
+// newProxy puts a TCP proxy in front of the broker, so a test can cut the connection.
+func newProxy(tb testing.TB) *netfault.Proxy {
+	tb.Helper()
 	u, err := url.Parse(amqpURL())
-	require.NoError(t, err)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	p := &proxy{ln: ln, target: u.Host, conns: map[net.Conn]bool{}}
-	p.wg.Add(1)
-	go p.accept()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		p.Cut()
-		p.wg.Wait()
-	})
-	return p
-}
-
-func (p *proxy) Addr() string { return p.ln.Addr().String() }
-
-func (p *proxy) accept() {
-	defer p.wg.Done()
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		if p.down {
-			p.mu.Unlock()
-			_ = c.Close()
-			continue
-		}
-		up, err := net.DialTimeout("tcp", p.target, 5*time.Second)
-		if err != nil {
-			p.mu.Unlock()
-			_ = c.Close()
-			continue
-		}
-		p.conns[c], p.conns[up] = true, true
-		p.wg.Add(2)
-		p.mu.Unlock()
-		go p.pipe(c, up)
-		go p.pipe(up, c)
-	}
-}
-
-func (p *proxy) pipe(dst, src net.Conn) {
-	defer p.wg.Done()
-	_, _ = io.Copy(dst, src)
-	_ = dst.Close()
-	_ = src.Close()
-	p.mu.Lock()
-	delete(p.conns, dst)
-	delete(p.conns, src)
-	p.mu.Unlock()
-}
-
-// Cut closes every carried connection and refuses new ones.
-func (p *proxy) Cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.down = true
-	for c := range p.conns {
-		_ = c.Close()
-	}
-}
-
-// Restore accepts connections again.
-func (p *proxy) Restore() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.down = false
+	require.NoError(tb, err)
+	return netfault.New(tb, u.Host)
 }

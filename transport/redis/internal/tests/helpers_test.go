@@ -3,10 +3,7 @@ package tests
 import (
 	"cmp"
 	"context"
-	"io"
-	"net"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxtest/netfault"
 	redistransport "github.com/outboxkit/outbox/transport/redis"
 )
 
@@ -132,89 +130,8 @@ func length(tb testing.TB, client *redis.Client, stream string) int64 {
 	return n
 }
 
-// proxy forwards TCP connections to a server. While it is down it closes every
-// connection it holds and every new one at once, as a broken network would.
-type proxy struct {
-	ln     net.Listener
-	target string
-
-	mu    sync.Mutex
-	down  bool
-	conns map[net.Conn]bool
-	wg    sync.WaitGroup
-}
-
-func newProxy(tb testing.TB, target string) *proxy {
+// newProxy puts a TCP proxy in front of target, so a test can cut the connection.
+func newProxy(tb testing.TB, target string) *netfault.Proxy {
 	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(tb, err)
-	p := &proxy{ln: ln, target: target, conns: map[net.Conn]bool{}}
-	p.wg.Add(1)
-	go p.serve()
-	tb.Cleanup(p.close)
-	return p
-}
-
-// Addr is the proxy's host:port.
-func (p *proxy) Addr() string { return p.ln.Addr().String() }
-
-func (p *proxy) serve() {
-	defer p.wg.Done()
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		if p.down {
-			p.mu.Unlock()
-			_ = c.Close()
-			continue
-		}
-		up, err := net.DialTimeout("tcp", p.target, 2*time.Second)
-		if err != nil {
-			p.mu.Unlock()
-			_ = c.Close()
-			continue
-		}
-		p.conns[c], p.conns[up] = true, true
-		p.wg.Add(2)
-		p.mu.Unlock()
-		go p.pipe(c, up)
-		go p.pipe(up, c)
-	}
-}
-
-func (p *proxy) pipe(dst, src net.Conn) {
-	defer p.wg.Done()
-	_, _ = io.Copy(dst, src)
-	_ = dst.Close()
-	_ = src.Close()
-	p.mu.Lock()
-	delete(p.conns, dst)
-	delete(p.conns, src)
-	p.mu.Unlock()
-}
-
-// Cut breaks every connection and refuses new ones until Restore.
-func (p *proxy) Cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.down = true
-	for c := range p.conns {
-		_ = c.Close()
-	}
-}
-
-// Restore accepts connections again.
-func (p *proxy) Restore() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.down = false
-}
-
-func (p *proxy) close() {
-	_ = p.ln.Close()
-	p.Cut()
-	p.wg.Wait()
+	return netfault.New(tb, target)
 }
