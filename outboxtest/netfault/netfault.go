@@ -151,4 +151,3 @@ func (p *Proxy) close() {
 	p.Cut()
 	p.wg.Wait()
 }
-
