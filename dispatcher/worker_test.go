@@ -162,7 +162,13 @@ func (s *flakyStore) Fetch(ctx context.Context, bucket, limit int) ([]*outbox.En
 	if err := s.fail(); err != nil {
 		return nil, err
 	}
-	return s.Store.Fetch(ctx, bucket, limit)
+	envs, err := s.Store.Fetch(ctx, bucket, limit)
+	// A fetch that began before the store went down fails too if it ends after: it
+	// may have read what was written since.
+	if ferr := s.fail(); ferr != nil {
+		return nil, ferr
+	}
+	return envs, err
 }
 
 func (s *flakyStore) StopRelay(ctx context.Context, relay string, at time.Time) error {
