@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -34,6 +35,9 @@ const callTimeout = 30 * time.Second
 //   - after a crash the peer takes each bucket just after its lease lapses;
 //   - leases renew on their own clock while every publish blocks for twice the renew
 //     interval: nothing lapses, nothing is refused;
+//   - a round's lease writes run concurrently, MaxConcurrency at a time;
+//   - a round that stalls past its leases' expiry cannot renew them: the store refuses
+//     a renewal whose clock, read as it is sent, is past the expiry;
 //   - relays with different bucket counts on one store all stop with
 //     [outbox.ErrMisconfigured], whatever the order of their ids;
 //   - store calls that hang hit their deadline and the relay recovers by itself;
@@ -54,6 +58,8 @@ func Run(t *testing.T, h outboxtest.StoreHarness) {
 		{"GracefulStopHandsOverWithoutARefusedWrite", f.stop},
 		{"CrashHandsOverWhenTheLeasesLapse", f.crash},
 		{"LeasesRenewWhileEveryPublishBlocks", f.blockingPublish},
+		{"LeaseWritesRunConcurrently", f.concurrentWrites},
+		{"LapsedLeaseIsNotRevivedByALateRenewal", f.lateRenewal},
 		{"MixedBucketCountsStopEveryRelay", f.mixedCounts},
 		{"HungStoreCallsHitTheirDeadline", f.hungStore},
 		{"RelayCutOffFromItsBrokerHandsOver", f.cutOffBroker},
@@ -242,6 +248,92 @@ func (f fleetSuite) blockingPublish(t *testing.T) {
 	waitFor(t, "every message published", func() bool { return tr.Unique() == 24 })
 	require.Equal(t, before, refused(a, b), "no write refused")
 	require.Equal(t, claimed, s.n.Load(), "no lease lapsed and was claimed again")
+}
+
+// overlapping measures how many lease writes run at once; each takes 20 ms more.
+type overlapping struct {
+	outbox.DispatchStore
+	mu       sync.Mutex
+	now, max int
+}
+
+func (s *overlapping) enter() func() {
+	s.mu.Lock()
+	s.now++
+	s.max = max(s.max, s.now)
+	s.mu.Unlock()
+	time.Sleep(20 * time.Millisecond)
+	return func() {
+		s.mu.Lock()
+		s.now--
+		s.mu.Unlock()
+	}
+}
+
+func (s *overlapping) Claim(ctx context.Context, bucket int, owner string, now, exp time.Time) (bool, error) {
+	defer s.enter()()
+	return s.DispatchStore.Claim(ctx, bucket, owner, now, exp)
+}
+
+func (s *overlapping) Renew(ctx context.Context, held outbox.Lease, now, exp time.Time) (bool, error) {
+	defer s.enter()()
+	return s.DispatchStore.Renew(ctx, held, now, exp)
+}
+
+func (f fleetSuite) concurrentWrites(t *testing.T) {
+	s := &overlapping{DispatchStore: f.store(t, 16)}
+	cfg := quick("a")
+	cfg.MaxConcurrency = 4
+	d := f.relay(t, s, outboxtest.NewRecorder(), cfg)
+	waitFor(t, "a holds every bucket", func() bool { return len(d.Owned()) == 16 })
+	s.mu.Lock()
+	claimed := s.max
+	s.max = 0
+	s.mu.Unlock()
+	// Each write takes 20 ms: the claims overlap, never more than MaxConcurrency at
+	// once (a busy machine may start fewer together).
+	require.LessOrEqual(t, claimed, 4, "no more than MaxConcurrency writes at once")
+	require.GreaterOrEqual(t, claimed, 2, "16 claims run concurrently")
+	waitFor(t, "a round of concurrent renewals", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.max >= 2
+	})
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	require.LessOrEqual(t, s.max, 4, "no more than MaxConcurrency renewals at once")
+}
+
+// stalling makes the relay's clock jump by jump right after its next coordination
+// read, once armed: the round then sends its renewals after its leases lapsed.
+type stalling struct {
+	outbox.DispatchStore
+	armed  atomic.Bool
+	offset atomic.Int64
+	jump   time.Duration
+}
+
+func (s *stalling) now() time.Time { return time.Now().Add(time.Duration(s.offset.Load())) }
+
+func (s *stalling) ReadCoordination(ctx context.Context) (outbox.Coordination, error) {
+	c, err := s.DispatchStore.ReadCoordination(ctx)
+	if s.armed.CompareAndSwap(true, false) {
+		s.offset.Add(int64(s.jump))
+	}
+	return c, err
+}
+
+func (f fleetSuite) lateRenewal(t *testing.T) {
+	cfg := quick("a")
+	s := &stalling{DispatchStore: f.store(t, 2), jump: cfg.LeaseDuration + time.Second}
+	cfg.Now = s.now
+	d := f.relay(t, s, outboxtest.NewRecorder(), cfg)
+	waitFor(t, "a holds every bucket", func() bool { return len(d.Owned()) == 2 })
+	before := d.Stats().RefusedWrites
+	s.armed.Store(true)
+	waitFor(t, "the late renewals are refused", func() bool { return d.Stats().RefusedWrites >= before+2 })
+	require.Equal(t, before+2, d.Stats().RefusedWrites, "one refused renewal per lapsed lease")
+	waitFor(t, "the buckets are claimed afresh", func() bool { return len(d.Owned()) == 2 })
 }
 
 // countAs reports another bucket count, as a relay configured for another count
