@@ -11,20 +11,12 @@ import (
 	"github.com/outboxkit/outbox"
 )
 
-// deadlined gives every store call the dispatcher makes a deadline (storeCallTimeout:
-// half of LeaseDuration, at least LeaseRenewInterval; 15 s by default). A connection
-// that hangs without being reset (a black-holed network path keeps a TCP read waiting
-// for minutes) then fails the call instead of wedging the relay: the round or drain
-// reports the error, backs off and tries again, and recovers by itself once the store
-// answers. A round that cannot finish in time leaves its leases to lapse, as a crash
-// would, so peers take over.
-// storeCallTimeout is the deadline of one store call: half of LeaseDuration, so a
-// hung call ends while the lease still holds, and at least LeaseRenewInterval, so a
-// slow store on a busy machine is not cut short.
-func storeCallTimeout(cfg Config) time.Duration {
-	return max(cfg.LeaseRenewInterval, cfg.LeaseDuration/2)
-}
-
+// deadlined gives every store call the dispatcher makes a deadline of
+// LeaseRenewInterval (10 s by default). A connection that hangs without being reset
+// (a black-holed network path keeps a TCP read waiting for minutes) then fails the
+// call instead of wedging the relay: the round or drain reports the error, backs off
+// and tries again, and recovers by itself once the store answers. A round that cannot
+// finish in time leaves its leases to lapse, as a crash would, so peers take over.
 type deadlined struct {
 	outbox.DispatchStore
 	timeout time.Duration

@@ -174,7 +174,7 @@ func New(store outbox.DispatchStore, transport outbox.Transport, cfg Config) (*D
 		}
 		cfg.RelayID = id
 	}
-	bounded := deadlined{store, storeCallTimeout(cfg)}
+	bounded := deadlined{store, cfg.LeaseRenewInterval}
 	d := &Dispatcher{
 		store:       bounded,
 		transport:   transport,

@@ -27,8 +27,8 @@ type relayFleet struct {
 	recs   map[string]*outboxtest.Recorder
 }
 
-// A 400 ms renew interval leaves a busy machine's slow rounds room, so steady state
-// stays steady under load.
+// Every store call of a relay has a deadline of one renew interval: 400 ms keeps a
+// busy machine's slow calls within it, so steady state stays steady under load.
 const (
 	fleetRenew = 400 * time.Millisecond
 	fleetLease = 4 * time.Second
