@@ -15,6 +15,13 @@ const insertColumns = "id, bucket, bucket_count, topic, msg_key, payload, header
 
 const insertColumnCount = 14
 
+// freshColumns are those of an envelope that has never been attempted: the rest
+// take their defaults (last_error stays, as MySQL gives a TEXT column no default).
+const (
+	freshColumns     = "id, bucket, bucket_count, topic, msg_key, payload, headers, part, flags, created_at, last_error"
+	freshColumnCount = 11
+)
+
 // Bind-parameter ceilings: PostgreSQL and MySQL take 65535 per statement, SQLite
 // 32766. A batch larger than maxRows(d) is written as several statements in one
 // transaction.

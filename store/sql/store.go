@@ -325,26 +325,46 @@ func (s *Store) insert(ctx context.Context, q querier, envs []*outbox.Envelope) 
 }
 
 // insertStatement renders the multi-row INSERT for envs (RETURNING id, seq except
-// on MySQL) and its arguments.
+// on MySQL) and its arguments. Envelopes fresh from NewEnvelope (no attempt, no
+// error, pending) leave the delivery-state columns to their defaults: fewer
+// parameters to send and parse, as most writes are of that kind.
 func (s *Store) insertStatement(envs []*outbox.Envelope) (string, []any) {
-	args := make([]any, 0, len(envs)*insertColumnCount)
+	width := freshColumnCount
+	for _, env := range envs {
+		if env.Attempts != 0 || !env.NextAttemptAt.IsZero() || env.Status != outbox.Pending || env.LastError != "" {
+			width = insertColumnCount
+			break
+		}
+	}
+	args := make([]any, 0, len(envs)*width)
 	for _, env := range envs {
 		var part int64
 		if env.Partition != nil {
 			part = int64(*env.Partition)
 		}
+		var id any = idArg(s.dialect, env.ID)
+		if s.pool != nil {
+			id = [16]byte(env.ID) // binary on pgx: nothing to parse
+		}
 		args = append(args,
-			idArg(s.dialect, env.ID), env.Bucket, env.BucketCount, env.Topic,
+			id, env.Bucket, env.BucketCount, env.Topic,
 			nonNil(env.Key), nonNil(env.Payload), outbox.EncodeHeaders(env.Headers),
-			part, messageFlags(&env.Message), micros(env.CreatedAt), env.Attempts,
-			micros(env.NextAttemptAt), int(env.Status), truncateError(env.LastError))
+			part, messageFlags(&env.Message), micros(env.CreatedAt))
+		if width == insertColumnCount {
+			args = append(args, env.Attempts, micros(env.NextAttemptAt), int(env.Status))
+		}
+		args = append(args, truncateError(env.LastError))
 	}
 	var b strings.Builder
-	b.Grow(64 + len(envs)*insertColumnCount*6)
+	b.Grow(64 + len(envs)*width*6)
 	b.WriteString("INSERT INTO ")
 	b.WriteString(s.cfg.Table)
-	b.WriteString(" (" + insertColumns + ") VALUES ")
-	placeholders(&b, s.dialect, len(envs), insertColumnCount, 0)
+	if width == insertColumnCount {
+		b.WriteString(" (" + insertColumns + ") VALUES ")
+	} else {
+		b.WriteString(" (" + freshColumns + ") VALUES ")
+	}
+	placeholders(&b, s.dialect, len(envs), width, 0)
 	if s.dialect != MySQL {
 		b.WriteString(" RETURNING id, seq")
 	}
