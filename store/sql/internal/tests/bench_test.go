@@ -119,6 +119,29 @@ func benchEnqueueOverhead(b *testing.B, path string, writers, staged int) {
 		}
 	}
 
+	// Count the wake-ups other processes hear: commits made close together share one.
+	var notified atomic.Int64
+	listenConn, err := pgx.Connect(ctx, postgresURL())
+	require.NoError(b, err)
+	_, err = listenConn.Exec(ctx, `LISTEN "`+s.Config().NotifyChannel+`"`)
+	require.NoError(b, err)
+	listenCtx, stopListening := context.WithCancel(ctx)
+	listening := make(chan struct{})
+	go func() {
+		defer close(listening)
+		for {
+			if _, err := listenConn.WaitForNotification(listenCtx); err != nil {
+				return
+			}
+			notified.Add(1)
+		}
+	}()
+	defer func() {
+		stopListening()
+		<-listening
+		_ = listenConn.Close(context.Background())
+	}()
+
 	var plainNs, rawNs, outboxNs, n, seq atomic.Int64
 	work := func() error {
 		i := seq.Add(1)
@@ -175,6 +198,8 @@ func benchEnqueueOverhead(b *testing.B, path string, writers, staged int) {
 		b.ReportMetric(float64(outboxNs.Load())/float64(n.Load())/1e3, "outbox-µs/tx")
 		b.ReportMetric(float64(outboxNs.Load())/float64(plainNs.Load()), "x-plain")
 		b.ReportMetric(float64(rawNs.Load())/float64(plainNs.Load()), "raw-x-plain")
+		time.Sleep(10 * time.Millisecond) // the last wake-up is on its way
+		b.ReportMetric(float64(notified.Load())/float64(n.Load()), "notify/tx")
 	}
 }
 
@@ -312,12 +337,28 @@ func (s *stampTransport) Publish(ctx context.Context, batch []*outbox.Envelope) 
 // BenchmarkCommitToDispatchLatency commits one message per unit of work at a steady
 // 300 messages/s while a worker with wake-ups on relays them; it reports the
 // p50/p99 time from the commit returning to the message reaching the transport.
-// The worker polls only once a second, so the wake-ups carry the latency.
+// The worker polls only once a second, so the wake-ups carry the latency: with
+// relay=writer the writer's own store wakes it in process, with relay=peer the
+// worker runs on a store of its own, as in another process, and the writer's
+// NOTIFY wakes it through PostgreSQL.
 func BenchmarkCommitToDispatchLatency(b *testing.B) {
+	for _, relay := range []string{"writer", "peer"} {
+		b.Run("relay="+relay, func(b *testing.B) { benchCommitToDispatch(b, relay == "peer") })
+	}
+}
+
+func benchCommitToDispatch(b *testing.B, peer bool) {
 	ctx := context.Background()
 	s := pgxBackend().open(b, sqlstore.Config{})
+	relayStore := s
+	if peer {
+		var err error
+		relayStore, err = sqlstore.NewPgx(postgresPool(b), s.Config())
+		require.NoError(b, err)
+		b.Cleanup(func() { _ = relayStore.Close() })
+	}
 	st := &stampTransport{at: map[string]time.Time{}, next: outboxtest.NewRecorder(), seen: make(chan struct{}, 1)}
-	d, err := dispatcher.New(s, st, dispatcher.Config{BucketCount: s.BucketCount(), PollInterval: time.Second, Logger: quietLog})
+	d, err := dispatcher.New(relayStore, st, dispatcher.Config{BucketCount: s.BucketCount(), PollInterval: time.Second, Logger: quietLog})
 	require.NoError(b, err)
 	require.NoError(b, d.Start(ctx))
 	defer func() { require.NoError(b, d.Stop(ctx)) }()
