@@ -1,0 +1,62 @@
+package main
+
+import (
+	"context"
+	"time"
+)
+
+// A contender is one way of writing messages in the business transaction and
+// relaying them to Kafka.
+type contender struct {
+	name string
+	open func(ctx context.Context, r *run) (instance, error)
+}
+
+// run is what one run of one contender gets: fresh tables (named with sfx) and a
+// fresh Kafka cluster with one topic.
+type run struct {
+	env    *env
+	broker *broker
+	sfx    string
+	topic  string
+}
+
+type instance interface {
+	// write commits one business transaction (one order row) that also sends msgs,
+	// and returns when its commit returned.
+	write(ctx context.Context, order int64, msgs []message) (committed time.Time, err error)
+	// fill writes a backlog as fast as the contender's own tables allow.
+	fill(ctx context.Context, msgs []message) error
+	// queue names the table the relays read, for VACUUM and size statistics.
+	queue() string
+	// relay starts one relay, as a separate process would run it: its own
+	// connections, its own Kafka client.
+	relay(ctx context.Context, batch int) (relay, error)
+	// close drops the run's tables.
+	close(ctx context.Context) error
+}
+
+type relay interface {
+	// held is how many buckets the relay holds leases on, -1 for relays without.
+	held() int
+	stop(ctx context.Context) error
+}
+
+// The contenders on PostgreSQL, in the order runs interleave.
+var (
+	business       = contender{name: "business tx", open: openBusinessPG}
+	rawPG          = contender{name: "raw", open: openRawPG}
+	watermillPG    = contender{name: "watermill", open: openWatermill}
+	outboxPG       = contender{name: "outbox", open: openOutboxPG}
+	outboxTransact = contender{name: "outbox (Transact)", open: openOutboxTransact}
+)
+
+// The contenders on MariaDB (write cost only).
+var (
+	businessMy = contender{name: "business tx", open: openBusinessMy}
+	rawMy      = contender{name: "raw", open: openRawMy}
+	outboxMy   = contender{name: "outbox", open: openOutboxMy}
+)
+
+// relayContenders are those the drain and latency scenarios compare.
+var relayContenders = []contender{rawPG, watermillPG, outboxPG}
