@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"image/color"
 	"os"
@@ -70,28 +71,45 @@ func writeCharts(r *report, dir string) error {
 	return nil
 }
 
+// newPlot starts a chart in Liberation Sans.
+func newPlot(title, yLabel string) *plot.Plot {
+	plot.DefaultFont.Variant = "Sans"
+	p := plot.New()
+	p.Title.Text = title
+	p.Title.Padding = vg.Points(6)
+	p.Y.Label.Text = yLabel
+	p.Legend.Top = true
+	p.Legend.Left = true
+	p.Legend.XOffs = vg.Points(8)
+	p.Add(plotter.NewGrid())
+	return p
+}
+
+// save writes the chart as SVG. The text is laid out with Liberation Sans's
+// metrics, which Arial and Helvetica share, so those stand in for it where it is
+// not installed (embedding it would cost half a megabyte per chart).
 func save(p *plot.Plot, path string) error {
-	canvas := vgsvg.New(18*vg.Centimeter, 9*vg.Centimeter)
+	canvas := vgsvg.New(20*vg.Centimeter, 10*vg.Centimeter)
 	p.Draw(draw.New(canvas))
-	f, err := os.Create(path)
-	if err != nil {
+	var buf bytes.Buffer
+	if _, err := canvas.WriteTo(&buf); err != nil {
 		return err
 	}
-	if _, err := canvas.WriteTo(f); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	svg := bytes.ReplaceAll(buf.Bytes(), []byte("font-family:Liberation Sans;"), []byte("font-family:'Liberation Sans',Arial,Helvetica,sans-serif;"))
+	return os.WriteFile(path, svg, 0o644)
 }
 
 // bars draws grouped bars: one series per name, one bar per group.
 func bars(p *plot.Plot, groups []string, names []string, value func(group int, name string) float64) error {
-	width := vg.Points(float64(120 / max(1, len(names)*len(groups)/3+1)))
-	width = max(vg.Points(6), min(width, vg.Points(18)))
+	// The groups share about 480 points of width, a third of it left between them.
+	width := vg.Points(320 / float64(len(names)*len(groups)))
+	width = max(vg.Points(5), min(width, vg.Points(22)))
+	var top float64
 	for i, name := range names {
 		vals := make(plotter.Values, len(groups))
 		for g := range groups {
 			vals[g] = value(g, name)
+			top = max(top, vals[g])
 		}
 		b, err := plotter.NewBarChart(vals, width)
 		if err != nil {
@@ -106,19 +124,18 @@ func bars(p *plot.Plot, groups []string, names []string, value func(group int, n
 		p.Legend.Add(name, b)
 	}
 	p.NominalX(groups...)
-	p.Legend.Top = true
+	p.X.Min, p.X.Max = -0.6, float64(len(groups))-0.4 // room for the outer labels
+	// Room above the bars for the legend.
 	p.Y.Min = 0
-	p.Add(plotter.NewGrid())
+	p.Y.Max = top * (1.25 + 0.1*float64(len(names)))
 	return nil
 }
 
 func writeChart(w *writeResult) (*plot.Plot, error) {
-	p := plot.New()
-	p.Title.Text = "In-transaction write, " + w.DB + " (lower is better)"
-	p.Y.Label.Text = "× the business transaction alone"
+	p := newPlot("In-transaction write, "+w.DB+" (lower is better)", "× the business transaction alone")
 	var groups, names []string
 	for _, c := range w.Cases {
-		groups = append(groups, fmt.Sprintf("%s (≤ %s×)", c.Name, strconv.FormatFloat(c.Target, 'f', -1, 64)))
+		groups = append(groups, fmt.Sprintf("%s\ntarget ≤ %s×", c.Name, strconv.FormatFloat(c.Target, 'f', -1, 64)))
 	}
 	for _, n := range w.Contenders {
 		if n != business.name {
@@ -130,21 +147,17 @@ func writeChart(w *writeResult) (*plot.Plot, error) {
 }
 
 func drainChart(d *drainResult) (*plot.Plot, error) {
-	p := plot.New()
-	p.Title.Text = "Drain rate (higher is better)"
-	p.Y.Label.Text = "messages per second"
+	p := newPlot("Drain rate (higher is better)", "messages per second")
 	var groups []string
 	for _, c := range d.Configs {
-		groups = append(groups, fmt.Sprintf("%s b%d ×%d", kilo(float64(c.Backlog)), c.Batch, c.Relays))
+		groups = append(groups, fmt.Sprintf("%s, b%d\n%d relay%s", kilo(float64(c.Backlog)), c.Batch, c.Relays, plural(c.Relays)))
 	}
 	err := bars(p, groups, d.Contenders, func(g int, name string) float64 { return median(d.Rate[dkey(d.Configs[g], name)]) })
 	return p, err
 }
 
 func latencyChart(l *latencyResult) (*plot.Plot, error) {
-	p := plot.New()
-	p.Title.Text = fmt.Sprintf("Commit → consumer at %d msg/s (lower is better; target p99 ≤ 5 ms)", l.Rate)
-	p.Y.Label.Text = "milliseconds"
+	p := newPlot(fmt.Sprintf("Commit → consumer at %d msg/s (lower is better; target p99 ≤ 5 ms)", l.Rate), "milliseconds")
 	var groups []string
 	type point struct {
 		batch int
@@ -153,7 +166,7 @@ func latencyChart(l *latencyResult) (*plot.Plot, error) {
 	var points []point
 	for _, batch := range l.Batches {
 		for _, c := range l.Contenders {
-			groups = append(groups, fmt.Sprintf("%s b%d", c, batch))
+			groups = append(groups, fmt.Sprintf("%s\nbatch %d", c, batch))
 			points = append(points, point{batch, c})
 		}
 	}
@@ -188,32 +201,24 @@ func soakLine(p *plot.Plot, name string, c color.Color, y func(w soakWindow) flo
 }
 
 func soakP99Chart(s *soakResult) (*plot.Plot, error) {
-	p := plot.New()
-	p.Title.Text = fmt.Sprintf("Soak: p99 commit → consumer per window, %.0f msg/s", s.Achieved)
+	p := newPlot(fmt.Sprintf("Soak: p99 commit → consumer per window, %.0f msg/s", s.Achieved), "milliseconds")
 	p.X.Label.Text = "minutes"
-	p.Y.Label.Text = "milliseconds"
 	p.Y.Min = 0
-	p.Add(plotter.NewGrid())
 	err := soakLine(p, "p99", palette["p99"], func(w soakWindow) float64 { return ms(w.P99) }, s.Windows, s.Window)
 	if err == nil && len(s.Windows) > 0 {
 		err = soakLine(p, "2× the first window", palette[rawPG.name], func(soakWindow) float64 { return 2 * ms(s.Windows[0].P99) }, s.Windows, s.Window)
 	}
-	p.Legend.Top = true
 	return p, err
 }
 
 func soakSizeChart(s *soakResult) (*plot.Plot, error) {
-	p := plot.New()
-	p.Title.Text = "Soak: outbox table size at the end of each window"
+	p := newPlot("Soak: outbox table size at the end of each window", "MiB")
 	p.X.Label.Text = "minutes"
-	p.Y.Label.Text = "MiB"
 	p.Y.Min = 0
-	p.Add(plotter.NewGrid())
 	mib := func(n int64) float64 { return float64(n) / (1 << 20) }
 	err := soakLine(p, "table + indexes", palette[outboxPG.name], func(w soakWindow) float64 { return mib(w.TotalBytes) }, s.Windows, s.Window)
 	if err == nil {
 		err = soakLine(p, "indexes", palette[watermillPG.name], func(w soakWindow) float64 { return mib(w.IndexBytes) }, s.Windows, s.Window)
 	}
-	p.Legend.Top = true
 	return p, err
 }

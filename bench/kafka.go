@@ -264,16 +264,6 @@ func (c *collector) check() check {
 	return ch
 }
 
-// firstReceipt is when id first arrived (zero if it never did).
-func (c *collector) firstReceipt(id uint64) time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if id >= uint64(len(c.firstAt)) || c.firstAt[id] == 0 {
-		return time.Time{}
-	}
-	return time.Unix(0, c.firstAt[id])
-}
-
 // lastFirstReceipt is when the last id to arrive first arrived: the end of a drain.
 func (c *collector) lastFirstReceipt() time.Time {
 	c.mu.Lock()

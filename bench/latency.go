@@ -97,22 +97,25 @@ func steadyWriters(ctx context.Context, s *session, p *plan, rate float64, msgsP
 	return committed, nil
 }
 
-// latencies pairs each message's commit-return time with its first receipt.
-func latencies(p *plan, col *collector, committed [][]int64, keep func(commit int64) bool) []time.Duration {
-	var out []time.Duration
+// latencies pairs each message's commit-return time with its first receipt, sorted
+// into groups: group says which a commit time belongs to (-1: none).
+func latencies(p *plan, col *collector, committed [][]int64, groups int, group func(commit int64) int) [][]time.Duration {
+	out := make([][]time.Duration, groups)
+	col.mu.Lock()
+	defer col.mu.Unlock()
 	for w, times := range committed {
 		for k, at := range times {
-			if keep != nil && !keep(at) {
-				continue
+			g := group(at)
+			id := p.id(w, k)
+			if g < 0 || g >= groups || id >= uint64(len(col.firstAt)) || col.firstAt[id] == 0 {
+				continue // a missing message is counted by the delivery check
 			}
-			got := col.firstReceipt(p.id(w, k))
-			if got.IsZero() {
-				continue // missing: counted by the delivery check
-			}
-			out = append(out, max(0, got.Sub(time.Unix(0, at))))
+			out[g] = append(out[g], time.Duration(max(0, col.firstAt[id]-at)))
 		}
 	}
-	slices.Sort(out)
+	for _, lat := range out {
+		slices.Sort(lat)
+	}
 	return out
 }
 
@@ -143,7 +146,7 @@ func latencyOne(ctx context.Context, e *env, c contender, batch, rate int, dur t
 	if err != nil {
 		return latencyStats{}, ch, err
 	}
-	lat := latencies(p, col, committed, nil)
+	lat := latencies(p, col, committed, 1, func(int64) int { return 0 })[0]
 	return latencyStats{P50: percentile(lat, 0.50), P99: percentile(lat, 0.99), Max: percentile(lat, 1),
 		Rate: float64(p.total()) / elapsed.Seconds()}, ch, nil
 }

@@ -39,6 +39,7 @@ type options struct {
 	out        string
 	images     string
 	command    string
+	resize     func(*sizes) // tests shrink the quick sizes further
 }
 
 func (o options) runs(scenario string) bool {
@@ -89,6 +90,9 @@ func (o options) sizes() sizes {
 		if sz.soakFor == 0 || sz.soakFor > 5*time.Second {
 			sz.soakFor = 3 * time.Second
 		}
+	}
+	if o.resize != nil {
+		o.resize(&sz)
 	}
 	return sz
 }

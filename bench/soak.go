@@ -109,9 +109,9 @@ func soakScenario(ctx context.Context, e *env, rate float64, source string, rela
 	if err != nil {
 		return res, err
 	}
-	for i := range res.Windows {
-		from, to := start.Add(time.Duration(i)*window).UnixNano(), start.Add(time.Duration(i+1)*window).UnixNano()
-		lat := latencies(p, col, committed, func(at int64) bool { return at >= from && at < to })
+	first := start.UnixNano()
+	byWindow := latencies(p, col, committed, len(res.Windows), func(at int64) int { return int((at - first) / int64(window)) })
+	for i, lat := range byWindow {
 		res.Windows[i].Messages = len(lat)
 		res.Windows[i].P99 = percentile(lat, 0.99)
 	}
