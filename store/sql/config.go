@@ -42,6 +42,8 @@ const (
 	DefaultMaxMessageSize = 1 << 20
 	// DefaultStatsLimit is the default cap of the per-bucket counts of Stats.
 	DefaultStatsLimit = 10_000
+	// DefaultVacuumAfter is the default of Config.VacuumAfter.
+	DefaultVacuumAfter = 20_000
 )
 
 // Config configures a [Store]. The zero value is valid: every field has a default.
@@ -72,6 +74,15 @@ type Config struct {
 	// Subscribe does not LISTEN, so only in-process commits wake a dispatcher.
 	// Defaults to false.
 	DisableNotify bool
+	// VacuumAfter is, on PostgreSQL, how many messages the store deletes (as relays
+	// complete them) between two VACUUMs of the message table that it runs in the
+	// background, so a busy queue reuses its space within seconds instead of growing
+	// until autovacuum's next visit. The VACUUM skips a table another VACUUM holds and
+	// never truncates it. It needs the table's owner (or the MAINTAIN privilege);
+	// without it PostgreSQL skips the table with a warning. Defaults to
+	// DefaultVacuumAfter (20,000); -1 turns it off. Ignored on MySQL and SQLite, whose
+	// engines reclaim deleted rows by themselves.
+	VacuumAfter int
 	// Logger receives listener reconnects and other background events. Defaults to
 	// slog.Default().
 	Logger *slog.Logger
@@ -136,6 +147,12 @@ func (c Config) withDefaults() (Config, error) {
 		c.StatsLimit = DefaultStatsLimit
 	case c.StatsLimit < 0:
 		return c, fmt.Errorf("%w: sqlstore: Config.StatsLimit %d must be positive", outbox.ErrMisconfigured, c.StatsLimit)
+	}
+	switch {
+	case c.VacuumAfter == 0:
+		c.VacuumAfter = DefaultVacuumAfter
+	case c.VacuumAfter < -1:
+		return c, fmt.Errorf("%w: sqlstore: Config.VacuumAfter %d must be positive, or -1 for off", outbox.ErrMisconfigured, c.VacuumAfter)
 	}
 	if c.NotifyChannel == "" {
 		c.NotifyChannel = strings.ReplaceAll(c.Table, ".", "_")

@@ -35,6 +35,7 @@ type Store struct {
 	hub    outbox.Hub
 	closed atomic.Bool
 	sender notifySender
+	vacuum vacuumer
 	origin string // tags this store's NOTIFY payloads, so its listener skips them
 
 	listenMu     sync.Mutex
@@ -184,6 +185,7 @@ func (s *Store) Close() error {
 	}
 	s.stopListener()
 	s.sender.stop()
+	s.vacuum.stop()
 	s.hub.Close()
 	return nil
 }
@@ -501,7 +503,11 @@ func (s *Store) Complete(ctx context.Context, envs []*outbox.Envelope) error {
 	if len(envs) == 0 {
 		return nil
 	}
-	return s.wrap(ctx, "complete", s.byEnvelopeID(ctx, "DELETE FROM "+s.cfg.Table+" WHERE", nil, envs))
+	if err := s.byEnvelopeID(ctx, "DELETE FROM "+s.cfg.Table+" WHERE", nil, envs); err != nil {
+		return s.wrap(ctx, "complete", err)
+	}
+	s.vacuum.count(s, len(envs))
+	return nil
 }
 
 // MarkDispatched implements [outbox.Retainer]: one UPDATE per batch.
@@ -584,7 +590,11 @@ func (s *Store) DeleteDispatched(ctx context.Context, before time.Time, limit in
 		return 0, nil
 	}
 	n, err := s.db.exec(ctx, s.stmts.deleteDispatched, micros(before), limit)
-	return int(n), s.wrap(ctx, "delete dispatched", err)
+	if err != nil {
+		return 0, s.wrap(ctx, "delete dispatched", err)
+	}
+	s.vacuum.count(s, int(n))
+	return int(n), nil
 }
 
 // Reschedule implements [outbox.Queue]. A message that is no longer pending
