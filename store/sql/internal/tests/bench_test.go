@@ -66,7 +66,7 @@ func benchEnqueueOverhead(b *testing.B, path string, writers, staged int) {
 	}
 	b.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+orders+", "+raw) })
 	insert := "INSERT INTO " + orders + " (customer, total) VALUES ($1, $2)"
-	rawInsert := "INSERT INTO " + raw + " (topic, msg_key, payload) SELECT 'orders', k, $2 FROM unnest($1::bytea[]) AS k"
+	rawInsert := "INSERT INTO " + raw + " (topic, msg_key, payload) SELECT 'orders', k, p FROM unnest($1::bytea[], $2::bytea[]) AS m(k, p)"
 	payload := randomPayload(1024)
 	sender := capture(b, s, outbox.Transactional)
 	keys := func(i int64) [][]byte {
@@ -160,7 +160,11 @@ func benchEnqueueOverhead(b *testing.B, path string, writers, staged int) {
 			if staged == 0 {
 				return nil
 			}
-			_, err := tx.Exec(ctx, rawInsert, keys(i), payload)
+			payloads := make([][]byte, staged)
+			for j := range payloads {
+				payloads[j] = slices.Clone(payload) // each row sends its own, as the outbox's do
+			}
+			_, err := tx.Exec(ctx, rawInsert, keys(i), payloads)
 			return err
 		}); err != nil {
 			return err
