@@ -90,7 +90,7 @@ func drainOne(ctx context.Context, e *env, c contender, cfg drainConfig) (float6
 	if _, err := e.pg.Exec(ctx, "VACUUM ANALYZE "+s.in.queue()); err != nil {
 		return 0, check{}, err
 	}
-	col, err := s.run.broker.collect(p)
+	col, err := s.run.broker.collect(p, false)
 	if err != nil {
 		return 0, check{}, err
 	}

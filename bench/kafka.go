@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -25,7 +26,9 @@ type broker struct {
 }
 
 func newBroker(topic string) (*broker, error) {
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topic))
+	// Small segments, so records the consumer trims (see trim) free their memory soon.
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topic),
+		kfake.BrokerConfigs(map[string]string{"log.segment.bytes": strconv.Itoa(8 << 20)}))
 	if err != nil {
 		return nil, err
 	}
@@ -65,7 +68,10 @@ type collector struct {
 	scratch   []byte
 }
 
-func (b *broker) collect(p *plan) (*collector, error) {
+// collect starts a collector. With trim, it deletes what it has read from the topic
+// every second: the in-process cluster keeps every record in memory, which a long
+// soak would exhaust.
+func (b *broker) collect(p *plan, trim bool) (*collector, error) {
 	cl, err := b.client(
 		kgo.ConsumeTopics(b.topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
@@ -81,7 +87,40 @@ func (b *broker) collect(p *plan) (*collector, error) {
 		c.keyMax[i] = -1
 	}
 	go c.run(ctx)
+	if trim {
+		go c.trim(ctx)
+	}
 	return c, nil
+}
+
+func (c *collector) trim(ctx context.Context) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		req := kmsg.NewPtrDeleteRecordsRequest()
+		req.TimeoutMillis = 5000
+		topic := kmsg.NewDeleteRecordsRequestTopic()
+		topic.Topic = c.topicName
+		c.mu.Lock()
+		for p, next := range c.next {
+			part := kmsg.NewDeleteRecordsRequestTopicPartition()
+			part.Partition, part.Offset = p, next
+			topic.Partitions = append(topic.Partitions, part)
+		}
+		c.mu.Unlock()
+		if len(topic.Partitions) == 0 {
+			continue
+		}
+		req.Topics = append(req.Topics, topic)
+		if _, err := req.RequestWith(ctx, c.client); err != nil && ctx.Err() == nil {
+			say("  trimming the topic: %v", err)
+		}
+	}
 }
 
 func (c *collector) run(ctx context.Context) {

@@ -128,11 +128,11 @@ func latencyOne(ctx context.Context, e *env, c contender, batch, rate int, dur t
 	if err := s.startRelays(ctx, 1, batch); err != nil {
 		return latencyStats{}, check{}, err
 	}
-	if err := s.waitHeld(outbox.DefaultBucketCount, 10*time.Second); err != nil {
+	if err := s.waitHeld(outbox.DefaultBucketCount, 30*time.Second); err != nil {
 		return latencyStats{}, check{}, err
 	}
 	p := newPlan(latencyWriters)
-	col, err := s.run.broker.collect(p)
+	col, err := s.run.broker.collect(p, false)
 	if err != nil {
 		return latencyStats{}, check{}, err
 	}

@@ -181,7 +181,9 @@ func (o *outboxInstance) queue() string { return o.store.Config().Table }
 
 func (o *outboxInstance) close(ctx context.Context) error {
 	err := errors.Join(o.store.DropTables(ctx), o.store.Close())
-	o.client.Close()
+	if o.client != nil {
+		o.client.Close()
+	}
 	if o.mysql {
 		return errors.Join(err, dropMy(ctx, o.r.env.mysql, o.orders))
 	}

@@ -77,9 +77,9 @@ func (r *report) markdown() string {
 	p("| machine | |\n|---|---|\n")
 	p("| CPU | %s, %d cores |\n", r.Machine.CPU, r.Machine.Cores)
 	p("| Go | %s |\n", r.Machine.Go)
-	p("| PostgreSQL | %s (%s) |\n", r.Machine.Postgres, r.Machine.PostgresDurability)
+	p("| PostgreSQL | %s; %s |\n", r.Machine.Postgres, r.Machine.PostgresDurability)
 	if r.Machine.MariaDB != "" {
-		p("| MariaDB | %s (%s) |\n", r.Machine.MariaDB, r.Machine.MariaDBDurability)
+		p("| MariaDB | %s; %s |\n", r.Machine.MariaDB, r.Machine.MariaDBDurability)
 	}
 	p("| Kafka | franz-go's kfake in the same process: 1 broker, a fresh cluster and topic of %d partitions per run |\n\n", partitions)
 
@@ -215,6 +215,15 @@ func (r *report) drainTables(b *strings.Builder) {
 	r.chart(b, "bench-drain.svg", "drain rate")
 }
 
+func msText(x float64) string { return latencyText(time.Duration(x * float64(time.Millisecond))) }
+
+func latencyText(d time.Duration) string {
+	if d >= time.Second {
+		return fmt.Sprintf("%.1f s", d.Seconds())
+	}
+	return fmt.Sprintf("%.2f ms", ms(d))
+}
+
 func kilo(x float64) string {
 	if x >= 1000 {
 		return strings.TrimSuffix(fmt.Sprintf("%.1f", x/1000), ".0") + "k"
@@ -243,7 +252,7 @@ func (r *report) latencyTable(b *strings.Builder) {
 			if c == outboxPG.name {
 				verdict = mark(worst <= 5*time.Millisecond)
 			}
-			p("| %d | %s | %.2f ms | %.2f ms | %.1f ms | %.2f ms | %.0f msg/s | %s |\n", batch, c, median(p50), median(p99), median(mx), ms(worst), median(rate), verdict)
+			p("| %d | %s | %s | %s | %s | %s | %.0f msg/s | %s |\n", batch, c, msText(median(p50)), msText(median(p99)), msText(median(mx)), latencyText(worst), median(rate), verdict)
 		}
 	}
 	p("\n")
@@ -256,11 +265,12 @@ func (r *report) soakTable(b *strings.Builder) {
 	p("### Soak, outbox on PostgreSQL\n\n")
 	p("Writers and %d relays (batch 100) together for %v: writers aimed at %.0f msg/s (%s) in transactions of %d messages, and achieved %.0f msg/s. "+
 		"Per window of %v: the p99 commit → consumer of the messages committed in it, and at its end the outbox table's size (`pg_total_relation_size`, indexes and TOAST included) "+
-		"and its indexes' (`pg_indexes_size`), dead tuples and autovacuum runs (`pg_stat_user_tables`), and the messages committed but not yet consumed.\n\n",
+		"and its indexes' (`pg_indexes_size`), dead tuples and autovacuum runs (`pg_stat_user_tables`), and the messages committed but not yet consumed. _committed_ counts the messages committed in the window, _consumed_ those the consumer first read in it.\n\n",
 		s.Relays, s.For, s.Rate, s.RateSource, s.MsgsPerTx, s.Achieved, s.Window)
-	p("| window | messages | p99 | table + indexes | indexes | dead tuples | autovacuums | not yet consumed |\n|---|---|---|---|---|---|---|---|\n")
+	p("| window | committed | consumed | p99 | table + indexes | indexes | dead tuples | autovacuums | not yet consumed |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, w := range s.Windows {
-		p("| %d | %d | %.2f ms | %s | %s | %d | %d | %d |\n", w.Index, w.Messages, ms(w.P99), bytesText(w.TotalBytes), bytesText(w.IndexBytes), w.DeadTuples, w.Autovacuums, w.Pending)
+		p("| %d | %d | %d | %s | %s | %s | %d | %d | %d |\n", w.Index, w.Messages, w.ReceivedInWindow, latencyText(w.P99),
+			bytesText(w.TotalBytes), bytesText(w.IndexBytes), w.DeadTuples, w.Autovacuums, w.Pending)
 	}
 	p("\n| target | result |\n|---|---|\n")
 	p("| p99 within 2× the first window's, in every window | %s |\n", mark(s.LatencyHeld()))

@@ -27,7 +27,7 @@ func open(ctx context.Context, e *env, c contender) (*session, error) {
 	in, err := c.open(ctx, r)
 	if err != nil {
 		if in != nil {
-			_ = in.close(ctx)
+			_ = in.close(context.WithoutCancel(ctx))
 		}
 		b.close()
 		return nil, fmt.Errorf("%s: %w", c.name, err)
@@ -79,6 +79,7 @@ func (s *session) stopRelays(ctx context.Context) error {
 }
 
 func (s *session) close(ctx context.Context) error {
+	ctx = context.WithoutCancel(ctx) // an interrupted run still drops its tables
 	err := errors.Join(s.stopRelays(ctx), s.in.close(ctx))
 	s.run.broker.close()
 	return err
@@ -86,7 +87,7 @@ func (s *session) close(ctx context.Context) error {
 
 // deliver relays everything the writers sent and checks it arrived as sent.
 func (s *session) deliver(ctx context.Context, p *plan, batch int) (check, error) {
-	col, err := s.run.broker.collect(p)
+	col, err := s.run.broker.collect(p, false)
 	if err != nil {
 		return check{}, err
 	}

@@ -83,11 +83,11 @@ func soakScenario(ctx context.Context, e *env, rate float64, source string, rela
 	if err := s.startRelays(ctx, relays, 100); err != nil {
 		return nil, err
 	}
-	if err := s.waitHeld(outbox.DefaultBucketCount, 10*time.Second); err != nil {
+	if err := s.waitHeld(outbox.DefaultBucketCount, 30*time.Second); err != nil {
 		return nil, err
 	}
 	p := newPlan(latencyWriters)
-	col, err := s.run.broker.collect(p)
+	col, err := s.run.broker.collect(p, true)
 	if err != nil {
 		return nil, err
 	}
