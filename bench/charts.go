@@ -186,8 +186,9 @@ func latencyChart(l *latencyResult) (*plot.Plot, error) {
 
 func soakLine(p *plot.Plot, name string, c color.Color, y func(w soakWindow) float64, windows []soakWindow, window time.Duration) error {
 	xys := make(plotter.XYs, len(windows))
+	unit, _ := windowUnit(window)
 	for i, w := range windows {
-		xys[i].X = float64(w.Index) * window.Minutes()
+		xys[i].X = float64(w.Index) * float64(window) / float64(unit)
 		xys[i].Y = y(w)
 	}
 	line, pts, err := plotter.NewLinePoints(xys)
@@ -200,10 +201,18 @@ func soakLine(p *plot.Plot, name string, c color.Color, y func(w soakWindow) flo
 	return nil
 }
 
+// windowUnit is the soak charts' time axis: minutes, or seconds for a quick run.
+func windowUnit(window time.Duration) (time.Duration, string) {
+	if window >= time.Minute {
+		return time.Minute, "minutes"
+	}
+	return time.Second, "seconds"
+}
+
 func soakP99Chart(s *soakResult) (*plot.Plot, error) {
 	p := newPlot(fmt.Sprintf("Soak: p99 commit → consumer per window, %.0f msg/s", s.Achieved), "milliseconds")
-	p.X.Label.Text = "minutes"
-	p.Y.Min = 0
+	_, p.X.Label.Text = windowUnit(s.Window)
+	p.X.Min, p.Y.Min = 0, 0
 	err := soakLine(p, "p99", palette["p99"], func(w soakWindow) float64 { return ms(w.P99) }, s.Windows, s.Window)
 	if err == nil && len(s.Windows) > 0 {
 		err = soakLine(p, "2× the first window", palette[rawPG.name], func(soakWindow) float64 { return 2 * ms(s.Windows[0].P99) }, s.Windows, s.Window)
@@ -213,8 +222,8 @@ func soakP99Chart(s *soakResult) (*plot.Plot, error) {
 
 func soakSizeChart(s *soakResult) (*plot.Plot, error) {
 	p := newPlot("Soak: outbox table size at the end of each window", "MiB")
-	p.X.Label.Text = "minutes"
-	p.Y.Min = 0
+	_, p.X.Label.Text = windowUnit(s.Window)
+	p.X.Min, p.Y.Min = 0, 0
 	mib := func(n int64) float64 { return float64(n) / (1 << 20) }
 	err := soakLine(p, "table + indexes", palette[outboxPG.name], func(w soakWindow) float64 { return mib(w.TotalBytes) }, s.Windows, s.Window)
 	if err == nil {

@@ -15,7 +15,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
-// Eight partitions, one per outbox bucket, as the Kafka transport's docs advise.
+// As many partitions as the outbox has buckets: each bucket feeds one (see the
+// Kafka transport's docs).
 const partitions = 8
 
 // broker is a fresh in-process Kafka cluster with one topic: every run gets its own,
@@ -53,9 +54,9 @@ type collector struct {
 	client    *kgo.Client
 	stop      context.CancelFunc
 	done      chan struct{}
-	err       error
 
 	mu        sync.Mutex
+	err       error         // why the consumer stopped early
 	changed   chan struct{} // closed and replaced whenever distinct grows
 	firstAt   []int64       // by id: unix nanoseconds of the first receipt, 0 if none
 	seen      []uint8       // by id: receipts, saturating
