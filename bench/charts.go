@@ -217,6 +217,7 @@ func soakP99Chart(s *soakResult) (*plot.Plot, error) {
 	if err == nil && len(s.Windows) > 0 {
 		err = soakLine(p, "2× the first window", palette[rawPG.name], func(soakWindow) float64 { return 2 * ms(s.Windows[0].P99) }, s.Windows, s.Window)
 	}
+	p.Y.Max *= 1.3 // room for the legend
 	return p, err
 }
 
@@ -229,5 +230,6 @@ func soakSizeChart(s *soakResult) (*plot.Plot, error) {
 	if err == nil {
 		err = soakLine(p, "indexes", palette[watermillPG.name], func(w soakWindow) float64 { return mib(w.IndexBytes) }, s.Windows, s.Window)
 	}
+	p.Y.Max *= 1.3
 	return p, err
 }
