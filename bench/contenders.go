@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // A contender is one way of writing messages in the business transaction and
@@ -25,8 +27,10 @@ type instance interface {
 	// write commits one business transaction (one order row) that also sends msgs,
 	// and returns when its commit returned.
 	write(ctx context.Context, order int64, msgs []message) (committed time.Time, err error)
-	// fill writes a backlog as fast as the contender's own tables allow.
-	fill(ctx context.Context, msgs []message) error
+	// fill writes part of a backlog into tx, as fast as the contender's own tables
+	// allow; the caller commits tx and then calls committed, if not nil (the
+	// outbox's wake-up).
+	fill(ctx context.Context, tx pgx.Tx, msgs []message) (committed func(), err error)
 	// queue names the table the relays read, for VACUUM and size statistics.
 	queue() string
 	// relay starts one relay, as a separate process would run it: its own

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/outboxkit/outbox"
 )
 
 type drainConfig struct {
@@ -26,6 +28,7 @@ type drainResult struct {
 	Contenders []string
 	Configs    []drainConfig
 	Rate       map[string][]float64 // config/contender → msg/s per repetition
+	CPU        map[string][]float64 // config/contender → share of the machine's CPU busy while draining
 	Checks     map[string]*checks
 }
 
@@ -49,7 +52,7 @@ func drainConfigs(sz sizes) []drainConfig {
 }
 
 func drainScenario(ctx context.Context, e *env, contenders []contender, sz sizes, reps int) (*drainResult, error) {
-	res := &drainResult{Configs: drainConfigs(sz), Rate: map[string][]float64{}, Checks: map[string]*checks{}}
+	res := &drainResult{Configs: drainConfigs(sz), Rate: map[string][]float64{}, CPU: map[string][]float64{}, Checks: map[string]*checks{}}
 	for _, c := range contenders {
 		res.Contenders = append(res.Contenders, c.name)
 		res.Checks[c.name] = &checks{}
@@ -57,50 +60,83 @@ func drainScenario(ctx context.Context, e *env, contenders []contender, sz sizes
 	for _, cfg := range res.Configs {
 		for rep := range reps {
 			for _, c := range contenders {
-				rate, ch, err := drainOne(ctx, e, c, cfg)
+				rate, cpu, ch, err := drainOne(ctx, e, c, cfg)
 				res.Checks[c.name].add(ch)
 				if err != nil {
 					return nil, fmt.Errorf("drain %s, %s, rep %d: %w", cfg, c.name, rep+1, err)
 				}
 				k := dkey(cfg, c.name)
 				res.Rate[k] = append(res.Rate[k], rate)
-				say("drain | %-30s | rep %d | %-10s | %8.0f msg/s | dup %d, reordered %d", cfg, rep+1, c.name, rate, ch.Duplicates, ch.Reordered)
+				res.CPU[k] = append(res.CPU[k], cpu)
+				say("drain | %-30s | rep %d | %-10s | %8.0f msg/s | CPU %3.0f %% | dup %d, reordered %d", cfg, rep+1, c.name, rate, 100*cpu, ch.Duplicates, ch.Reordered)
 			}
 		}
 	}
 	return res, nil
 }
 
-// drainOne fills a backlog, then times its relays from their start until the
-// consumer has read every message.
-func drainOne(ctx context.Context, e *env, c contender, cfg drainConfig) (float64, check, error) {
+// drainOne starts the relays on an empty queue and waits until they share the
+// work, as a running fleet does; then the whole backlog arrives in one
+// transaction, and the clock runs from its commit until the consumer has read
+// every message.
+func drainOne(ctx context.Context, e *env, c contender, cfg drainConfig) (rate, cpu float64, _ check, _ error) {
 	s, err := open(ctx, e, c)
 	if err != nil {
-		return 0, check{}, err
+		return 0, 0, check{}, err
 	}
 	defer s.close(ctx)
 	p := newPlan(1)
-	for left := cfg.Backlog; left > 0; {
-		n := min(left, 10_000)
-		if err := s.in.fill(ctx, p.next(0, n)); err != nil {
-			return 0, check{}, fmt.Errorf("fill: %w", err)
-		}
-		left -= n
-	}
-	if _, err := e.pg.Exec(ctx, "VACUUM ANALYZE "+s.in.queue()); err != nil {
-		return 0, check{}, err
-	}
 	col, err := s.run.broker.collect(p, false)
 	if err != nil {
-		return 0, check{}, err
+		return 0, 0, check{}, err
 	}
-	start := time.Now()
 	if err := s.startRelays(ctx, cfg.Relays, cfg.Batch); err != nil {
-		return 0, check{}, errors.Join(err, col.finish(ctx))
+		return 0, 0, check{}, errors.Join(err, col.finish(ctx))
 	}
+	if err := s.waitHeld(outbox.DefaultBucketCount, 30*time.Second); err != nil {
+		return 0, 0, check{}, errors.Join(err, col.finish(ctx))
+	}
+	start, meter, err := fillOnce(ctx, e, s, p, cfg.Backlog)
+	if err != nil {
+		return 0, 0, check{}, errors.Join(fmt.Errorf("fill: %w", err), col.finish(ctx))
+	}
+	if err := col.waitFor(cfg.Backlog, time.Minute+time.Duration(cfg.Backlog)*time.Millisecond); err != nil {
+		say("  %v", err)
+	}
+	cpu = meter.share()
 	ch, err := s.settle(ctx, col, cfg.Backlog)
 	if err != nil {
-		return 0, ch, err
+		return 0, 0, ch, err
 	}
-	return float64(cfg.Backlog) / col.lastFirstReceipt().Sub(start).Seconds(), ch, nil
+	return float64(cfg.Backlog) / col.lastFirstReceipt().Sub(start).Seconds(), cpu, ch, nil
+}
+
+// fillOnce writes n messages in one transaction and returns when its commit began,
+// and a CPU meter started then.
+func fillOnce(ctx context.Context, e *env, s *session, p *plan, n int) (time.Time, cpuMeter, error) {
+	tx, err := e.pg.Begin(ctx)
+	if err != nil {
+		return time.Time{}, cpuMeter{}, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	var committed []func()
+	for left := n; left > 0; {
+		k := min(left, 10_000)
+		after, err := s.in.fill(ctx, tx, p.next(0, k))
+		if err != nil {
+			return time.Time{}, cpuMeter{}, err
+		}
+		if after != nil {
+			committed = append(committed, after)
+		}
+		left -= k
+	}
+	start, meter := time.Now(), startCPU()
+	if err := tx.Commit(ctx); err != nil {
+		return time.Time{}, cpuMeter{}, err
+	}
+	for _, after := range committed {
+		after()
+	}
+	return start, meter, nil
 }

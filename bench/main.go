@@ -259,7 +259,7 @@ func soakRate(ctx context.Context, e *env, opts options, drain *drainResult, sz 
 			return 0.7 * median(rates), fmt.Sprintf("70%% of the outbox's median drain rate, %s", cfg), nil
 		}
 	}
-	rate, _, err := drainOne(ctx, e, outboxPG, cfg)
+	rate, _, _, err := drainOne(ctx, e, outboxPG, cfg)
 	if err != nil {
 		return 0, "", err
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outbox"
@@ -157,24 +158,28 @@ func (o *outboxInstance) writeMy(ctx context.Context, order int64, msgs []messag
 	return committed, nil
 }
 
-// fill writes the backlog with the store's Enqueue, 2,000 envelopes per call.
-func (o *outboxInstance) fill(ctx context.Context, msgs []message) error {
+// fill writes the backlog into tx with EnqueuePgxTx, 2,000 envelopes per call, and
+// announces it once committed.
+func (o *outboxInstance) fill(ctx context.Context, tx pgx.Tx, msgs []message) (func(), error) {
+	var written []*outbox.Envelope
 	for len(msgs) > 0 {
 		n := min(len(msgs), 2000)
 		envs := make([]*outbox.Envelope, n)
 		for i, m := range msgs[:n] {
 			env, err := outbox.NewEnvelope(outbox.Message{Topic: o.r.topic, Key: m.key, Payload: m.payload}, o.store.BucketCount())
 			if err != nil {
-				return err
+				return nil, err
 			}
 			envs[i] = env
 		}
-		if err := o.store.Enqueue(ctx, envs...); err != nil {
-			return err
+		w, err := o.store.EnqueuePgxTx(ctx, tx, envs...)
+		if err != nil {
+			return nil, err
 		}
+		written = append(written, w...)
 		msgs = msgs[n:]
 	}
-	return nil
+	return func() { o.store.NotifyCommitted(written...) }, nil
 }
 
 func (o *outboxInstance) queue() string { return o.store.Config().Table }

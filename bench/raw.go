@@ -47,8 +47,10 @@ func (b *businessPG) write(ctx context.Context, order int64, _ []message) (time.
 	return time.Now(), err
 }
 
-func (b *businessPG) fill(context.Context, []message) error { return errors.New("no queue") }
-func (b *businessPG) queue() string                         { return "" }
+func (b *businessPG) fill(context.Context, pgx.Tx, []message) (func(), error) {
+	return nil, errors.New("no queue")
+}
+func (b *businessPG) queue() string { return "" }
 func (b *businessPG) relay(context.Context, int) (relay, error) {
 	return nil, errors.New("the business transaction has no relay")
 }
@@ -108,13 +110,13 @@ func (x *rawPGInstance) write(ctx context.Context, order int64, msgs []message) 
 	return time.Now(), err
 }
 
-func (x *rawPGInstance) fill(ctx context.Context, msgs []message) error {
+func (x *rawPGInstance) fill(ctx context.Context, tx pgx.Tx, msgs []message) (func(), error) {
 	rows := make([][]any, len(msgs))
 	for i, m := range msgs {
 		rows[i] = []any{x.r.topic, m.key, m.payload}
 	}
-	_, err := x.r.env.pg.CopyFrom(ctx, pgx.Identifier{x.table}, []string{"topic", "msg_key", "payload"}, pgx.CopyFromRows(rows))
-	return err
+	_, err := tx.CopyFrom(ctx, pgx.Identifier{x.table}, []string{"topic", "msg_key", "payload"}, pgx.CopyFromRows(rows))
+	return nil, err
 }
 
 func (x *rawPGInstance) queue() string { return x.table }
@@ -260,8 +262,10 @@ func (b *businessMyInstance) write(ctx context.Context, order int64, _ []message
 	return time.Now(), err
 }
 
-func (b *businessMyInstance) fill(context.Context, []message) error { return errors.New("no queue") }
-func (b *businessMyInstance) queue() string                         { return "" }
+func (b *businessMyInstance) fill(context.Context, pgx.Tx, []message) (func(), error) {
+	return nil, errors.New("no queue")
+}
+func (b *businessMyInstance) queue() string { return "" }
 func (b *businessMyInstance) relay(context.Context, int) (relay, error) {
 	return nil, errors.New("the business transaction has no relay")
 }
@@ -295,8 +299,10 @@ func (x *rawMyInstance) write(ctx context.Context, order int64, msgs []message) 
 	return time.Now(), err
 }
 
-func (x *rawMyInstance) fill(context.Context, []message) error { return errors.New("not used") }
-func (x *rawMyInstance) queue() string                         { return x.table }
+func (x *rawMyInstance) fill(context.Context, pgx.Tx, []message) (func(), error) {
+	return nil, errors.New("not used")
+}
+func (x *rawMyInstance) queue() string { return x.table }
 func (x *rawMyInstance) close(ctx context.Context) error {
 	return dropMy(ctx, x.r.env.mysql, x.orders, x.table)
 }

@@ -161,7 +161,7 @@ func (r *report) drainTables(b *strings.Builder) {
 	d := r.Drain
 	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
 	p("### Drain\n\n")
-	p("A backlog written beforehand (then `VACUUM ANALYZE`), drained by 1 or 2 relays started together; the clock runs from their start until the consumer has read the last message.\n\n")
+	p("The relays run on an empty queue until they share the buckets; then the whole backlog arrives in one transaction, and the clock runs from its commit until the consumer has read the last message. CPU is the share of the machine's processor time that was busy meanwhile (everything runs on it: PostgreSQL, Kafka, the relays, the consumer).\n\n")
 	p("| backlog, batch, relays |")
 	for _, c := range d.Contenders {
 		p(" %s |", c)
@@ -171,7 +171,11 @@ func (r *report) drainTables(b *strings.Builder) {
 	for _, cfg := range d.Configs {
 		p("| %s |", cfg)
 		for _, c := range d.Contenders {
-			p(" %s msg/s |", kilo(rate(cfg, c)))
+			p(" %s msg/s", kilo(rate(cfg, c)))
+			if cpu := median(d.CPU[dkey(cfg, c)]); cpu >= 0 {
+				p(", CPU %.0f %%", 100*cpu)
+			}
+			p(" |")
 		}
 		ratio := rate(cfg, outboxPG.name) / rate(cfg, rawPG.name)
 		p(" %.2f× | ≥ 0.90× %s |\n", ratio, mark(ratio >= 0.9))

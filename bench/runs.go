@@ -46,20 +46,21 @@ func (s *session) startRelays(ctx context.Context, n, batch int) error {
 	return nil
 }
 
-// waitHeld waits until the relays hold every bucket between them (relays without
-// leases are ready at once).
+// waitHeld waits until the relays hold every bucket between them, each at least
+// its fair share (relays without leases are ready at once).
 func (s *session) waitHeld(buckets int, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		total := 0
+		total, fair := 0, true
 		for _, r := range s.relays {
-			if h := r.held(); h < 0 {
+			h := r.held()
+			if h < 0 {
 				return nil
-			} else {
-				total += h
 			}
+			total += h
+			fair = fair && h >= buckets/len(s.relays)
 		}
-		if total >= buckets {
+		if total >= buckets && fair {
 			return nil
 		}
 		if time.Now().After(deadline) {

@@ -81,22 +81,22 @@ func (w *watermillInstance) write(ctx context.Context, order int64, msgs []messa
 	return time.Now(), err
 }
 
-// fill publishes the backlog through the same publishers on the pool, 1,000 rows
-// per INSERT.
-func (w *watermillInstance) fill(ctx context.Context, msgs []message) error {
-	pub, err := wsql.NewPublisher(wsql.BeginnerFromPgx(w.r.env.pg), wsql.PublisherConfig{SchemaAdapter: w.schema(100)}, watermill.NopLogger{})
+// fill publishes the backlog through the same publishers on tx, 1,000 rows per
+// INSERT.
+func (w *watermillInstance) fill(ctx context.Context, tx pgx.Tx, msgs []message) (func(), error) {
+	pub, err := wsql.NewPublisher(wsql.TxFromPgx(tx), wsql.PublisherConfig{SchemaAdapter: w.schema(100)}, watermill.NopLogger{})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	fwd := forwarder.NewPublisher(pub, forwarder.PublisherConfig{ForwarderTopic: w.forward})
 	for len(msgs) > 0 {
 		n := min(len(msgs), 1000)
 		if err := fwd.Publish(w.r.topic, w.messages(ctx, msgs[:n])...); err != nil {
-			return err
+			return nil, err
 		}
 		msgs = msgs[n:]
 	}
-	return nil
+	return nil, nil
 }
 
 func (w *watermillInstance) queue() string { return `"watermill_` + w.forward + `"` }
