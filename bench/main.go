@@ -73,11 +73,12 @@ type sizes struct {
 	latencyFor   time.Duration
 	soakFor      time.Duration
 	soakWindow   time.Duration
+	soakProbe    time.Duration // how long soakCapacity measures
 }
 
 func (o options) sizes() sizes {
 	sz := sizes{writeTx: 2000, writeTxEach: 500, backlog: 20_000, latencyRate: 300, latencyFor: 20 * time.Second,
-		soakFor: o.soak, soakWindow: time.Minute}
+		soakFor: o.soak, soakWindow: time.Minute, soakProbe: 20 * time.Second}
 	if o.large || o.full() {
 		sz.largeBacklog = 200_000
 	}
@@ -86,7 +87,7 @@ func (o options) sizes() sizes {
 		if sz.largeBacklog > 0 {
 			sz.largeBacklog = 2000
 		}
-		sz.soakWindow = time.Second
+		sz.soakWindow, sz.soakProbe = time.Second, 2*time.Second
 		if sz.soakFor == 0 || sz.soakFor > 5*time.Second {
 			sz.soakFor = 3 * time.Second
 		}
@@ -106,7 +107,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&only, "only", "", "comma-separated scenarios to run: "+strings.Join(scenarioNames, ","))
 	fs.BoolVar(&o.large, "large", false, "also drain a 200k backlog (always in the full run)")
 	fs.DurationVar(&o.soak, "soak", 0, "soak duration (10m in the full run or with -only soak; off otherwise)")
-	fs.Float64Var(&o.soakRate, "soak-rate", 0, "the soak writers' rate in msg/s (default 70% of the outbox's drain rate, 1 relay, batch 100)")
+	fs.Float64Var(&o.soakRate, "soak-rate", 0, "the soak writers' rate in msg/s (default 70% of what writers and relays sustain together, or of the drain rate if lower)")
 	fs.IntVar(&o.soakRelays, "soak-relays", 2, "relays running during the soak")
 	fs.StringVar(&o.out, "out", "", "replace the report between the markers of this Markdown file")
 	fs.StringVar(&o.images, "images", "", "write the SVG charts (bench-*.svg) into this directory")
@@ -247,22 +248,33 @@ func runAll(ctx context.Context, opts options, needMySQL bool) (*report, error) 
 	return rep, nil
 }
 
-// soakRate is 70 % of the outbox's drain rate with 1 relay and batch 100: from this
-// run's drain scenario, from -soak-rate, or measured once here.
+// soakRate is 70 % of what the machine sustains with writers and relays running
+// together (soakCapacity), or of the outbox's drain rate with 1 relay and batch 100
+// if that is lower; -soak-rate sets it instead. On a small machine the writers'
+// own work comes out of the relays' share, so the drain rate alone would overload
+// the soak: its backlog would grow without bound, and it would show nothing about
+// steady running.
 func soakRate(ctx context.Context, e *env, opts options, drain *drainResult, sz sizes) (float64, string, error) {
 	if opts.soakRate > 0 {
 		return opts.soakRate, "-soak-rate", nil
 	}
 	cfg := drainConfig{Backlog: sz.backlog, Batch: 100, Relays: 1}
+	var drained float64
 	if drain != nil {
-		if rates := drain.Rate[dkey(cfg, outboxPG.name)]; len(rates) > 0 {
-			return 0.7 * median(rates), fmt.Sprintf("70%% of the outbox's median drain rate, %s", cfg), nil
-		}
+		drained = median(drain.Rate[dkey(cfg, outboxPG.name)])
 	}
-	rate, _, _, err := drainOne(ctx, e, outboxPG, cfg)
+	if drained == 0 {
+		rate, _, _, err := drainOne(ctx, e, outboxPG, cfg)
+		if err != nil {
+			return 0, "", err
+		}
+		drained = rate
+	}
+	capacity, err := soakCapacity(ctx, e, opts.soakRelays, sz.soakProbe)
 	if err != nil {
 		return 0, "", err
 	}
-	say("soak: the outbox drains %.0f msg/s (%s)", rate, cfg)
-	return 0.7 * rate, fmt.Sprintf("70%% of the outbox's drain rate, %s, measured once before the soak", cfg), nil
+	say("soak: the outbox drains %.0f msg/s (%s); writers and %d relays together sustain %.0f msg/s", drained, cfg, opts.soakRelays, capacity)
+	return 0.7 * min(drained, capacity), fmt.Sprintf("70%% of the lower of the drain rate (%s msg/s, %s) and what writers and relays sustained together in a %v probe (%s msg/s)",
+		kilo(drained), cfg, sz.soakProbe, kilo(capacity)), nil
 }

@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/outboxkit/outbox"
@@ -117,6 +119,60 @@ func soakScenario(ctx context.Context, e *env, rate float64, source string, rela
 	}
 	return res, nil
 }
+
+// soakCapacity measures what the machine sustains with writers and relays running
+// together: the soak's writers commit as fast as they can, soakProbeMsgsPerTx
+// messages per transaction, while the relays run, for probe; the capacity is the
+// rate the consumer received over the probe's second half.
+func soakCapacity(ctx context.Context, e *env, relays int, probe time.Duration) (float64, error) {
+	s, err := open(ctx, e, outboxPG)
+	if err != nil {
+		return 0, err
+	}
+	defer s.close(ctx)
+	if err := s.startRelays(ctx, relays, 100); err != nil {
+		return 0, err
+	}
+	if err := s.waitHeld(outbox.DefaultBucketCount, 30*time.Second); err != nil {
+		return 0, err
+	}
+	p := newPlan(latencyWriters)
+	col, err := s.run.broker.collect(p, true)
+	if err != nil {
+		return 0, err
+	}
+	received := func() int {
+		col.mu.Lock()
+		defer col.mu.Unlock()
+		return col.distinct
+	}
+	until := time.Now().Add(probe)
+	var order atomic.Int64
+	var wg sync.WaitGroup
+	errs := make([]error, p.writers)
+	for w := range p.writers {
+		wg.Go(func() {
+			for time.Now().Before(until) && ctx.Err() == nil {
+				if _, err := s.in.write(ctx, order.Add(1), p.next(w, soakProbeMsgsPerTx)); err != nil {
+					errs[w] = err
+					return
+				}
+			}
+		})
+	}
+	time.Sleep(probe / 2)
+	from, at := received(), time.Now()
+	wg.Wait()
+	rate := float64(received()-from) / time.Since(at).Seconds()
+	if err := errors.Join(errs...); err != nil {
+		return 0, err
+	}
+	_, err = s.settle(ctx, col, p.total())
+	return rate, err
+}
+
+// soakProbeMsgsPerTx is how many messages a transaction of soakCapacity carries.
+const soakProbeMsgsPerTx = 100
 
 // soakRelations are the outbox table and, if it is partitioned, its partitions.
 const soakRelations = `SELECT $1::regclass AS relid UNION SELECT relid FROM pg_partition_tree($1::regclass)`
