@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -50,86 +51,107 @@ func writeScenario(ctx context.Context, e *env, db string, contenders []contende
 	for _, wc := range writeCases {
 		txs := res.TxPerWriter[wc.Writers]
 		for rep := range reps {
-			var base float64
-			for _, c := range contenders {
-				us, ch, err := writeOne(ctx, e, c, wc, txs)
-				if err != nil {
-					return nil, fmt.Errorf("write %s, %s, %s, rep %d: %w", db, wc.Name, c.name, rep+1, err)
-				}
-				if c.name == business.name {
-					base = us
-				} else {
-					res.Checks[c.name].add(ch)
-				}
+			us, chs, err := writeRep(ctx, e, contenders, wc, txs)
+			if err != nil {
+				return nil, fmt.Errorf("write %s, %s, rep %d: %w", db, wc.Name, rep+1, err)
+			}
+			base := us[0] // contenders[0] is the business transaction alone
+			for i, c := range contenders {
 				k := wkey(wc, c.name)
-				res.Micros[k] = append(res.Micros[k], us)
-				res.Ratio[k] = append(res.Ratio[k], us/base)
-				say("write %s | %-24s | rep %d | %-18s | %8.1f µs/tx  %.2f×", db, wc.Name, rep+1, c.name, us, us/base)
+				res.Micros[k] = append(res.Micros[k], us[i])
+				res.Ratio[k] = append(res.Ratio[k], us[i]/base)
+				if i > 0 {
+					res.Checks[c.name].add(chs[i])
+				}
+				say("write %s | %-24s | rep %d | %-18s | %8.1f µs/tx  %.2f×", db, wc.Name, rep+1, c.name, us[i], us[i]/base)
 			}
 		}
 	}
 	return res, nil
 }
 
-// writeOne runs txs business transactions per writer, after a few untimed ones to
-// warm the connections, and returns the mean µs per transaction. Then a relay
-// publishes what was written and the delivery is checked.
-func writeOne(ctx context.Context, e *env, c contender, wc writeCase, txs int) (float64, check, error) {
-	s, err := open(ctx, e, c)
-	if err != nil {
-		return 0, check{}, err
-	}
-	defer s.close(ctx)
-	p := newPlan(wc.Writers)
+// writeRep runs txs business transactions per writer for every contender, after a
+// few untimed ones to warm the connections, and returns each contender's mean µs
+// per transaction. The contenders take turns transaction by transaction (each
+// writer runs one of each in turn), so a slow moment of the machine falls on all
+// of them alike. Then each contender's relay publishes what was written and the
+// delivery is checked.
+func writeRep(ctx context.Context, e *env, contenders []contender, wc writeCase, txs int) ([]float64, []check, error) {
+	sessions := make([]*session, len(contenders))
+	plans := make([]*plan, len(contenders))
+	defer func() {
+		for _, s := range sessions {
+			if s != nil {
+				_ = s.close(ctx)
+			}
+		}
+	}()
 	warm := max(10, txs/20)
-	msgs := c.name != business.name
 	// Every message is built before the clock starts.
-	work := make([][][]message, wc.Writers)
-	for w := range work {
-		work[w] = make([][]message, warm+txs)
-		if msgs {
-			for i := range work[w] {
-				work[w][i] = p.next(w, wc.Msgs)
+	work := make([][][][]message, len(contenders)) // contender, writer, transaction
+	for i, c := range contenders {
+		s, err := open(ctx, e, c)
+		if err != nil {
+			return nil, nil, err
+		}
+		sessions[i], plans[i] = s, newPlan(wc.Writers)
+		work[i] = make([][][]message, wc.Writers)
+		for w := range work[i] {
+			work[i][w] = make([][]message, warm+txs)
+			if c.name != business.name {
+				for t := range work[i][w] {
+					work[i][w][t] = plans[i].next(w, wc.Msgs)
+				}
 			}
 		}
 	}
 	var order atomic.Int64
-	tx := func(w, i int) error {
-		_, err := s.in.write(ctx, order.Add(1), work[w][i])
+	tx := func(i, w, t int) error {
+		_, err := sessions[i].in.write(ctx, order.Add(1), work[i][w][t])
 		return err
 	}
 	for w := range wc.Writers {
-		for i := range warm {
-			if err := tx(w, i); err != nil {
-				return 0, check{}, err
+		for t := range warm {
+			for i := range contenders {
+				if err := tx(i, w, t); err != nil {
+					return nil, nil, fmt.Errorf("%s: %w", contenders[i].name, err)
+				}
 			}
 		}
 	}
-	var total atomic.Int64
+	totals := make([]atomic.Int64, len(contenders))
 	var wg sync.WaitGroup
 	errs := make([]error, wc.Writers)
 	for w := range wc.Writers {
 		wg.Go(func() {
-			for i := warm; i < warm+txs; i++ {
-				start := time.Now()
-				if err := tx(w, i); err != nil {
-					errs[w] = err
-					return
+			for t := warm; t < warm+txs; t++ {
+				for i := range contenders {
+					start := time.Now()
+					if err := tx(i, w, t); err != nil {
+						errs[w] = fmt.Errorf("%s: %w", contenders[i].name, err)
+						return
+					}
+					totals[i].Add(int64(time.Since(start)))
 				}
-				total.Add(int64(time.Since(start)))
 			}
 		})
 	}
 	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return 0, check{}, err
+	if err := errors.Join(errs...); err != nil {
+		return nil, nil, err
+	}
+	us := make([]float64, len(contenders))
+	chs := make([]check, len(contenders))
+	for i, c := range contenders {
+		us[i] = float64(totals[i].Load()) / float64(wc.Writers*txs) / 1e3
+		if c.name == business.name {
+			continue
 		}
+		ch, err := sessions[i].deliver(ctx, plans[i], 500)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", c.name, err)
+		}
+		chs[i] = ch
 	}
-	us := float64(total.Load()) / float64(wc.Writers*txs) / 1e3
-	if !msgs {
-		return us, check{}, nil
-	}
-	ch, err := s.deliver(ctx, p, 500)
-	return us, ch, err
+	return us, chs, nil
 }

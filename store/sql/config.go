@@ -78,7 +78,7 @@ type Config struct {
 	// complete them) between two VACUUMs of the message table that it runs in the
 	// background, so a busy queue reuses its space within seconds instead of growing
 	// until autovacuum's next visit. The VACUUM skips a table another VACUUM holds and
-	// never truncates it. It needs the table's owner (or the MAINTAIN privilege);
+	// never truncates it; after one that took d, the next waits at least 9·d. It needs the table's owner (or the MAINTAIN privilege);
 	// without it PostgreSQL skips the table with a warning. Defaults to
 	// DefaultVacuumAfter (20,000); -1 turns it off. Ignored on MySQL and SQLite, whose
 	// engines reclaim deleted rows by themselves.
