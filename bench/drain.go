@@ -131,6 +131,13 @@ func fillOnce(ctx context.Context, e *env, s *session, p *plan, n int) (time.Tim
 		}
 		left -= k
 	}
+	// ANALYZE in the same transaction samples the backlog it wrote, and its
+	// statistics commit with it: the relays' queries are planned for the table as it
+	// is when they first see it (a stale "empty table" plan sends Watermill's
+	// subscriber to scanning the whole table for every batch).
+	if _, err := tx.Exec(ctx, "ANALYZE "+s.in.queue()); err != nil {
+		return time.Time{}, cpuMeter{}, err
+	}
 	start, meter := time.Now(), startCPU()
 	if err := tx.Commit(ctx); err != nil {
 		return time.Time{}, cpuMeter{}, err
