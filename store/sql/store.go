@@ -32,11 +32,12 @@ type Store struct {
 
 	idle idleWatch // database/sql: warns when the pool keeps too few idle connections
 
-	hub    outbox.Hub
-	closed atomic.Bool
-	sender notifySender
-	vacuum vacuumer
-	origin string // tags this store's NOTIFY payloads, so its listener skips them
+	hub      outbox.Hub
+	closed   atomic.Bool
+	sender   notifySender
+	vacuum   vacuumer
+	prepared preparedInserts // MySQL
+	origin   string          // tags this store's NOTIFY payloads, so its listener skips them
 
 	listenMu     sync.Mutex
 	listenCancel context.CancelFunc
@@ -186,6 +187,7 @@ func (s *Store) Close() error {
 	s.stopListener()
 	s.sender.stop()
 	s.vacuum.stop()
+	s.prepared.close()
 	s.hub.Close()
 	return nil
 }
@@ -382,7 +384,7 @@ func (s *Store) insertChunk(ctx context.Context, q querier, envs []*outbox.Envel
 		if !ok {
 			return errors.New("mysql needs a database/sql connection")
 		}
-		res, err := sq.c.ExecContext(ctx, query, args...)
+		res, err := s.prepared.exec(ctx, s.sqlDB, sq.c, query, len(envs), args)
 		if err != nil {
 			return err
 		}

@@ -2,6 +2,7 @@ package tests
 
 import (
 	"database/sql"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -75,4 +76,41 @@ func TestRelayIDsTheColumnsCannotHoldAreRefused(t *testing.T) {
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
 	_, err = s.Heartbeat(ctx, strings.Repeat("r", 256), now, 1)
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
+}
+
+// On MySQL the store keeps its INSERTs prepared on its own *sql.DB; an application
+// transaction on another *sql.DB (a second pool to the same server) still takes its
+// messages, and repeated writes of every size keep their Seq order.
+func TestEnqueueTxOnAnotherPoolOfTheServer(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	s, err := sqlstore.NewDB(mysqlDB(t), sqlstore.MySQL, withTable(sqlstore.Config{BucketCount: 1}))
+	s = migrated(t, s, err)
+	other, err := sql.Open("mysql", mysqlDSN())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = other.Close() })
+	var want []string
+	for round := range 3 {
+		for _, db := range []*sql.DB{mysqlDB(t), other} {
+			tx, err := db.BeginTx(ctx, nil)
+			require.NoError(t, err)
+			var envs []*outbox.Envelope
+			for i := range round*7 + 1 { // 1, 8 and 15 rows: each a statement of its own
+				payload := fmt.Sprintf("%d-%p-%d", round, db, i)
+				envs = append(envs, newEnvelope(t, s, "k", payload))
+				want = append(want, payload)
+			}
+			written, err := s.EnqueueTx(ctx, tx, envs...)
+			require.NoError(t, err)
+			require.Len(t, written, len(envs))
+			require.NoError(t, tx.Commit())
+		}
+	}
+	fetched, err := s.Fetch(ctx, 0, 1000)
+	require.NoError(t, err)
+	var got []string
+	for _, env := range fetched {
+		got = append(got, string(env.Payload))
+	}
+	require.Equal(t, want, got, "every write landed, in Seq order")
 }
