@@ -118,7 +118,8 @@ func (r *report) writeTable(b *strings.Builder, w *writeResult, chart string) {
 	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
 	p("### Write cost, %s\n\n", w.DB)
 	p("Mean time of one business transaction (`BEGIN; INSERT INTO bench_orders …; COMMIT`) with the contender's in-transaction write, "+
-		"and its multiple of the business transaction alone in the same repetition; %d transactions per repetition with 1 writer, %d × %d with 8 concurrent writers. "+
+		"and its multiple of the business transaction alone in the same repetition; %d transactions per repetition and contender with 1 writer, %d × %d with 8 concurrent writers, "+
+		"the contenders taking turns transaction by transaction. "+
 		"Raw writes a transaction's messages with one multi-row INSERT, Watermill with one `Publish` of all of them, the outbox with one `Send` each.\n\n",
 		w.TxPerWriter[1], 8, w.TxPerWriter[8])
 	p("| contender |")
