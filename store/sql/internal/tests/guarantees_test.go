@@ -363,66 +363,60 @@ func TestSQLiteConcurrentWritersAndRelayNeverBusy(t *testing.T) {
 }
 
 func TestListenNotifyWakesWorkerAcrossProcesses(t *testing.T) {
-	for _, b := range backends {
-		if b.name != "postgres/pgx" && b.name != "postgres/database-sql" {
-			continue
-		}
-		t.Run(b.name, func(t *testing.T) {
-			t.Parallel()
-			ctx := testContext(t)
-			relayStore := b.open(t, sqlstore.Config{BucketCount: 2, Logger: quietLog})
-			// A second store on the same tables stands for another process: its
-			// commits cannot wake the relay's in-process hub.
-			cfg := relayStore.Config()
-			writer, err := sqlstore.NewPgx(postgresPool(t), sqlstore.Config{Table: cfg.Table, BucketCount: 2})
-			require.NoError(t, err)
-			defer writer.Close()
+	eachPostgres(t, func(t *testing.T, b backend) {
+		ctx := testContext(t)
+		relayStore := b.open(t, sqlstore.Config{BucketCount: 2, Logger: quietLog})
+		// A second store on the same tables stands for another process: its
+		// commits cannot wake the relay's in-process hub.
+		cfg := relayStore.Config()
+		writer, err := sqlstore.NewPgx(postgresPool(t), sqlstore.Config{Table: cfg.Table, BucketCount: 2})
+		require.NoError(t, err)
+		defer writer.Close()
 
-			rec := outboxtest.NewRecorder()
-			d, err := dispatcher.New(relayStore, rec, dispatcher.Config{
-				BucketCount: 2, PollInterval: time.Hour,
-				LeaseDuration: 3 * time.Hour, LeaseRenewInterval: time.Hour, Logger: quietLog,
-			})
-			require.NoError(t, err)
-			require.NoError(t, d.Start(ctx))
-			defer func() { require.NoError(t, d.Stop(ctx)) }()
-			require.Eventually(t, func() bool { return len(d.Owned()) == 2 }, 10*time.Second, 5*time.Millisecond)
-			listenerPID := func() int {
-				var pid int
-				err := postgresPool(t).QueryRow(ctx,
-					`SELECT pid FROM pg_stat_activity WHERE query = $1 AND state = 'idle'`, `LISTEN "`+cfg.NotifyChannel+`"`).Scan(&pid)
-				if errors.Is(err, pgx.ErrNoRows) {
-					return 0
-				}
-				require.NoError(t, err)
-				return pid
-			}
-			require.Eventually(t, func() bool { return listenerPID() != 0 }, 10*time.Second, 5*time.Millisecond)
-			firstPID := listenerPID()
-
-			commit := func(payload string) {
-				require.NoError(t, writer.Transact(ctx, func(ctx context.Context) error {
-					send(t, ctx, writer, "k", payload)
-					return nil
-				}))
-			}
-			waitCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			defer cancel()
-			commit("one")
-			require.NoError(t, rec.WaitFor(waitCtx, 1), "only the notification can wake a worker polling hourly")
-
-			// Drop the listening connection: the store reconnects and listens again.
-			_, err = postgresPool(t).Exec(ctx, `SELECT pg_terminate_backend($1)`, firstPID)
-			require.NoError(t, err)
-			require.Eventually(t, func() bool {
-				pid := listenerPID()
-				return pid != 0 && pid != firstPID
-			}, 10*time.Second, 10*time.Millisecond, "a new LISTEN session replaces the dropped one")
-			commit("two")
-			require.NoError(t, rec.WaitFor(waitCtx, 2), "a commit after the reconnect wakes the worker too")
-			require.Equal(t, 2, rec.Unique())
+		rec := outboxtest.NewRecorder()
+		d, err := dispatcher.New(relayStore, rec, dispatcher.Config{
+			BucketCount: 2, PollInterval: time.Hour,
+			LeaseDuration: 3 * time.Hour, LeaseRenewInterval: time.Hour, Logger: quietLog,
 		})
-	}
+		require.NoError(t, err)
+		require.NoError(t, d.Start(ctx))
+		defer func() { require.NoError(t, d.Stop(ctx)) }()
+		require.Eventually(t, func() bool { return len(d.Owned()) == 2 }, 10*time.Second, 5*time.Millisecond)
+		listenerPID := func() int {
+			var pid int
+			err := postgresPool(t).QueryRow(ctx,
+				`SELECT pid FROM pg_stat_activity WHERE query = $1 AND state = 'idle'`, `LISTEN "`+cfg.NotifyChannel+`"`).Scan(&pid)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return 0
+			}
+			require.NoError(t, err)
+			return pid
+		}
+		require.Eventually(t, func() bool { return listenerPID() != 0 }, 10*time.Second, 5*time.Millisecond)
+		firstPID := listenerPID()
+
+		commit := func(payload string) {
+			require.NoError(t, writer.Transact(ctx, func(ctx context.Context) error {
+				send(t, ctx, writer, "k", payload)
+				return nil
+			}))
+		}
+		waitCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		commit("one")
+		require.NoError(t, rec.WaitFor(waitCtx, 1), "only the notification can wake a worker polling hourly")
+
+		// Drop the listening connection: the store reconnects and listens again.
+		_, err = postgresPool(t).Exec(ctx, `SELECT pg_terminate_backend($1)`, firstPID)
+		require.NoError(t, err)
+		require.Eventually(t, func() bool {
+			pid := listenerPID()
+			return pid != 0 && pid != firstPID
+		}, 10*time.Second, 10*time.Millisecond, "a new LISTEN session replaces the dropped one")
+		commit("two")
+		require.NoError(t, rec.WaitFor(waitCtx, 2), "a commit after the reconnect wakes the worker too")
+		require.Equal(t, 2, rec.Unique())
+	})
 }
 
 func TestDispatchOneReachesALateCommit(t *testing.T) {

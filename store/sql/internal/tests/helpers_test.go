@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -258,6 +259,18 @@ func eachBackend(t *testing.T, test func(t *testing.T, b backend)) {
 			t.Parallel()
 			test(t, b)
 		})
+	}
+}
+
+// eachPostgres runs test on the PostgreSQL backends alone (pgx and database/sql).
+func eachPostgres(t *testing.T, test func(t *testing.T, b backend)) {
+	for _, b := range backends {
+		if strings.HasPrefix(b.name, "postgres/") {
+			t.Run(b.name, func(t *testing.T) {
+				t.Parallel()
+				test(t, b)
+			})
+		}
 	}
 }
 

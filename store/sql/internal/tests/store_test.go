@@ -202,37 +202,31 @@ func TestDeleteDispatchedInBoundedBatches(t *testing.T) {
 // A relay that completes messages makes the store VACUUM the table once
 // VacuumAfter rows are gone, so a busy queue reuses its space at once.
 func TestCompletedRowsAreVacuumed(t *testing.T) {
-	for _, b := range backends {
-		if b.name != "postgres/pgx" && b.name != "postgres/database-sql" {
-			continue
+	eachPostgres(t, func(t *testing.T, b backend) {
+		ctx := testContext(t)
+		s := b.open(t, sqlstore.Config{BucketCount: 1, VacuumAfter: 50})
+		vacuums := func() int64 {
+			var n int64
+			require.NoError(t, postgresPool(t).QueryRow(ctx,
+				"SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = $1::regclass", s.Config().Table).Scan(&n))
+			return n
 		}
-		t.Run(b.name, func(t *testing.T) {
-			t.Parallel()
-			ctx := testContext(t)
-			s := b.open(t, sqlstore.Config{BucketCount: 1, VacuumAfter: 50})
-			vacuums := func() int64 {
-				var n int64
-				require.NoError(t, postgresPool(t).QueryRow(ctx,
-					"SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = $1::regclass", s.Config().Table).Scan(&n))
-				return n
-			}
-			var envs []*outbox.Envelope
-			for i := range 40 {
-				envs = append(envs, newEnvelope(t, s, fmt.Sprint(i), "p"))
-			}
-			require.NoError(t, s.Enqueue(ctx, envs...))
-			require.NoError(t, s.Complete(ctx, envs))
-			require.Zero(t, vacuums(), "40 deletions are below the threshold")
-			var more []*outbox.Envelope
-			for i := range 10 {
-				more = append(more, newEnvelope(t, s, fmt.Sprint(i), "p"))
-			}
-			require.NoError(t, s.Enqueue(ctx, more...))
-			require.NoError(t, s.Complete(ctx, more))
-			require.Eventually(t, func() bool { return vacuums() == 1 }, 10*time.Second, 10*time.Millisecond,
-				"the 50th deletion starts one VACUUM")
-		})
-	}
+		var envs []*outbox.Envelope
+		for i := range 40 {
+			envs = append(envs, newEnvelope(t, s, fmt.Sprint(i), "p"))
+		}
+		require.NoError(t, s.Enqueue(ctx, envs...))
+		require.NoError(t, s.Complete(ctx, envs))
+		require.Zero(t, vacuums(), "40 deletions are below the threshold")
+		var more []*outbox.Envelope
+		for i := range 10 {
+			more = append(more, newEnvelope(t, s, fmt.Sprint(i), "p"))
+		}
+		require.NoError(t, s.Enqueue(ctx, more...))
+		require.NoError(t, s.Complete(ctx, more))
+		require.Eventually(t, func() bool { return vacuums() == 1 }, 10*time.Second, 10*time.Millisecond,
+			"the 50th deletion starts one VACUUM")
+	})
 }
 
 func TestEnqueueTxRollsBackWithTheApplication(t *testing.T) {
