@@ -29,7 +29,7 @@ func TestBucketOfPartitionAndKeyless(t *testing.T) {
 		require.Greater(t, n, 50, "bucket %d gets a fair share of keyless messages", b)
 	}
 	// nil and empty keys are different: empty is a real key, one bucket whatever the
-	// ID (transport/kafka checks it is the bucket Kafka's partitioner picks).
+	// ID (transport/kafkatransport checks it is the bucket Kafka's partitioner picks).
 	empty := outbox.Message{Topic: "t", Key: []byte{}}
 	want := outbox.BucketOf(&empty, uuid.New(), 8)
 	for range 100 {

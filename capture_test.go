@@ -12,12 +12,12 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/outboxtest"
-	"github.com/outboxkit/outbox/store/memory"
+	"github.com/outboxkit/outbox/store/memstore"
 )
 
-func newStore(t *testing.T, cfg memory.Config) *memory.Store {
+func newStore(t *testing.T, cfg memstore.Config) *memstore.Store {
 	t.Helper()
-	st, err := memory.New(cfg)
+	st, err := memstore.New(cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = st.Close() })
 	return st
@@ -30,7 +30,7 @@ func newSender(t *testing.T, st outbox.Store, cfg outbox.SenderConfig) *outbox.C
 	return c
 }
 
-func pending(t *testing.T, st *memory.Store) int {
+func pending(t *testing.T, st *memstore.Store) int {
 	t.Helper()
 	stats, err := st.Stats(context.Background())
 	require.NoError(t, err)
@@ -43,7 +43,7 @@ func pending(t *testing.T, st *memory.Store) int {
 
 func TestSenderConfigValidate(t *testing.T) {
 	t.Parallel()
-	st := newStore(t, memory.Config{})
+	st := newStore(t, memstore.Config{})
 	_, err := outbox.NewSender(st, outbox.SenderConfig{Mode: 7})
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
 	require.ErrorContains(t, err, "SenderConfig.Mode")
@@ -57,7 +57,7 @@ func TestSenderConfigValidate(t *testing.T) {
 // Outside a unit of work the default mode fails at Send; Immediate writes at once.
 func TestSendOutsideAUnitOfWork(t *testing.T) {
 	t.Parallel()
-	st := newStore(t, memory.Config{})
+	st := newStore(t, memstore.Config{})
 	ctx := context.Background()
 	send := newSender(t, st, outbox.SenderConfig{})
 	err := send.Send(ctx, outbox.Message{Topic: "orders"})
@@ -76,7 +76,7 @@ func TestSendOutsideAUnitOfWork(t *testing.T) {
 // Capture refuses what the store or the transport can never carry, before writing.
 func TestSendSizeLimits(t *testing.T) {
 	t.Parallel()
-	st := newStore(t, memory.Config{MaxMessageSize: 1000})
+	st := newStore(t, memstore.Config{MaxMessageSize: 1000})
 	ctx := context.Background()
 	body := func(n int) outbox.Message { return outbox.Message{Topic: "t", Payload: make([]byte, n)} }
 
@@ -107,7 +107,7 @@ func (l limited) MaxMessageSize() int { return l.n }
 
 func TestSendRefusesInvalidTopics(t *testing.T) {
 	t.Parallel()
-	st := newStore(t, memory.Config{})
+	st := newStore(t, memstore.Config{})
 	send := newSender(t, st, outbox.SenderConfig{Mode: outbox.Immediate})
 	for _, topic := range []string{"", "nul\x00inside", "bad\xffutf8"} {
 		require.ErrorIs(t, send.Send(context.Background(), outbox.Message{Topic: topic}), outbox.ErrInvalidMessage, "topic %q", topic)
@@ -119,7 +119,7 @@ func TestSendRefusesInvalidTopics(t *testing.T) {
 // no transaction took is reported through the sender's logger, not a global one.
 func TestScopeReleaseReportsAbandonedThroughTheSendersLogger(t *testing.T) {
 	t.Parallel()
-	st := newStore(t, memory.Config{})
+	st := newStore(t, memstore.Config{})
 	var logs bytes.Buffer
 	send := newSender(t, st, outbox.SenderConfig{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 
@@ -147,7 +147,7 @@ func TestScopeReleaseReportsAbandonedThroughTheSendersLogger(t *testing.T) {
 // unit even with another store's unit in between.
 func TestNestedUnitsOfDifferentStores(t *testing.T) {
 	t.Parallel()
-	a, b := newStore(t, memory.Config{BucketCount: 1}), newStore(t, memory.Config{BucketCount: 1})
+	a, b := newStore(t, memstore.Config{BucketCount: 1}), newStore(t, memstore.Config{BucketCount: 1})
 	toA, toB := newSender(t, a, outbox.SenderConfig{}), newSender(t, b, outbox.SenderConfig{})
 	boom := errors.New("outer failed")
 	err := a.Transact(context.Background(), func(ctx context.Context) error {
@@ -169,7 +169,7 @@ func TestNestedUnitsOfDifferentStores(t *testing.T) {
 // alone, a send is a wiring mistake, not a message written to the wrong store.
 func TestSendInsideAnotherStoresUnitOfWork(t *testing.T) {
 	t.Parallel()
-	a, b := newStore(t, memory.Config{BucketCount: 1}), newStore(t, memory.Config{BucketCount: 1})
+	a, b := newStore(t, memstore.Config{BucketCount: 1}), newStore(t, memstore.Config{BucketCount: 1})
 	toA := newSender(t, a, outbox.SenderConfig{Mode: outbox.Immediate})
 	err := b.Transact(context.Background(), func(ctx context.Context) error {
 		return toA.Send(ctx, outbox.Message{Topic: "a"})

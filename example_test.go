@@ -8,7 +8,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/store/memory"
+	"github.com/outboxkit/outbox/store/memstore"
 )
 
 // Messages with one key always land in one bucket: the bucket Kafka's default
@@ -23,7 +23,7 @@ func ExampleBucketOf() {
 // function returns nil, and not at all when it fails.
 func ExampleNewSender() {
 	ctx := context.Background()
-	store, _ := memory.New(memory.Config{BucketCount: 1})
+	store, _ := memstore.New(memstore.Config{BucketCount: 1})
 	defer store.Close()
 	sender, _ := outbox.NewSender(store, outbox.SenderConfig{})
 
@@ -56,7 +56,7 @@ func ExampleNewSender() {
 // them with the store's EnqueueTx-style call inside that transaction.
 func ExampleNewScope() {
 	ctx := context.Background()
-	store, _ := memory.New(memory.Config{})
+	store, _ := memstore.New(memstore.Config{})
 	defer store.Close()
 	sender, _ := outbox.NewSender(store, outbox.SenderConfig{})
 

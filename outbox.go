@@ -1,6 +1,6 @@
 // Package outbox is a storage-agnostic transactional outbox: an application's state
 // change and the messages it sends commit together, and a dispatcher
-// ([github.com/outboxkit/outbox/dispatcher]) relays the messages to a broker afterwards.
+// ([github.com/outboxkit/outbox/relay]) relays the messages to a broker afterwards.
 //
 // An application holds two small interfaces: a [Transactor] (every store is one) and
 // a [Sender] ([NewSender] captures into a store):

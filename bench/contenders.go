@@ -35,12 +35,12 @@ type instance interface {
 	queue() string
 	// relay starts one relay, as a separate process would run it: its own
 	// connections, its own Kafka client.
-	relay(ctx context.Context, batch int) (relay, error)
+	relay(ctx context.Context, batch int) (runningRelay, error)
 	// close drops the run's tables.
 	close(ctx context.Context) error
 }
 
-type relay interface {
+type runningRelay interface {
 	// held is how many buckets the relay holds leases on, -1 for relays without.
 	held() int
 	stop(ctx context.Context) error

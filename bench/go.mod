@@ -4,8 +4,8 @@ go 1.26.0
 
 replace (
 	github.com/outboxkit/outbox => ..
-	github.com/outboxkit/outbox/store/sql => ../store/sql
-	github.com/outboxkit/outbox/transport/kafka => ../transport/kafka
+	github.com/outboxkit/outbox/store/sqlstore => ../store/sqlstore
+	github.com/outboxkit/outbox/transport/kafkatransport => ../transport/kafkatransport
 )
 
 require (
@@ -14,8 +14,8 @@ require (
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/outboxkit/outbox v0.0.0-00010101000000-000000000000
-	github.com/outboxkit/outbox/store/sql v0.0.0-00010101000000-000000000000
-	github.com/outboxkit/outbox/transport/kafka v0.0.0-00010101000000-000000000000
+	github.com/outboxkit/outbox/store/sqlstore v0.0.0-00010101000000-000000000000
+	github.com/outboxkit/outbox/transport/kafkatransport v0.0.0-00010101000000-000000000000
 	github.com/twmb/franz-go v1.22.3
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
 	github.com/twmb/franz-go/pkg/kmsg v1.15.1

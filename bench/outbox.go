@@ -10,10 +10,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/dispatcher"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/middleware"
-	sqlstore "github.com/outboxkit/outbox/store/sql"
-	"github.com/outboxkit/outbox/transport/kafka"
+	"github.com/outboxkit/outbox/store/sqlstore"
+	"github.com/outboxkit/outbox/transport/kafkatransport"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -36,7 +36,7 @@ func (o *outboxInstance) init(ctx context.Context) error {
 	if o.client, err = o.r.broker.client(); err != nil {
 		return err
 	}
-	transport, err := kafka.New(o.client, kafka.Config{})
+	transport, err := kafkatransport.New(o.client, kafkatransport.Config{})
 	if err != nil {
 		return err
 	}
@@ -197,7 +197,7 @@ func (o *outboxInstance) close(ctx context.Context) error {
 
 // relay starts a dispatcher with the project's Kafka transport and default settings
 // but BatchSize, on a store and connections of its own.
-func (o *outboxInstance) relay(ctx context.Context, batch int) (relay, error) {
+func (o *outboxInstance) relay(ctx context.Context, batch int) (runningRelay, error) {
 	r := &outboxRelay{}
 	var err error
 	if o.mysql {
@@ -226,12 +226,12 @@ func (o *outboxInstance) relay(ctx context.Context, batch int) (relay, error) {
 		return nil, err
 	}
 	r.closers = append(r.closers, func() error { client.Close(); return nil })
-	transport, err := kafka.New(client, kafka.Config{})
+	transport, err := kafkatransport.New(client, kafkatransport.Config{})
 	if err != nil {
 		r.close()
 		return nil, err
 	}
-	if r.d, err = dispatcher.New(r.store, transport, dispatcher.Config{BatchSize: batch, Logger: quiet}); err != nil {
+	if r.d, err = relay.New(r.store, transport, relay.Config{BatchSize: batch, Logger: quiet}); err != nil {
 		r.close()
 		return nil, err
 	}
@@ -244,7 +244,7 @@ func (o *outboxInstance) relay(ctx context.Context, batch int) (relay, error) {
 
 type outboxRelay struct {
 	store   *sqlstore.Store
-	d       *dispatcher.Dispatcher
+	d       *relay.Relay
 	closers []func() error
 }
 

@@ -51,7 +51,7 @@ func (b *businessPG) fill(context.Context, pgx.Tx, []message) (func(), error) {
 	return nil, errors.New("no queue")
 }
 func (b *businessPG) queue() string { return "" }
-func (b *businessPG) relay(context.Context, int) (relay, error) {
+func (b *businessPG) relay(context.Context, int) (runningRelay, error) {
 	return nil, errors.New("the business transaction has no relay")
 }
 func (b *businessPG) close(ctx context.Context) error { return dropPG(ctx, b.r.env.pg, b.orders) }
@@ -125,7 +125,7 @@ func (x *rawPGInstance) close(ctx context.Context) error {
 	return dropPG(ctx, x.r.env.pg, x.orders, x.table)
 }
 
-func (x *rawPGInstance) relay(ctx context.Context, batch int) (relay, error) {
+func (x *rawPGInstance) relay(ctx context.Context, batch int) (runningRelay, error) {
 	pool, err := openPostgres(ctx, 2)
 	if err != nil {
 		return nil, err
@@ -266,7 +266,7 @@ func (b *businessMyInstance) fill(context.Context, pgx.Tx, []message) (func(), e
 	return nil, errors.New("no queue")
 }
 func (b *businessMyInstance) queue() string { return "" }
-func (b *businessMyInstance) relay(context.Context, int) (relay, error) {
+func (b *businessMyInstance) relay(context.Context, int) (runningRelay, error) {
 	return nil, errors.New("the business transaction has no relay")
 }
 func (b *businessMyInstance) close(ctx context.Context) error {
@@ -307,7 +307,7 @@ func (x *rawMyInstance) close(ctx context.Context) error {
 	return dropMy(ctx, x.r.env.mysql, x.orders, x.table)
 }
 
-func (x *rawMyInstance) relay(ctx context.Context, batch int) (relay, error) {
+func (x *rawMyInstance) relay(ctx context.Context, batch int) (runningRelay, error) {
 	db, err := openMySQL(ctx, 2)
 	if err != nil {
 		return nil, err

@@ -13,7 +13,7 @@ import (
 type session struct {
 	run    *run
 	in     instance
-	relays []relay
+	relays []runningRelay
 }
 
 func open(ctx context.Context, e *env, c contender) (*session, error) {

@@ -105,7 +105,7 @@ func (w *watermillInstance) close(ctx context.Context) error {
 	return dropPG(ctx, w.r.env.pg, w.orders, w.queue())
 }
 
-func (w *watermillInstance) relay(ctx context.Context, batch int) (relay, error) {
+func (w *watermillInstance) relay(ctx context.Context, batch int) (runningRelay, error) {
 	pool, err := openPostgres(ctx, 2)
 	if err != nil {
 		return nil, err

@@ -23,7 +23,7 @@
 //	}
 //	// res.Duplicate or not: acknowledge (commit the offset, delete the SQS message)
 //
-// The Kafka and SQS transports have consume loops built on it (kafka.Consumer,
+// The Kafka and SQS transports have consume loops built on it (kafkatransport.Consumer,
 // sqstransport.Receiver) that acknowledge a message only after its unit committed.
 //
 // # Semantics

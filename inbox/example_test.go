@@ -6,14 +6,14 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/inbox"
-	"github.com/outboxkit/outbox/store/memory"
+	"github.com/outboxkit/outbox/store/memstore"
 )
 
 // A consumer applies each message once: the second delivery of a message is a
 // duplicate, its function does not run, and the receipt it sends is sent once.
 func ExampleInbox_Process() {
 	ctx := context.Background()
-	store, _ := memory.New(memory.Config{BucketCount: 1})
+	store, _ := memstore.New(memstore.Config{BucketCount: 1})
 	defer store.Close()
 	sender, _ := outbox.NewSender(store, outbox.SenderConfig{Mode: outbox.Transactional})
 	in, _ := inbox.New(store, inbox.Config{Consumer: "billing"})
@@ -27,7 +27,7 @@ func ExampleInbox_Process() {
 	for range 2 { // the broker delivers it twice
 		res, err := in.Process(ctx, received, func(ctx context.Context) error {
 			// The state change commits with the key and the receipt.
-			if err := memory.OnCommit(ctx, func() error { balance += 40; return nil }); err != nil {
+			if err := memstore.OnCommit(ctx, func() error { balance += 40; return nil }); err != nil {
 				return err
 			}
 			return sender.Send(ctx, outbox.Message{Topic: "receipts", Payload: []byte("payment-1")})

@@ -171,7 +171,7 @@ type Result struct {
 // Process applies msg's effects once: it runs fn in the store's unit of work,
 // together with the insert of msg's key under the consumer name. fn writes through
 // the store's accessors with the ctx it is given (sqlstore.PgxTx, sqlstore.Tx,
-// gormstore.Tx, dynamostore.AddItems, memory.OnCommit), and every message it sends
+// gormstore.Tx, dynamostore.AddItems, memstore.OnCommit), and every message it sends
 // with that ctx through an outbox sender joins the unit: the key, fn's writes and
 // its messages commit together or not at all.
 //

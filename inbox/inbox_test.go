@@ -9,7 +9,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/inbox"
-	"github.com/outboxkit/outbox/store/memory"
+	"github.com/outboxkit/outbox/store/memstore"
 )
 
 func TestConfigValidate(t *testing.T) {
@@ -45,7 +45,7 @@ func TestNewRefusesStoreWithoutCapability(t *testing.T) {
 	_, err = inbox.New(nil, inbox.Config{Consumer: "billing"})
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
 
-	st, err := memory.New(memory.Config{})
+	st, err := memstore.New(memstore.Config{})
 	require.NoError(t, err)
 	defer st.Close()
 	_, err = inbox.New(st, inbox.Config{})

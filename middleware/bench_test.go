@@ -6,7 +6,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/middleware"
-	"github.com/outboxkit/outbox/store/memory"
+	"github.com/outboxkit/outbox/store/memstore"
 )
 
 // BenchmarkCapture measures one send through a router to the capture on the memory
@@ -25,7 +25,7 @@ func BenchmarkCapture(b *testing.B) {
 	b.Run("immediate", func(b *testing.B) {
 		// A fresh store every 10,000 sends keeps the store's size, and so the cost of
 		// its bookkeeping, the same however long the benchmark runs.
-		var store *memory.Store
+		var store *memstore.Store
 		var r *middleware.Router
 		fresh := func() {
 			if store != nil {
@@ -71,7 +71,7 @@ func BenchmarkCapture(b *testing.B) {
 
 	b.Run("unit of work", func(b *testing.B) {
 		const perUnit = 10
-		var store *memory.Store
+		var store *memstore.Store
 		var r *middleware.Router
 		fresh := func() {
 			if store != nil {
@@ -107,9 +107,9 @@ func BenchmarkCapture(b *testing.B) {
 	})
 }
 
-func benchStore(b *testing.B) *memory.Store {
+func benchStore(b *testing.B) *memstore.Store {
 	b.Helper()
-	store, err := memory.New(memory.Config{})
+	store, err := memstore.New(memstore.Config{})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -9,7 +9,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/middleware"
-	"github.com/outboxkit/outbox/store/memory"
+	"github.com/outboxkit/outbox/store/memstore"
 )
 
 // A router whose route ends at the capture: the route stamps a correlation id, the
@@ -17,7 +17,7 @@ import (
 // unit commits. Handlers depend on outbox.Sender alone; the router is one.
 func Example() {
 	ctx := context.Background()
-	store, _ := memory.New(memory.Config{})
+	store, _ := memstore.New(memstore.Config{})
 	defer store.Close()
 
 	sender, err := outbox.NewSender(store, outbox.SenderConfig{}) // Transactional
@@ -54,7 +54,7 @@ func Example() {
 // overridden; the other routes keep refusing sends outside a unit of work.
 func Example_routeMode() {
 	ctx := context.Background()
-	store, _ := memory.New(memory.Config{})
+	store, _ := memstore.New(memstore.Config{})
 	defer store.Close()
 	sender, _ := outbox.NewSender(store, outbox.SenderConfig{})
 	immediate, _ := sender.WithMode(outbox.Immediate)
@@ -79,7 +79,7 @@ func Example_routeMode() {
 // through a route with CorrelationID. For the trace context as well, wrap the handler
 // in the tracecontext package's HTTP instead.
 func ExampleHTTP() {
-	store, _ := memory.New(memory.Config{})
+	store, _ := memstore.New(memstore.Config{})
 	defer store.Close()
 	sender, _ := outbox.NewSender(store, outbox.SenderConfig{})
 	router := middleware.NewRouter(middleware.CorrelationID())

@@ -6,13 +6,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/store/memory"
+	"github.com/outboxkit/outbox/store/memstore"
 )
 
 // newStore returns an empty memory store, closed when the test ends.
-func newStore(t *testing.T) *memory.Store {
+func newStore(t *testing.T) *memstore.Store {
 	t.Helper()
-	s, err := memory.New(memory.Config{})
+	s, err := memstore.New(memstore.Config{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
 	return s
@@ -27,7 +27,7 @@ func newSender(t *testing.T, store outbox.Store, cfg outbox.SenderConfig) *outbo
 }
 
 // stored returns every pending envelope in the store, by bucket then Seq.
-func stored(t *testing.T, s *memory.Store) []*outbox.Envelope {
+func stored(t *testing.T, s *memstore.Store) []*outbox.Envelope {
 	t.Helper()
 	envs, err := s.List(t.Context(), outbox.Pending, outbox.Cursor{}, 1000)
 	require.NoError(t, err)

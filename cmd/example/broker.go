@@ -10,7 +10,7 @@ import (
 // broker is where the relay publishes, and where the walkthrough reads the messages
 // back as a consumer would.
 type broker interface {
-	// Transport is what the relay publishes through: transport/kafka or transport/sqs.
+	// Transport is what the relay publishes through: transport/kafkatransport or transport/sqstransport.
 	outbox.Transport
 	// Name says in a few words which broker this is.
 	Name() string

@@ -13,7 +13,7 @@ import (
 	_ "github.com/go-sql-driver/mysql" // the "mysql" driver
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" driver for PostgreSQL
 
-	sqlstore "github.com/outboxkit/outbox/store/sql"
+	"github.com/outboxkit/outbox/store/sqlstore"
 )
 
 // database is the application's database: its orders table and the outbox tables

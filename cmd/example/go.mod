@@ -5,13 +5,13 @@ go 1.26.0
 require (
 	github.com/outboxkit/outbox v0.0.0-00010101000000-000000000000
 	github.com/outboxkit/outbox/internal/sqsemulator v0.0.0-00010101000000-000000000000
-	github.com/outboxkit/outbox/store/sql v0.0.0-00010101000000-000000000000
-	github.com/outboxkit/outbox/transport/kafka v0.0.0-00010101000000-000000000000
-	github.com/outboxkit/outbox/transport/nats v0.0.0-00010101000000-000000000000
-	github.com/outboxkit/outbox/transport/rabbitmq v0.0.0-00010101000000-000000000000
-	github.com/outboxkit/outbox/transport/redis v0.0.0-00010101000000-000000000000
-	github.com/outboxkit/outbox/transport/sqs v0.0.0-00010101000000-000000000000
-	github.com/outboxkit/outbox/transport/watermill v0.0.0-00010101000000-000000000000
+	github.com/outboxkit/outbox/store/sqlstore v0.0.0-00010101000000-000000000000
+	github.com/outboxkit/outbox/transport/kafkatransport v0.0.0-00010101000000-000000000000
+	github.com/outboxkit/outbox/transport/natstransport v0.0.0-00010101000000-000000000000
+	github.com/outboxkit/outbox/transport/rabbitmqtransport v0.0.0-00010101000000-000000000000
+	github.com/outboxkit/outbox/transport/redistransport v0.0.0-00010101000000-000000000000
+	github.com/outboxkit/outbox/transport/sqstransport v0.0.0-00010101000000-000000000000
+	github.com/outboxkit/outbox/transport/watermilltransport v0.0.0-00010101000000-000000000000
 )
 
 require (
@@ -71,11 +71,11 @@ require (
 replace (
 	github.com/outboxkit/outbox => ../..
 	github.com/outboxkit/outbox/internal/sqsemulator => ../../internal/sqsemulator
-	github.com/outboxkit/outbox/store/sql => ../../store/sql
-	github.com/outboxkit/outbox/transport/kafka => ../../transport/kafka
-	github.com/outboxkit/outbox/transport/nats => ../../transport/nats
-	github.com/outboxkit/outbox/transport/rabbitmq => ../../transport/rabbitmq
-	github.com/outboxkit/outbox/transport/redis => ../../transport/redis
-	github.com/outboxkit/outbox/transport/sqs => ../../transport/sqs
-	github.com/outboxkit/outbox/transport/watermill => ../../transport/watermill
+	github.com/outboxkit/outbox/store/sqlstore => ../../store/sqlstore
+	github.com/outboxkit/outbox/transport/kafkatransport => ../../transport/kafkatransport
+	github.com/outboxkit/outbox/transport/natstransport => ../../transport/natstransport
+	github.com/outboxkit/outbox/transport/rabbitmqtransport => ../../transport/rabbitmqtransport
+	github.com/outboxkit/outbox/transport/redistransport => ../../transport/redistransport
+	github.com/outboxkit/outbox/transport/sqstransport => ../../transport/sqstransport
+	github.com/outboxkit/outbox/transport/watermilltransport => ../../transport/watermilltransport
 )

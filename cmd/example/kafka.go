@@ -14,14 +14,14 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/transport/kafka"
+	"github.com/outboxkit/outbox/transport/kafkatransport"
 )
 
-// kafkaBroker publishes through transport/kafka and reads the topic back with a
+// kafkaBroker publishes through transport/kafkatransport and reads the topic back with a
 // consumer that starts where the topic ended when the broker was opened, so records
 // that earlier runs left on a real cluster are not counted.
 type kafkaBroker struct {
-	*kafka.Transport
+	*kafkatransport.Transport
 	name     string
 	cluster  *kfake.Cluster // the in-process cluster; nil with real brokers
 	producer *kgo.Client
@@ -51,7 +51,7 @@ func openKafka(ctx context.Context, seeds []string) (_ *kafkaBroker, err error) 
 	if b.producer, err = kgo.NewClient(kgo.SeedBrokers(seeds...)); err != nil {
 		return nil, err
 	}
-	if b.Transport, err = kafka.New(b.producer, kafka.Config{}); err != nil {
+	if b.Transport, err = kafkatransport.New(b.producer, kafkatransport.Config{}); err != nil {
 		return nil, err
 	}
 	if b.next, err = b.endOffsets(ctx); err != nil {
@@ -92,7 +92,7 @@ func (b *kafkaBroker) Received(ctx context.Context) ([]delivery, error) {
 			return nil, err
 		}
 		for _, rec := range fetches.Records() {
-			d, err := kafka.Decode(rec)
+			d, err := kafkatransport.Decode(rec)
 			if err != nil {
 				return nil, err
 			}

@@ -28,7 +28,7 @@
 //	-amqp URL           RabbitMQ instead of Kafka, e.g. amqp://guest:guest@host:5672/
 //	-nats URL           NATS JetStream instead of Kafka, e.g. nats://host:4222 (a stream of its own)
 //	-redis host:port    Redis Streams instead of Kafka (a stream of its own)
-//	-watermill-amqp URL RabbitMQ through Watermill's AMQP publisher (transport/watermill)
+//	-watermill-amqp URL RabbitMQ through Watermill's AMQP publisher (transport/watermilltransport)
 //
 // On PostgreSQL and MySQL each story uses tables of its own, with a random suffix, and
 // drops them at the end. With -sqs-endpoint, credentials come from AWS_ACCESS_KEY_ID,

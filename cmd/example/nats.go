@@ -13,10 +13,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxkit/outbox"
-	natstransport "github.com/outboxkit/outbox/transport/nats"
+	"github.com/outboxkit/outbox/transport/natstransport"
 )
 
-// natsBroker publishes through transport/nats to a JetStream stream of its own, and
+// natsBroker publishes through transport/natstransport to a JetStream stream of its own, and
 // reads it back with a consumer.
 //
 // The stream is created for the walkthrough and deleted at Close: a memory stream

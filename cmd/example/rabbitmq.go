@@ -11,15 +11,15 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/transport/rabbitmq"
+	"github.com/outboxkit/outbox/transport/rabbitmqtransport"
 )
 
-// rabbitBroker publishes through transport/rabbitmq to a fanout exchange of this run's
+// rabbitBroker publishes through transport/rabbitmqtransport to a fanout exchange of this run's
 // own, named after the topic with a random suffix (so that runs side by side do not
 // read each other's messages), bound to a durable queue of the same name, and reads
 // the queue back. Both are deleted at Close.
 type rabbitBroker struct {
-	*rabbitmq.Transport
+	*rabbitmqtransport.Transport
 	name     string           // the exchange's and the queue's
 	conn     *amqp.Connection // the reader's connection
 	ch       *amqp.Channel
@@ -54,7 +54,7 @@ func openRabbitMQ(ctx context.Context, url string) (_ *rabbitBroker, err error) 
 	}
 	// The topic travels in a header, so Decode still names it.
 	route := func(*outbox.Envelope) (string, string) { return b.name, "" }
-	if b.Transport, err = rabbitmq.New(dial, rabbitmq.Config{Route: route}); err != nil {
+	if b.Transport, err = rabbitmqtransport.New(dial, rabbitmqtransport.Config{Route: route}); err != nil {
 		return nil, err
 	}
 	return b, nil
@@ -73,7 +73,7 @@ func (b *rabbitBroker) Received(ctx context.Context) ([]delivery, error) {
 		if !ok {
 			break
 		}
-		m, err := rabbitmq.Decode(d)
+		m, err := rabbitmqtransport.Decode(d)
 		if err != nil {
 			return nil, err
 		}

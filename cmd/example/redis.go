@@ -10,10 +10,10 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxkit/outbox"
-	redistransport "github.com/outboxkit/outbox/transport/redis"
+	"github.com/outboxkit/outbox/transport/redistransport"
 )
 
-// redisBroker appends through transport/redis to a stream of its own (the topic under
+// redisBroker appends through transport/redistransport to a stream of its own (the topic under
 // a random prefix, deleted at Close) and reads it back with XRANGE.
 type redisBroker struct {
 	*redistransport.Transport

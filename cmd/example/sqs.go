@@ -15,10 +15,10 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/outboxkit/outbox"
-	sqstransport "github.com/outboxkit/outbox/transport/sqs"
+	"github.com/outboxkit/outbox/transport/sqstransport"
 )
 
-// sqsBroker publishes through transport/sqs to one queue and reads it back,
+// sqsBroker publishes through transport/sqstransport to one queue and reads it back,
 // deleting what it read.
 type sqsBroker struct {
 	*sqstransport.Transport

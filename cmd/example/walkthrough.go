@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/dispatcher"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/middleware"
-	sqlstore "github.com/outboxkit/outbox/store/sql"
+	"github.com/outboxkit/outbox/store/sqlstore"
 )
 
 // topic is where order events go.
@@ -313,8 +313,8 @@ func orderPlaced(id string) outbox.Message {
 }
 
 // newRelay builds the dispatcher the stories run one sweep at a time.
-func newRelay(store outbox.DispatchStore, broker outbox.Transport) (*dispatcher.Dispatcher, error) {
-	return dispatcher.New(store, broker, dispatcher.Config{
+func newRelay(store outbox.DispatchStore, broker outbox.Transport) (*relay.Relay, error) {
+	return relay.New(store, broker, relay.Config{
 		RelayID: relayID,
 		Logger:  slog.New(slog.DiscardHandler), // the story is told on w
 	})

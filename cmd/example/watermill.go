@@ -13,10 +13,10 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxkit/outbox"
-	watermilltransport "github.com/outboxkit/outbox/transport/watermill"
+	"github.com/outboxkit/outbox/transport/watermilltransport"
 )
 
-// watermillBroker publishes through transport/watermill and Watermill's AMQP
+// watermillBroker publishes through transport/watermilltransport and Watermill's AMQP
 // publisher (with delivery confirmation) to a durable queue of this run's own, named
 // after the topic with a random suffix and deleted at Close, and reads the queue back
 // through the adapter's marshaler, as a Watermill subscriber would.

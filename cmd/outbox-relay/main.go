@@ -13,7 +13,7 @@
 //
 //	/healthz  200 while the worker runs; 503 with the reason once it stopped on its own
 //	/readyz   200 once the relay holds its fair share of the buckets, or is a standby in
-//	          a valid plan (dispatcher.Dispatcher.Ready); 503 otherwise
+//	          a valid plan (relay.Relay.Ready); 503 otherwise
 //	/metrics  Prometheus exposition of the outboxotel instruments and the Go runtime's
 //
 // Exit codes: 0 after a graceful stop; 1 when the relay could not start or its worker
@@ -48,10 +48,10 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/dispatcher"
-	outboxotel "github.com/outboxkit/outbox/otel"
-	kafka "github.com/outboxkit/outbox/transport/kafka"
-	sqstransport "github.com/outboxkit/outbox/transport/sqs"
+	"github.com/outboxkit/outbox/relay"
+	outboxotel "github.com/outboxkit/outbox/outboxotel"
+	"github.com/outboxkit/outbox/transport/kafkatransport"
+	"github.com/outboxkit/outbox/transport/sqstransport"
 )
 
 // options are the relay's flags.
@@ -105,16 +105,16 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.sqs, "sqs", false, "publish to SQS: each topic is a queue name, looked up once; default false")
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:9090", "address of the /healthz, /readyz and /metrics endpoints; empty turns them off")
 	fs.StringVar(&o.relayID, "relay-id", "", "this relay's id in leases and heartbeats, unique among live relays; default the host name and a random suffix")
-	fs.IntVar(&o.batchSize, "batch-size", dispatcher.DefaultBatchSize, "most messages fetched from a bucket and published in one call")
-	fs.DurationVar(&o.pollInterval, "poll-interval", dispatcher.DefaultPollInterval, "how often to look for due messages without a wake-up")
-	fs.DurationVar(&o.leaseDuration, "lease-duration", dispatcher.DefaultLeaseDuration, "how long a bucket lease and a heartbeat stay valid; a crashed relay's buckets move this long after its last renewal")
-	fs.DurationVar(&o.leaseRenewInterval, "lease-renew-interval", dispatcher.DefaultLeaseRenewInterval, "how often to heartbeat, re-plan and renew leases; at most a third of -lease-duration")
-	fs.IntVar(&o.maxAttempts, "max-attempts", dispatcher.DefaultMaxAttempts, "failed attempts that park a message")
-	fs.DurationVar(&o.backoffBase, "backoff-base", dispatcher.DefaultBackoffBase, "delay after the first failure, doubled per further failure")
-	fs.DurationVar(&o.backoffMax, "backoff-max", dispatcher.DefaultBackoffMax, "cap of the retry delay")
+	fs.IntVar(&o.batchSize, "batch-size", relay.DefaultBatchSize, "most messages fetched from a bucket and published in one call")
+	fs.DurationVar(&o.pollInterval, "poll-interval", relay.DefaultPollInterval, "how often to look for due messages without a wake-up")
+	fs.DurationVar(&o.leaseDuration, "lease-duration", relay.DefaultLeaseDuration, "how long a bucket lease and a heartbeat stay valid; a crashed relay's buckets move this long after its last renewal")
+	fs.DurationVar(&o.leaseRenewInterval, "lease-renew-interval", relay.DefaultLeaseRenewInterval, "how often to heartbeat, re-plan and renew leases; at most a third of -lease-duration")
+	fs.IntVar(&o.maxAttempts, "max-attempts", relay.DefaultMaxAttempts, "failed attempts that park a message")
+	fs.DurationVar(&o.backoffBase, "backoff-base", relay.DefaultBackoffBase, "delay after the first failure, doubled per further failure")
+	fs.DurationVar(&o.backoffMax, "backoff-max", relay.DefaultBackoffMax, "cap of the retry delay")
 	fs.DurationVar(&o.retention, "retention", 0, "keep dispatched messages this long (SQL stores); 0 deletes them once acknowledged")
-	fs.IntVar(&o.maxConcurrency, "max-concurrency", dispatcher.DefaultMaxConcurrency, "buckets drained in parallel")
-	fs.DurationVar(&o.backlogInterval, "backlog-interval", dispatcher.DefaultBacklogInterval, "how often the relay holding bucket 0 samples the backlog for the metrics; negative turns sampling off")
+	fs.IntVar(&o.maxConcurrency, "max-concurrency", relay.DefaultMaxConcurrency, "buckets drained in parallel")
+	fs.DurationVar(&o.backlogInterval, "backlog-interval", relay.DefaultBacklogInterval, "how often the relay holding bucket 0 samples the backlog for the metrics; negative turns sampling off")
 	fs.BoolVar(&o.unordered, "unordered", false, "let a failed message retry without holding back the later messages of its key; default false")
 	fs.DurationVar(&o.stopTimeout, "stop-timeout", 30*time.Second, "on SIGTERM, how long in-flight batches may take before they are cut short; the leases are handed back either way")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -185,7 +185,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	}
 	level, _ := parseLevel(o.logLevel)
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
-	if err := relay(ctx, o, log); err != nil {
+	if err := runRelay(ctx, o, log); err != nil {
 		log.Error("outbox-relay: stopped", "error", err)
 		if !errors.Is(err, errWorkerStopped) && (errors.Is(err, errUsage) || errors.Is(err, outbox.ErrMisconfigured)) {
 			return 2
@@ -195,11 +195,11 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	return 0
 }
 
-func relay(ctx context.Context, o options, log *slog.Logger) error {
+func runRelay(ctx context.Context, o options, log *slog.Logger) error {
 	ctx, stopSignals := signal.NotifyContext(ctx, syscall.SIGTERM, os.Interrupt)
 	defer stopSignals()
 
-	cfg := dispatcher.Config{
+	cfg := relay.Config{
 		RelayID:            o.relayID,
 		BatchSize:          o.batchSize,
 		PollInterval:       o.pollInterval,
@@ -262,7 +262,7 @@ func relay(ctx context.Context, o options, log *slog.Logger) error {
 	defer func() { _ = obs.Close() }()
 	cfg.Observer = obs
 	// The concrete store, so the dispatcher finds its optional capabilities.
-	d, err := dispatcher.New(st.DispatchStore, transport, cfg)
+	d, err := relay.New(st.DispatchStore, transport, cfg)
 	if err != nil {
 		return err
 	}
@@ -341,7 +341,7 @@ func migrate(ctx context.Context, st *openedStore) error {
 // openTransport builds the broker client and the transport.
 func openTransport(ctx context.Context, o options) (outbox.Transport, string, func(), error) {
 	if o.kafkaBrokers != "" {
-		opts := []kgo.Opt{kgo.SeedBrokers(strings.Split(o.kafkaBrokers, ",")...), kgo.RecordPartitioner(kafka.Partitioner(nil))}
+		opts := []kgo.Opt{kgo.SeedBrokers(strings.Split(o.kafkaBrokers, ",")...), kgo.RecordPartitioner(kafkatransport.Partitioner(nil))}
 		if o.kafkaAllowAutoCreate {
 			opts = append(opts, kgo.AllowAutoTopicCreation())
 		}
@@ -349,7 +349,7 @@ func openTransport(ctx context.Context, o options) (outbox.Transport, string, fu
 		if err != nil {
 			return nil, "", nil, fmt.Errorf("%w: kafka: %w", errUsage, err)
 		}
-		tr, err := kafka.New(client, kafka.Config{})
+		tr, err := kafkatransport.New(client, kafkatransport.Config{})
 		if err != nil {
 			client.Close()
 			return nil, "", nil, err
@@ -373,7 +373,7 @@ func openTransport(ctx context.Context, o options) (outbox.Transport, string, fu
 }
 
 // endpoints serves /healthz, /readyz and /metrics.
-func endpoints(d *dispatcher.Dispatcher, registry *prometheus.Registry) http.Handler {
+func endpoints(d *relay.Relay, registry *prometheus.Registry) http.Handler {
 	mux := http.NewServeMux()
 	reply := func(w http.ResponseWriter, ok bool, body map[string]any) {
 		w.Header().Set("Content-Type", "application/json")

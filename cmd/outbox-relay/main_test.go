@@ -25,8 +25,8 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testenv"
-	dynamostore "github.com/outboxkit/outbox/store/dynamodb"
-	sqlstore "github.com/outboxkit/outbox/store/sql"
+	"github.com/outboxkit/outbox/store/dynamostore"
+	"github.com/outboxkit/outbox/store/sqlstore"
 )
 
 // The DynamoDB store's SampleBacklog is the optional capability the dispatcher

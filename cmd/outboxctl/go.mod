@@ -4,8 +4,8 @@ go 1.26.0
 
 require (
 	github.com/outboxkit/outbox v0.0.0-00010101000000-000000000000
-	github.com/outboxkit/outbox/store/dynamodb v0.0.0-00010101000000-000000000000 // indirect
-	github.com/outboxkit/outbox/store/sql v0.0.0-00010101000000-000000000000 // indirect
+	github.com/outboxkit/outbox/store/dynamostore v0.0.0-00010101000000-000000000000 // indirect
+	github.com/outboxkit/outbox/store/sqlstore v0.0.0-00010101000000-000000000000 // indirect
 )
 
 require (
@@ -62,8 +62,8 @@ require (
 replace (
 	github.com/outboxkit/outbox => ../..
 	github.com/outboxkit/outbox/internal/sqsemulator => ../../internal/sqsemulator
-	github.com/outboxkit/outbox/store/dynamodb => ../../store/dynamodb
-	github.com/outboxkit/outbox/store/sql => ../../store/sql
+	github.com/outboxkit/outbox/store/dynamostore => ../../store/dynamostore
+	github.com/outboxkit/outbox/store/sqlstore => ../../store/sqlstore
 )
 
 replace github.com/outboxkit/outbox/cmd/internal/storeconn => ../internal/storeconn

@@ -20,14 +20,14 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/dispatcher"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/middleware"
 	"github.com/outboxkit/outbox/outboxtest"
-	dynamostore "github.com/outboxkit/outbox/store/dynamodb"
-	"github.com/outboxkit/outbox/store/memory"
-	sqlstore "github.com/outboxkit/outbox/store/sql"
-	"github.com/outboxkit/outbox/transport/kafka"
-	sqstransport "github.com/outboxkit/outbox/transport/sqs"
+	"github.com/outboxkit/outbox/store/dynamostore"
+	"github.com/outboxkit/outbox/store/memstore"
+	"github.com/outboxkit/outbox/store/sqlstore"
+	"github.com/outboxkit/outbox/transport/kafkatransport"
+	"github.com/outboxkit/outbox/transport/sqstransport"
 )
 
 // pendingCount counts what a store holds in any status.
@@ -90,14 +90,14 @@ func TestOversizedRejectedAtCapture(t *testing.T) {
 	small := outbox.Message{Topic: "t", Key: []byte("k"), Payload: []byte("ok")}
 
 	t.Run("store limit/memory immediate", func(t *testing.T) {
-		s, err := memory.New(memory.Config{MaxMessageSize: 1000})
+		s, err := memstore.New(memstore.Config{MaxMessageSize: 1000})
 		require.NoError(t, err)
 		ob := newSender(t, s, outbox.SenderConfig{Mode: outbox.Immediate})
 		requireTooLarge(t, ob.Send(ctx, big))
 		require.Zero(t, pendingCount(t, s))
 	})
 	t.Run("store limit/memory unit of work", func(t *testing.T) {
-		s, err := memory.New(memory.Config{MaxMessageSize: 1000})
+		s, err := memstore.New(memstore.Config{MaxMessageSize: 1000})
 		require.NoError(t, err)
 		ob := newSender(t, s, outbox.SenderConfig{})
 		err = s.Transact(ctx, func(ctx context.Context) error {
@@ -137,7 +137,7 @@ func TestOversizedRejectedAtCapture(t *testing.T) {
 		tr, err := sqstransport.New(awssqs.New(awssqs.Options{Region: "us-east-1"}), sqstransport.Config{MaxBytes: sqstransport.MinMaxBytes})
 		require.NoError(t, err)
 		require.Less(t, tr.MaxMessageSize(), sqstransport.MinMaxBytes, "the limit leaves room for the attributes the transport adds")
-		s, err := memory.New(memory.Config{}) // the store alone would take it
+		s, err := memstore.New(memstore.Config{}) // the store alone would take it
 		require.NoError(t, err)
 		ob := newSender(t, s, outbox.SenderConfig{Mode: outbox.Immediate, Transport: tr})
 		require.Equal(t, tr.MaxMessageSize(), ob.MaxMessageSize(), "wiring the transport is the one step")
@@ -153,9 +153,9 @@ func TestOversizedRejectedAtCapture(t *testing.T) {
 		client, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...))
 		require.NoError(t, err)
 		defer client.Close()
-		tr, err := kafka.New(client, kafka.Config{MaxMessageSize: 1500})
+		tr, err := kafkatransport.New(client, kafkatransport.Config{MaxMessageSize: 1500})
 		require.NoError(t, err)
-		s, err := memory.New(memory.Config{}) // the store alone would take it
+		s, err := memstore.New(memstore.Config{}) // the store alone would take it
 		require.NoError(t, err)
 		ob := newSender(t, s, outbox.SenderConfig{Transport: tr})
 		require.Equal(t, 1500, ob.MaxMessageSize())
@@ -218,7 +218,7 @@ func TestOversizedForTransportRefusedOnEveryStore(t *testing.T) {
 // never work (empty topic, nil terminal) panics at registration.
 func TestInvalidTopicAndRoute(t *testing.T) {
 	ctx := context.Background()
-	s, err := memory.New(memory.Config{})
+	s, err := memstore.New(memstore.Config{})
 	require.NoError(t, err)
 	ob := newSender(t, s, outbox.SenderConfig{Mode: outbox.Immediate})
 	router := middleware.NewRouter()
@@ -317,7 +317,7 @@ func TestTableNamesMustBeIdentifiers(t *testing.T) {
 // manage to store is kept, not lost.
 func TestBucketCountsThatDisagree(t *testing.T) {
 	ctx := context.Background()
-	s8, err := memory.New(memory.Config{BucketCount: 8})
+	s8, err := memstore.New(memstore.Config{BucketCount: 8})
 	require.NoError(t, err)
 
 	env4, err := outbox.NewEnvelope(outbox.Message{Topic: "t", Key: []byte("k")}, 4)
@@ -325,7 +325,7 @@ func TestBucketCountsThatDisagree(t *testing.T) {
 	require.ErrorIs(t, s8.Enqueue(ctx, env4), outbox.ErrMisconfigured, "a store refuses another writer's count")
 	require.Zero(t, pendingCount(t, s8))
 
-	_, err = dispatcher.New(s8, outboxtest.NewRecorder(), dispatcher.Config{BucketCount: 4})
+	_, err = relay.New(s8, outboxtest.NewRecorder(), relay.Config{BucketCount: 4})
 	require.ErrorIs(t, err, outbox.ErrMisconfigured, "a relay refuses a store with another count")
 
 	// Two processes configured differently on one table: the writer's store has 4
@@ -342,7 +342,7 @@ func TestBucketCountsThatDisagree(t *testing.T) {
 	require.NoError(t, writer.Enqueue(ctx, env))
 
 	rec := outboxtest.NewRecorder()
-	d, err := dispatcher.New(relayStore, rec, dispatcher.Config{ // the relay takes its store's 8
+	d, err := relay.New(relayStore, rec, relay.Config{ // the relay takes its store's 8
 		PollInterval:  10 * time.Millisecond,
 		LeaseDuration: 600 * time.Millisecond, LeaseRenewInterval: 200 * time.Millisecond,
 		Logger: slog.New(slog.DiscardHandler),
@@ -440,7 +440,7 @@ func TestStoreUsedBeforeMigrate(t *testing.T) {
 			}
 			requireMigrate(order(1), "a unit of work")
 			require.Zero(t, appRows(), "the application's write rolls back with the unit")
-			d, err := dispatcher.New(s, outboxtest.NewRecorder(), dispatcher.Config{RelayID: "early", Logger: slog.New(slog.DiscardHandler)})
+			d, err := relay.New(s, outboxtest.NewRecorder(), relay.Config{RelayID: "early", Logger: slog.New(slog.DiscardHandler)})
 			require.NoError(t, err)
 			_, err = d.RunOnce(ctx)
 			requireMigrate(err, "a relay's sweep")
@@ -644,7 +644,7 @@ func TestHeadersOfEveryByteValue(t *testing.T) {
 			return ob.Send(ctx, outbox.Message{Topic: "t", Key: all, Payload: all, Headers: headers})
 		}))
 		rec := outboxtest.NewRecorder()
-		d, err := dispatcher.New(s, rec, dispatcher.Config{RelayID: "bytes"})
+		d, err := relay.New(s, rec, relay.Config{RelayID: "bytes"})
 		require.NoError(t, err)
 		res, err := d.RunOnce(ctx)
 		require.NoError(t, err)

@@ -16,9 +16,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/dispatcher"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/outboxtest"
-	"github.com/outboxkit/outbox/store/memory"
+	"github.com/outboxkit/outbox/store/memstore"
 )
 
 // errStoreDown is what faultyStore returns while it is down.
@@ -152,12 +152,12 @@ func enqueueN(t testing.TB, s outbox.Store, n, from int) {
 // worker must back off (a bounded number of store calls, not a tight loop) and pick
 // up the backlog by itself once the store is back.
 func TestStoreOutageBacksOffAndRecovers(t *testing.T) {
-	inner, err := memory.New(memory.Config{BucketCount: 4})
+	inner, err := memstore.New(memstore.Config{BucketCount: 4})
 	require.NoError(t, err)
 	store := &faultyStore{DispatchStore: inner}
 	rec := outboxtest.NewRecorder()
 	const renew = 200 * time.Millisecond
-	d, err := dispatcher.New(store, rec, dispatcher.Config{
+	d, err := relay.New(store, rec, relay.Config{
 		PollInterval:  5 * time.Millisecond,
 		LeaseDuration: 3 * renew, LeaseRenewInterval: renew,
 		Logger: slog.New(slog.DiscardHandler),
@@ -222,11 +222,11 @@ func drainBacklog(b *testing.B, gogc, n, batch int) {
 	var liveOver, peakOver, allocPerMsg, msgsPerSec float64
 	for range b.N {
 		b.StopTimer()
-		store, err := memory.New(memory.Config{BucketCount: 8})
+		store, err := memstore.New(memstore.Config{BucketCount: 8})
 		require.NoError(b, err)
 		enqueueN(b, store, n, 0)
 		rec := &outboxtest.Recorder{CountOnly: true}
-		d, err := dispatcher.New(store, rec, dispatcher.Config{BatchSize: batch, RelayID: "bench", Logger: slog.New(slog.DiscardHandler)})
+		d, err := relay.New(store, rec, relay.Config{BatchSize: batch, RelayID: "bench", Logger: slog.New(slog.DiscardHandler)})
 		require.NoError(b, err)
 		runtime.GC()
 		baseLive, baseHeap := heapBytes()

@@ -14,8 +14,8 @@ import (
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/outboxtest/chaos"
-	"github.com/outboxkit/outbox/store/memory"
-	sqlstore "github.com/outboxkit/outbox/store/sql"
+	"github.com/outboxkit/outbox/store/memstore"
+	"github.com/outboxkit/outbox/store/sqlstore"
 )
 
 // large reports whether the large runs were asked for.
@@ -58,7 +58,7 @@ func verify(t *testing.T, rep chaos.Report, cfg chaos.Config) {
 func TestChaosMemory(t *testing.T) {
 	rep := chaos.Run(t, outboxtest.StoreHarness{
 		New: func(t *testing.T, bucketCount int) outbox.DispatchStore {
-			s, err := memory.New(memory.Config{BucketCount: bucketCount})
+			s, err := memstore.New(memstore.Config{BucketCount: bucketCount})
 			require.NoError(t, err)
 			return s
 		},

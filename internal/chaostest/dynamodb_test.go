@@ -15,7 +15,7 @@ import (
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/outboxtest/chaos"
-	dynamostore "github.com/outboxkit/outbox/store/dynamodb"
+	"github.com/outboxkit/outbox/store/dynamostore"
 )
 
 // dynamoClient starts an in-process DynamoDB API server and returns an SDK client

@@ -4,11 +4,11 @@ go 1.26.0
 
 require (
 	github.com/outboxkit/outbox v0.0.0-00010101000000-000000000000
-	github.com/outboxkit/outbox/store/dynamodb v0.0.0-00010101000000-000000000000
-	github.com/outboxkit/outbox/store/sql v0.0.0-00010101000000-000000000000
-	github.com/outboxkit/outbox/store/sql/gormstore v0.0.0-00010101000000-000000000000
-	github.com/outboxkit/outbox/transport/kafka v0.0.0-00010101000000-000000000000
-	github.com/outboxkit/outbox/transport/sqs v0.0.0-00010101000000-000000000000
+	github.com/outboxkit/outbox/store/dynamostore v0.0.0-00010101000000-000000000000
+	github.com/outboxkit/outbox/store/sqlstore v0.0.0-00010101000000-000000000000
+	github.com/outboxkit/outbox/store/sqlstore/gormstore v0.0.0-00010101000000-000000000000
+	github.com/outboxkit/outbox/transport/kafkatransport v0.0.0-00010101000000-000000000000
+	github.com/outboxkit/outbox/transport/sqstransport v0.0.0-00010101000000-000000000000
 )
 
 require (
@@ -61,9 +61,9 @@ require (
 replace (
 	github.com/outboxkit/outbox => ../..
 	github.com/outboxkit/outbox/internal/sqsemulator => ../../internal/sqsemulator
-	github.com/outboxkit/outbox/store/dynamodb => ../../store/dynamodb
-	github.com/outboxkit/outbox/store/sql => ../../store/sql
-	github.com/outboxkit/outbox/store/sql/gormstore => ../../store/sql/gormstore
-	github.com/outboxkit/outbox/transport/kafka => ../../transport/kafka
-	github.com/outboxkit/outbox/transport/sqs => ../../transport/sqs
+	github.com/outboxkit/outbox/store/dynamostore => ../../store/dynamostore
+	github.com/outboxkit/outbox/store/sqlstore => ../../store/sqlstore
+	github.com/outboxkit/outbox/store/sqlstore/gormstore => ../../store/sqlstore/gormstore
+	github.com/outboxkit/outbox/transport/kafkatransport => ../../transport/kafkatransport
+	github.com/outboxkit/outbox/transport/sqstransport => ../../transport/sqstransport
 )

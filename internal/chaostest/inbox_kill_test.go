@@ -20,8 +20,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxkit/outbox"
-	sqlstore "github.com/outboxkit/outbox/store/sql"
-	"github.com/outboxkit/outbox/transport/kafka"
+	"github.com/outboxkit/outbox/store/sqlstore"
+	"github.com/outboxkit/outbox/transport/kafkatransport"
 )
 
 // consumerProc is one consumer process (./consumer) and what it printed.
@@ -168,7 +168,7 @@ func (r *inboxRig) publish(t *testing.T, topic string, n int) map[string]bool {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(r.cluster.ListenAddrs()...))
 	require.NoError(t, err)
 	defer cl.Close()
-	tr, err := kafka.New(cl, kafka.Config{})
+	tr, err := kafkatransport.New(cl, kafkatransport.Config{})
 	require.NoError(t, err)
 	ids := map[string]bool{}
 	var envs []*outbox.Envelope

@@ -19,8 +19,8 @@ import (
 
 	"github.com/outboxkit/outbox"
 	emulator "github.com/outboxkit/outbox/internal/sqsemulator"
-	dynamostore "github.com/outboxkit/outbox/store/dynamodb"
-	sqstransport "github.com/outboxkit/outbox/transport/sqs"
+	"github.com/outboxkit/outbox/store/dynamostore"
+	"github.com/outboxkit/outbox/transport/sqstransport"
 )
 
 // TestInboxSurvivesKilledSQSConsumers: consumer processes receive from SQS and apply

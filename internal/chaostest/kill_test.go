@@ -22,8 +22,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxkit/outbox"
-	sqlstore "github.com/outboxkit/outbox/store/sql"
-	"github.com/outboxkit/outbox/transport/kafka"
+	"github.com/outboxkit/outbox/store/sqlstore"
+	"github.com/outboxkit/outbox/transport/kafkatransport"
 )
 
 const (
@@ -375,7 +375,7 @@ func TestKilledRelayProcessLosesNothing(t *testing.T) {
 	for len(delivered) < len(committed) && readCtx.Err() == nil {
 		fetches := consumer.PollFetches(readCtx)
 		fetches.EachRecord(func(rec *kgo.Record) {
-			d, err := kafka.Decode(rec)
+			d, err := kafkatransport.Decode(rec)
 			require.NoError(t, err)
 			var m unit
 			_, err = fmt.Sscanf(string(d.Payload), "%d:%d", &m.key, &m.seq)

@@ -7,9 +7,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/dispatcher"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/outboxtest"
-	sqlstore "github.com/outboxkit/outbox/store/sql"
+	"github.com/outboxkit/outbox/store/sqlstore"
 )
 
 // TestLateCommitKeepsKeyOrderAcrossProcesses: a transaction that took an earlier Seq
@@ -45,7 +45,7 @@ func TestLateCommitKeepsKeyOrderAcrossProcesses(t *testing.T) {
 	require.NoError(t, s.Enqueue(ctx, msg("other", "O1")))
 	rec := outboxtest.NewRecorder()
 	relay := func() {
-		d, err := dispatcher.New(relayStore, rec, dispatcher.Config{RelayID: "late"})
+		d, err := relay.New(relayStore, rec, relay.Config{RelayID: "late"})
 		require.NoError(t, err)
 		_, err = d.RunOnce(ctx)
 		require.NoError(t, err)

@@ -21,10 +21,10 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testenv"
-	dynamostore "github.com/outboxkit/outbox/store/dynamodb"
-	"github.com/outboxkit/outbox/store/memory"
-	sqlstore "github.com/outboxkit/outbox/store/sql"
-	"github.com/outboxkit/outbox/store/sql/gormstore"
+	"github.com/outboxkit/outbox/store/dynamostore"
+	"github.com/outboxkit/outbox/store/memstore"
+	"github.com/outboxkit/outbox/store/sqlstore"
+	"github.com/outboxkit/outbox/store/sqlstore/gormstore"
 )
 
 var (
@@ -152,7 +152,7 @@ type storeKind struct {
 
 func everyStore() []storeKind {
 	kinds := []storeKind{{"memory", func(t *testing.T) outbox.DispatchStore {
-		s, err := memory.New(memory.Config{})
+		s, err := memstore.New(memstore.Config{})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = s.Close() })
 		return s

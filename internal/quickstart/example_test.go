@@ -11,9 +11,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/dispatcher"
-	sqlstore "github.com/outboxkit/outbox/store/sql"
-	"github.com/outboxkit/outbox/transport/kafka"
+	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/store/sqlstore"
+	"github.com/outboxkit/outbox/transport/kafkatransport"
 )
 
 // The README's quick start: PostgreSQL + Kafka, one unit of work. (Compiled, not run:
@@ -30,11 +30,11 @@ func Example() {
 
 	client, err := kgo.NewClient(kgo.SeedBrokers(os.Getenv("KAFKA_BROKERS")))
 	check(err)
-	transport, err := kafka.New(client, kafka.Config{})
+	transport, err := kafkatransport.New(client, kafkatransport.Config{})
 	check(err)
 
 	// The relay: publishes what commits, with leases shared among every process.
-	relay, err := dispatcher.New(store, transport, dispatcher.Config{})
+	relay, err := relay.New(store, transport, relay.Config{})
 	check(err)
 	check(relay.Start(ctx))
 	defer relay.Stop(ctx) // hands the leases back even after ctx is cancelled

@@ -4,8 +4,8 @@ go 1.26.0
 
 require (
 	github.com/outboxkit/outbox v0.0.0-00010101000000-000000000000
-	github.com/outboxkit/outbox/store/sql v0.0.0-00010101000000-000000000000
-	github.com/outboxkit/outbox/transport/kafka v0.0.0-00010101000000-000000000000
+	github.com/outboxkit/outbox/store/sqlstore v0.0.0-00010101000000-000000000000
+	github.com/outboxkit/outbox/transport/kafkatransport v0.0.0-00010101000000-000000000000
 )
 
 require (
@@ -30,6 +30,6 @@ require (
 
 replace (
 	github.com/outboxkit/outbox => ../..
-	github.com/outboxkit/outbox/store/sql => ../../store/sql
-	github.com/outboxkit/outbox/transport/kafka => ../../transport/kafka
+	github.com/outboxkit/outbox/store/sqlstore => ../../store/sqlstore
+	github.com/outboxkit/outbox/transport/kafkatransport => ../../transport/kafkatransport
 )

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 
-	sqlstore "github.com/outboxkit/outbox/store/sql"
+	"github.com/outboxkit/outbox/store/sqlstore"
 )
 
 // PgOrders saves orders in PostgreSQL, in the unit of work's pgx transaction.

@@ -9,7 +9,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/quickstart"
-	"github.com/outboxkit/outbox/store/memory"
+	"github.com/outboxkit/outbox/store/memstore"
 )
 
 // memOrders is the service's test double of its repository: it commits with the
@@ -20,7 +20,7 @@ type memOrders struct {
 }
 
 func (m *memOrders) Save(ctx context.Context, o quickstart.Order) error {
-	return memory.OnCommit(ctx, func() error {
+	return memstore.OnCommit(ctx, func() error {
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		m.saved[o.ID] = o
@@ -33,7 +33,7 @@ func (m *memOrders) Save(ctx context.Context, o quickstart.Order) error {
 func TestPlaceOnTheMemoryStore(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	store, err := memory.New(memory.Config{})
+	store, err := memstore.New(memstore.Config{})
 	require.NoError(t, err)
 	defer store.Close()
 	sender, err := outbox.NewSender(store, outbox.SenderConfig{})

@@ -15,11 +15,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/dispatcher"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/internal/quickstart"
 	"github.com/outboxkit/outbox/internal/testenv"
-	sqlstore "github.com/outboxkit/outbox/store/sql"
-	"github.com/outboxkit/outbox/transport/kafka"
+	"github.com/outboxkit/outbox/store/sqlstore"
+	"github.com/outboxkit/outbox/transport/kafkatransport"
 )
 
 // The README shows Example's body, word for word.
@@ -68,11 +68,11 @@ func TestQuickStart(t *testing.T) {
 	client, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...))
 	require.NoError(t, err)
 	t.Cleanup(client.Close)
-	transport, err := kafka.New(client, kafka.Config{})
+	transport, err := kafkatransport.New(client, kafkatransport.Config{})
 	require.NoError(t, err)
 
 	relayCtx, stopRelay := context.WithCancel(ctx)
-	relay, err := dispatcher.New(store, transport, dispatcher.Config{})
+	relay, err := relay.New(store, transport, relay.Config{})
 	require.NoError(t, err)
 	require.NoError(t, relay.Start(relayCtx))
 
@@ -97,7 +97,7 @@ func TestQuickStart(t *testing.T) {
 	require.NoError(t, fetches.Err())
 	records := fetches.Records()
 	require.Len(t, records, 1, "one message: the declined order's send rolled back")
-	msg, err := kafka.Decode(records[0])
+	msg, err := kafkatransport.Decode(records[0])
 	require.NoError(t, err)
 	require.Equal(t, "order-7", string(msg.Key))
 	_, ok := msg.Header(outbox.HeaderIdempotencyKey)

@@ -9,7 +9,7 @@ import (
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/middleware"
 	"github.com/outboxkit/outbox/middleware/tracecontext"
-	"github.com/outboxkit/outbox/store/memory"
+	"github.com/outboxkit/outbox/store/memstore"
 )
 
 // BenchmarkCaptureStamped measures one send through a router with the stamping
@@ -17,7 +17,7 @@ import (
 // store, staging on a scope emptied every 100 sends as middleware's
 // BenchmarkCapture/staged does.
 func BenchmarkCaptureStamped(b *testing.B) {
-	store, err := memory.New(memory.Config{})
+	store, err := memstore.New(memstore.Config{})
 	if err != nil {
 		b.Fatal(err)
 	}

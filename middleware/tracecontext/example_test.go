@@ -12,7 +12,7 @@ import (
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/middleware"
 	"github.com/outboxkit/outbox/middleware/tracecontext"
-	"github.com/outboxkit/outbox/store/memory"
+	"github.com/outboxkit/outbox/store/memstore"
 )
 
 // Stamp writes the trace context on the send's ctx into the message, so the consumer
@@ -20,7 +20,7 @@ import (
 // start-up with otel.SetTextMapPropagator(propagation.TraceContext{}).
 func ExampleStamp() {
 	ctx := context.Background()
-	store, _ := memory.New(memory.Config{})
+	store, _ := memstore.New(memstore.Config{})
 	defer store.Close()
 	sender, _ := outbox.NewSender(store, outbox.SenderConfig{})
 	router := middleware.NewRouter(tracecontext.Stamp(propagation.TraceContext{}))
@@ -50,7 +50,7 @@ func ExampleStamp() {
 // propagator HTTP and Stamp use the global one, installed at start-up with
 // otel.SetTextMapPropagator(propagation.TraceContext{}).
 func ExampleHTTP() {
-	store, _ := memory.New(memory.Config{})
+	store, _ := memstore.New(memstore.Config{})
 	defer store.Close()
 	sender, _ := outbox.NewSender(store, outbox.SenderConfig{})
 	w3c := propagation.TraceContext{}

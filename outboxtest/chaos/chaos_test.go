@@ -11,14 +11,14 @@ import (
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/outboxtest/chaos"
-	"github.com/outboxkit/outbox/store/memory"
+	"github.com/outboxkit/outbox/store/memstore"
 )
 
 // memoryHarness leaves Transact nil: the run uses the store's own.
 func memoryHarness() outboxtest.StoreHarness {
 	return outboxtest.StoreHarness{
 		New: func(t *testing.T, bucketCount int) outbox.DispatchStore {
-			s, err := memory.New(memory.Config{BucketCount: bucketCount})
+			s, err := memstore.New(memstore.Config{BucketCount: bucketCount})
 			require.NoError(t, err)
 			return s
 		},

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/dispatcher"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/outboxtest"
 )
 
@@ -79,10 +79,10 @@ type runner struct {
 	refusedInOutage atomic.Int64
 
 	mu         sync.Mutex
-	slots      []*relay // current relay per slot; nil while crashed or stopped
+	slots      []*slotRelay // current relay per slot; nil while crashed or stopped
 	transports []*outboxtest.FaultTransport
 	generation int
-	stats      dispatcher.Stats // of dispatchers that stopped
+	stats      relay.Stats // of dispatchers that stopped
 	problems   []string
 
 	// Written by the writers, read after they finish.
@@ -90,8 +90,8 @@ type runner struct {
 	rolledBack map[msgID]bool
 }
 
-type relay struct {
-	d        *dispatcher.Dispatcher
+type slotRelay struct {
+	d        *relay.Relay
 	cancel   context.CancelFunc
 	inflight *atomic.Int32        // publishes under way
 	handle   outbox.DispatchStore // the relay's own store handle, if reopened
@@ -125,7 +125,7 @@ func (r *runner) run() (Report, error) {
 	rep := Report{Messages: cfg.Messages, Keys: cfg.Keys, Writers: cfg.Writers, Relays: cfg.Relays, BucketCount: cfg.BucketCount}
 
 	r.faulty.Store(!cfg.Faults.None)
-	r.slots = make([]*relay, cfg.Relays)
+	r.slots = make([]*slotRelay, cfg.Relays)
 	for i := range r.slots {
 		if err := r.start(ctx, i); err != nil {
 			r.stopAll()
@@ -279,7 +279,7 @@ func (r *runner) start(ctx context.Context, slot int) error {
 	if err != nil {
 		return err
 	}
-	dcfg := dispatcher.Config{
+	dcfg := relay.Config{
 		RelayID:            fmt.Sprintf("chaos-%d-g%d", slot, gen),
 		BucketCount:        cfg.BucketCount,
 		BatchSize:          cfg.BatchSize,
@@ -305,7 +305,7 @@ func (r *runner) start(ctx context.Context, slot int) error {
 		}
 	}
 	inflight := new(atomic.Int32)
-	d, err := dispatcher.New(store, &switchTransport{r: r, faulty: ft, inflight: inflight}, dcfg)
+	d, err := relay.New(store, &switchTransport{r: r, faulty: ft, inflight: inflight}, dcfg)
 	if err != nil {
 		closeHandle()
 		return err
@@ -317,14 +317,14 @@ func (r *runner) start(ctx context.Context, slot int) error {
 		return err
 	}
 	r.mu.Lock()
-	r.slots[slot] = &relay{d: d, cancel: cancel, inflight: inflight, handle: handle}
+	r.slots[slot] = &slotRelay{d: d, cancel: cancel, inflight: inflight, handle: handle}
 	r.transports = append(r.transports, ft)
 	r.mu.Unlock()
 	return nil
 }
 
 // take removes slot's relay, if any.
-func (r *runner) take(slot int) *relay {
+func (r *runner) take(slot int) *slotRelay {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	rl := r.slots[slot]
@@ -333,7 +333,7 @@ func (r *runner) take(slot int) *relay {
 }
 
 // retire adds a stopped dispatcher's counters and reports if it had stopped on its own.
-func (r *runner) retire(slot int, rl *relay) {
+func (r *runner) retire(slot int, rl *slotRelay) {
 	rl.cancel()
 	if rl.handle != nil {
 		_ = rl.handle.Close()
@@ -367,7 +367,7 @@ func (r *runner) stop(ctx context.Context, slot int) {
 	r.retire(slot, rl)
 }
 
-// crash stops slot's relay as a killed process stops ([dispatcher.Dispatcher.Kill]):
+// crash stops slot's relay as a killed process stops ([relay.Relay.Kill]):
 // in-flight work is cancelled and the leases are left to lapse. It waits up to a
 // second for the relay to be in the middle of a publish, so the crash lands where it
 // costs the most.

@@ -19,7 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/dispatcher"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/outboxtest"
 )
 
@@ -85,12 +85,12 @@ func (f fleetSuite) store(t *testing.T, buckets int) outbox.DispatchStore {
 }
 
 // relay starts a worker that is killed at cleanup.
-func (fleetSuite) relay(t *testing.T, s outbox.DispatchStore, tr outbox.Transport, cfg dispatcher.Config) *dispatcher.Dispatcher {
+func (fleetSuite) relay(t *testing.T, s outbox.DispatchStore, tr outbox.Transport, cfg relay.Config) *relay.Relay {
 	t.Helper()
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	d, err := dispatcher.New(s, tr, cfg)
+	d, err := relay.New(s, tr, cfg)
 	require.NoError(t, err)
 	require.NoError(t, d.Start(context.Background()))
 	t.Cleanup(d.Kill)
@@ -98,16 +98,16 @@ func (fleetSuite) relay(t *testing.T, s outbox.DispatchStore, tr outbox.Transpor
 }
 
 // quick is a worker configuration with a 3 s lease renewed every second.
-func quick(id string) dispatcher.Config {
-	return dispatcher.Config{RelayID: id, PollInterval: 50 * time.Millisecond,
+func quick(id string) relay.Config {
+	return relay.Config{RelayID: id, PollInterval: 50 * time.Millisecond,
 		LeaseDuration: 3 * time.Second, LeaseRenewInterval: time.Second,
 		BackoffBase: 50 * time.Millisecond, BackoffMax: 200 * time.Millisecond}
 }
 
 // rare makes the regular round so rare (every 100 s) that anything the fleet does
 // within the test comes from the watch and the quick rounds.
-func rare(id string) dispatcher.Config {
-	return dispatcher.Config{RelayID: id, PollInterval: 200 * time.Millisecond,
+func rare(id string) relay.Config {
+	return relay.Config{RelayID: id, PollInterval: 200 * time.Millisecond,
 		LeaseDuration: 5 * time.Minute, LeaseRenewInterval: 100 * time.Second}
 }
 
@@ -123,7 +123,7 @@ func waitFor(t *testing.T, what string, cond func() bool) time.Duration {
 	return time.Since(start)
 }
 
-func refused(ds ...*dispatcher.Dispatcher) (n int64) {
+func refused(ds ...*relay.Relay) (n int64) {
 	for _, d := range ds {
 		n += d.Stats().RefusedWrites
 	}
@@ -234,7 +234,7 @@ func (c *claims) Claim(ctx context.Context, bucket int, owner string, now, exp t
 
 func (f fleetSuite) blockingPublish(t *testing.T) {
 	s := &claims{DispatchStore: f.store(t, 4)}
-	cfg := func(id string) dispatcher.Config {
+	cfg := func(id string) relay.Config {
 		c := quick(id)
 		c.BatchSize = 2 // each bucket drains in several calls one after the other: over a lease
 		return c
@@ -352,7 +352,7 @@ func (f fleetSuite) mixedCounts(t *testing.T) {
 			eight := f.relay(t, s, outboxtest.NewRecorder(), quick(ids[0]))
 			waitFor(t, "the 8-bucket relay runs", func() bool { return len(eight.Owned()) == 8 })
 			sixteen := f.relay(t, countAs{s, 16}, outboxtest.NewRecorder(), quick(ids[1]))
-			for _, d := range []*dispatcher.Dispatcher{eight, sixteen} {
+			for _, d := range []*relay.Relay{eight, sixteen} {
 				select {
 				case <-d.Stopped():
 				case <-time.After(fleetWithin):
@@ -443,7 +443,7 @@ func (c *severable) Ping(context.Context) error {
 
 func (f fleetSuite) cutOffBroker(t *testing.T) {
 	s := f.store(t, 4)
-	cfg := func(id string) dispatcher.Config {
+	cfg := func(id string) relay.Config {
 		c := quick(id)
 		c.MaxAttempts = 2 // attempts run out long before the lease
 		return c

@@ -10,8 +10,8 @@ require (
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/outboxkit/outbox v0.0.0-00010101000000-000000000000
-	github.com/outboxkit/outbox/store/dynamodb v0.0.0-00010101000000-000000000000
-	github.com/outboxkit/outbox/store/sql v0.0.0-00010101000000-000000000000
+	github.com/outboxkit/outbox/store/dynamostore v0.0.0-00010101000000-000000000000
+	github.com/outboxkit/outbox/store/sqlstore v0.0.0-00010101000000-000000000000
 )
 
 require (
@@ -48,6 +48,6 @@ require (
 
 replace (
 	github.com/outboxkit/outbox => ../../..
-	github.com/outboxkit/outbox/store/dynamodb => ../../../store/dynamodb
-	github.com/outboxkit/outbox/store/sql => ../../../store/sql
+	github.com/outboxkit/outbox/store/dynamostore => ../../../store/dynamostore
+	github.com/outboxkit/outbox/store/sqlstore => ../../../store/sqlstore
 )

@@ -18,8 +18,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outbox"
-	dynamostore "github.com/outboxkit/outbox/store/dynamodb"
-	sqlstore "github.com/outboxkit/outbox/store/sql"
+	"github.com/outboxkit/outbox/store/dynamostore"
+	"github.com/outboxkit/outbox/store/sqlstore"
 )
 
 // Options say which store to open.

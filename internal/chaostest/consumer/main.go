@@ -1,5 +1,5 @@
 // Command consumer is one consumer process for the inbox kill tests: a Kafka consume
-// loop (kafka.Consumer) applying each record through an inbox on a PostgreSQL store
+// loop (kafkatransport.Consumer) applying each record through an inbox on a PostgreSQL store
 // or, with -queue, an SQS receive loop (sqstransport.Receiver) applying each message
 // through an inbox on a DynamoDB store. Its handler writes one effect per message in
 // the unit of work (a row in the effects table; an item under EFFECT#<message id>),
@@ -35,10 +35,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxkit/outbox/inbox"
-	dynamostore "github.com/outboxkit/outbox/store/dynamodb"
-	sqlstore "github.com/outboxkit/outbox/store/sql"
-	"github.com/outboxkit/outbox/transport/kafka"
-	sqstransport "github.com/outboxkit/outbox/transport/sqs"
+	"github.com/outboxkit/outbox/store/dynamostore"
+	"github.com/outboxkit/outbox/store/sqlstore"
+	"github.com/outboxkit/outbox/transport/kafkatransport"
+	"github.com/outboxkit/outbox/transport/sqstransport"
 )
 
 func main() {
@@ -127,7 +127,7 @@ func runKafka(ctx context.Context, f flags, log *slog.Logger, printf func(string
 	}
 	defer client.Close()
 	insert := "INSERT INTO " + f.effects + " (msg_id, proc) VALUES ($1, $2)"
-	handle := func(ctx context.Context, d kafka.Delivery) error {
+	handle := func(ctx context.Context, d kafkatransport.Delivery) error {
 		tx, ok := sqlstore.PgxTx(ctx)
 		if !ok {
 			return fmt.Errorf("no pgx transaction in the unit of work")
@@ -140,11 +140,11 @@ func runKafka(ctx context.Context, f flags, log *slog.Logger, printf func(string
 		}
 		return nil
 	}
-	cs, err := kafka.NewConsumer(client, in, handle, kafka.ConsumerConfig{
+	cs, err := kafkatransport.NewConsumer(client, in, handle, kafkatransport.ConsumerConfig{
 		MaxPollRecords: f.maxPoll,
 		RetryBackoff:   10 * time.Millisecond,
 		Logger:         log,
-		Processed: func(d kafka.Delivery, res inbox.Result) {
+		Processed: func(d kafkatransport.Delivery, res inbox.Result) {
 			committed(fmt.Sprintf("%d@%d", *d.Partition, d.Offset), res)
 		},
 	})

@@ -30,9 +30,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/dispatcher"
-	sqlstore "github.com/outboxkit/outbox/store/sql"
-	"github.com/outboxkit/outbox/transport/kafka"
+	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/store/sqlstore"
+	"github.com/outboxkit/outbox/transport/kafkatransport"
 )
 
 func main() {
@@ -78,14 +78,14 @@ func run() error {
 		return err
 	}
 	defer client.Close()
-	tr, err := kafka.New(client, kafka.Config{AckTimeout: time.Second})
+	tr, err := kafkatransport.New(client, kafkatransport.Config{AckTimeout: time.Second})
 	if err != nil {
 		return err
 	}
 	out := &syncWriter{}
 	counted := &countingTransport{next: tr, delay: *publishDelay, ackDelay: *ackDelay, out: out}
 
-	d, err := dispatcher.New(store, counted, dispatcher.Config{
+	d, err := relay.New(store, counted, relay.Config{
 		RelayID:            *id,
 		BatchSize:          *batch,
 		PollInterval:       *poll,

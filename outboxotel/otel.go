@@ -1,0 +1,379 @@
+package outboxotel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/relay"
+)
+
+// Defaults.
+const (
+	DefaultPrefix     = "outbox"
+	DefaultMaxTopics  = 100
+	DefaultBacklogTTL = 90 * time.Second
+	// OtherTopic is the destination name reported for topics beyond MaxTopics.
+	OtherTopic = "_OTHER"
+	// ScopeName is the instrumentation scope of every instrument.
+	ScopeName = "github.com/outboxkit/outbox/outboxotel"
+)
+
+// Config configures an [Observer]. The zero value is valid.
+type Config struct {
+	// MeterProvider creates the instruments. Defaults to otel.GetMeterProvider(), a
+	// no-op until the application installs an SDK provider.
+	MeterProvider metric.MeterProvider
+	// Prefix starts the names of the instruments that no semantic convention
+	// names: letters, digits, '.' and '_'. Defaults to "outbox".
+	Prefix string
+	// MessagingSystem is the messaging.system attribute ("kafka", "aws_sqs",
+	// "rabbitmq", ...). Defaults to "": the attribute is left out.
+	MessagingSystem string
+	// RelayID, when set, is the outbox.relay.id attribute of the owned-buckets
+	// gauge. Defaults to "": left out (the resource names the process).
+	RelayID string
+	// MaxTopics bounds the distinct messaging.destination.name values; topics seen
+	// after that many are reported as OtherTopic. Defaults to 100.
+	MaxTopics int
+	// BacklogTTL is how long after its last backlog sample a relay keeps reporting
+	// the backlog gauges: a relay that lost bucket 0 stops sampling, and its stale
+	// figures must not sit beside the new holder's. Set it above the dispatcher's
+	// BacklogInterval plus its LeaseRenewInterval. Defaults to 90 s.
+	BacklogTTL time.Duration
+	// TracerProvider, when set, records a producer span per message and publish
+	// call ("send TOPIC"), continuing the trace context captured with the message
+	// (the headers that middleware/tracecontext stamps at Send). Pass
+	// otel.GetTracerProvider() to use the global one. Defaults to nil: no spans.
+	TracerProvider trace.TracerProvider
+	// Propagator reads the captured trace context from a message's headers.
+	// Defaults to propagation.TraceContext{} (W3C traceparent and tracestate).
+	Propagator propagation.TextMapPropagator
+	// Now is the clock, for tests. Defaults to time.Now.
+	Now func() time.Time
+}
+
+var prefixPattern = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_.]*$`)
+
+func (c Config) withDefaults() Config {
+	if c.MeterProvider == nil {
+		c.MeterProvider = otel.GetMeterProvider()
+	}
+	if c.Prefix == "" {
+		c.Prefix = DefaultPrefix
+	}
+	if c.MaxTopics == 0 {
+		c.MaxTopics = DefaultMaxTopics
+	}
+	if c.BacklogTTL == 0 {
+		c.BacklogTTL = DefaultBacklogTTL
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+// Validate reports the first setting that cannot work, as an error wrapping
+// [outbox.ErrMisconfigured] that names the field.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	switch {
+	case !prefixPattern.MatchString(c.Prefix):
+		return fmt.Errorf("%w: outboxotel Config.Prefix %q must start with a letter and hold only letters, digits, '.' and '_'", outbox.ErrMisconfigured, c.Prefix)
+	case c.MaxTopics < 1:
+		return fmt.Errorf("%w: outboxotel Config.MaxTopics is %d; it must be at least 1 (0 selects %d)", outbox.ErrMisconfigured, c.MaxTopics, DefaultMaxTopics)
+	case c.BacklogTTL < 0:
+		return fmt.Errorf("%w: outboxotel Config.BacklogTTL is %s; it must be positive (0 selects %s)", outbox.ErrMisconfigured, c.BacklogTTL, DefaultBacklogTTL)
+	}
+	return nil
+}
+
+// Observer turns a dispatcher's measurements into OpenTelemetry instruments. It
+// implements [relay.Observer]; one Observer serves one dispatcher (its gauges
+// hold that relay's figures). Build it with [New].
+type Observer struct {
+	cfg   Config
+	trace *tracing // nil: no spans
+
+	sent, completed, retried, parked, deleted, refused, rounds metric.Int64Counter
+	duration, lag                                              metric.Float64Histogram
+	reg                                                        metric.Registration
+
+	base   attribute.Set // messaging.system, if set
+	topics sync.Map      // topic -> *topicAttrs
+	mu     sync.Mutex    // guards nTopics and the gauge state below
+	// nTopics counts the distinct topics given their own attributes.
+	nTopics int
+	owned   int64
+	ownedOK bool
+	sample  outbox.Stats
+	at      time.Time
+}
+
+// topicAttrs are the attribute sets of one topic, built once.
+type topicAttrs struct {
+	plain, permanent, transient, send metric.MeasurementOption
+	// The option slices passed on the hot path, built once so a measurement
+	// allocates nothing.
+	addPlain, addPermanent, addTransient []metric.AddOption
+	recPlain                             []metric.RecordOption
+}
+
+// Lag and duration histogram boundaries, in seconds.
+var (
+	durationBounds = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}
+	lagBounds      = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600}
+)
+
+// New builds an Observer and registers its instruments with cfg.MeterProvider. It
+// fails, with an error wrapping [outbox.ErrMisconfigured], for settings
+// [Config.Validate] refuses, or if the provider refuses an instrument.
+func New(cfg Config) (*Observer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	m := cfg.MeterProvider.Meter(ScopeName)
+	o := &Observer{cfg: cfg, trace: newTracing(cfg)}
+	if cfg.MessagingSystem != "" {
+		o.base = attribute.NewSet(attribute.String("messaging.system", cfg.MessagingSystem))
+	}
+	p := cfg.Prefix + "."
+	var err error
+	counter := func(name, unit, desc string) metric.Int64Counter {
+		if err != nil {
+			return nil
+		}
+		var c metric.Int64Counter
+		c, err = m.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		return c
+	}
+	o.sent = counter("messaging.client.sent.messages", "{message}", "Messages the relay handed to the broker; error.type is set on those that failed.")
+	o.completed = counter(p+"messages.completed", "{message}", "Messages the broker acknowledged and the store then forgot (deleted, or marked dispatched).")
+	o.retried = counter(p+"messages.retried", "{message}", "Messages rescheduled with backoff after a failed attempt.")
+	o.parked = counter(p+"messages.parked", "{message}", "Messages parked: a permanent failure, or out of attempts.")
+	o.deleted = counter(p+"messages.deleted", "{message}", "Dispatched messages deleted by retention cleanup.")
+	o.refused = counter(p+"lease.refused_writes", "{write}", "Conditional lease and heartbeat writes the store refused; a healthy fleet in steady state refuses none.")
+	o.rounds = counter(p+"coordination.rounds", "{round}", "Coordination rounds of the worker; error.type is set on failed ones.")
+	if err != nil {
+		return nil, fmt.Errorf("%w: outboxotel: %w", outbox.ErrMisconfigured, err)
+	}
+	if o.duration, err = m.Float64Histogram("messaging.client.operation.duration", metric.WithUnit("s"),
+		metric.WithDescription("Duration of one publish call to the broker (one batch)."),
+		metric.WithExplicitBucketBoundaries(durationBounds...)); err != nil {
+		return nil, fmt.Errorf("%w: outboxotel: %w", outbox.ErrMisconfigured, err)
+	}
+	if o.lag, err = m.Float64Histogram(p+"message.lag", metric.WithUnit("s"),
+		metric.WithDescription("Time from capture (the message's CreatedAt) to the broker's acknowledgement."),
+		metric.WithExplicitBucketBoundaries(lagBounds...)); err != nil {
+		return nil, fmt.Errorf("%w: outboxotel: %w", outbox.ErrMisconfigured, err)
+	}
+	owned, err1 := m.Int64ObservableGauge(p+"relay.owned_buckets", metric.WithUnit("{bucket}"),
+		metric.WithDescription("Buckets this relay may publish from, as of its last coordination round."))
+	pending, err2 := m.Int64ObservableGauge(p+"backlog.pending", metric.WithUnit("{message}"),
+		metric.WithDescription("Pending messages per bucket at the last backlog sample, capped per bucket by the store."))
+	oldest, err3 := m.Float64ObservableGauge(p+"backlog.oldest_age", metric.WithUnit("s"),
+		metric.WithDescription("Age of the oldest pending message at the last backlog sample; 0 when none is pending."))
+	parkedNow, err4 := m.Int64ObservableGauge(p+"backlog.parked", metric.WithUnit("{message}"),
+		metric.WithDescription("Parked messages at the last backlog sample."))
+	for _, e := range []error{err1, err2, err3, err4} {
+		if e != nil {
+			return nil, fmt.Errorf("%w: outboxotel: %w", outbox.ErrMisconfigured, e)
+		}
+	}
+	var relayOpt metric.ObserveOption = metric.WithAttributeSet(o.base)
+	if cfg.RelayID != "" {
+		relayOpt = metric.WithAttributes(append(o.base.ToSlice(), attribute.String("outbox.relay.id", cfg.RelayID))...)
+	}
+	baseOpt := metric.WithAttributeSet(o.base)
+	o.reg, err = m.RegisterCallback(func(_ context.Context, obs metric.Observer) error {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		if o.ownedOK {
+			obs.ObserveInt64(owned, o.owned, relayOpt)
+		}
+		if o.at.IsZero() || o.cfg.Now().Sub(o.at) > o.cfg.BacklogTTL {
+			return nil
+		}
+		for b, n := range o.sample.Pending {
+			obs.ObserveInt64(pending, int64(n), metric.WithAttributes(append(o.base.ToSlice(), attribute.Int("outbox.bucket", b))...))
+		}
+		age := 0.0
+		if !o.sample.OldestPending.IsZero() {
+			age = max(o.at.Sub(o.sample.OldestPending).Seconds(), 0)
+		}
+		obs.ObserveFloat64(oldest, age, baseOpt)
+		obs.ObserveInt64(parkedNow, int64(o.sample.Parked), baseOpt)
+		return nil
+	}, owned, pending, oldest, parkedNow)
+	if err != nil {
+		return nil, fmt.Errorf("%w: outboxotel: %w", outbox.ErrMisconfigured, err)
+	}
+	return o, nil
+}
+
+// Close unregisters the gauges' callback. Counters and histograms stay with the
+// provider.
+func (o *Observer) Close() error { return o.reg.Unregister() }
+
+var _ relay.Observer = (*Observer)(nil)
+
+// attrs returns topic's attribute sets, bounded by MaxTopics: the first MaxTopics
+// distinct topics get their own, every later one shares OtherTopic's.
+func (o *Observer) attrs(topic string) *topicAttrs {
+	if a, ok := o.topics.Load(topic); ok {
+		return a.(*topicAttrs)
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if a, ok := o.topics.Load(topic); ok { // created meanwhile
+		return a.(*topicAttrs)
+	}
+	name := topic
+	if o.nTopics >= o.cfg.MaxTopics {
+		name = OtherTopic
+		// Topics beyond the bound are not remembered (their number is not bounded):
+		// each of their measurements takes the lock once.
+		if a, ok := o.topics.Load(OtherTopic); ok {
+			return a.(*topicAttrs)
+		}
+	} else {
+		o.nTopics++
+	}
+	base := o.base.ToSlice()
+	set := func(extra ...attribute.KeyValue) metric.MeasurementOption {
+		kv := append(append([]attribute.KeyValue(nil), base...), attribute.String("messaging.destination.name", name))
+		return metric.WithAttributeSet(attribute.NewSet(append(kv, extra...)...))
+	}
+	a := &topicAttrs{
+		plain:     set(),
+		permanent: set(attribute.String("error.type", "permanent")),
+		transient: set(attribute.String("error.type", "transient")),
+		send:      set(attribute.String("messaging.operation.name", "send"), attribute.String("messaging.operation.type", "send")),
+	}
+	a.addPlain, a.addPermanent, a.addTransient = []metric.AddOption{a.plain}, []metric.AddOption{a.permanent}, []metric.AddOption{a.transient}
+	a.recPlain = []metric.RecordOption{a.plain}
+	o.topics.Store(name, a)
+	return a
+}
+
+// Published implements [relay.Observer]: sent messages, the call's duration
+// and each acknowledged message's lag.
+func (o *Observer) Published(ctx context.Context, batch, acked []*outbox.Envelope, start time.Time, took time.Duration, err error) {
+	if o.trace != nil {
+		o.trace.published(ctx, batch, acked, start, took, err)
+	}
+	ackAt := start.Add(took)
+	for _, e := range acked {
+		a := o.attrs(e.Topic)
+		o.sent.Add(ctx, 1, a.addPlain...)
+		if !e.CreatedAt.IsZero() {
+			o.lag.Record(ctx, max(ackAt.Sub(e.CreatedAt).Seconds(), 0), a.recPlain...)
+		}
+	}
+	if len(acked) < len(batch) {
+		permanent := outbox.IsPermanent(err)
+		ackedIDs := make(map[[16]byte]bool, len(acked))
+		for _, e := range acked {
+			ackedIDs[e.ID] = true
+		}
+		for _, e := range batch {
+			if ackedIDs[e.ID] {
+				continue
+			}
+			a := o.attrs(e.Topic)
+			if permanent {
+				o.sent.Add(ctx, 1, a.addPermanent...)
+			} else {
+				o.sent.Add(ctx, 1, a.addTransient...)
+			}
+		}
+	}
+	// One call may carry several topics: the duration is recorded under the first
+	// message's topic, the usual case being one topic per bucket's batch.
+	opts := []metric.RecordOption{metric.WithAttributeSet(o.base)}
+	if len(batch) > 0 {
+		opts = []metric.RecordOption{o.attrs(batch[0].Topic).send}
+	}
+	if err != nil {
+		opts = append(opts, metric.WithAttributes(attribute.String("error.type", errorType(err))))
+	}
+	o.duration.Record(ctx, took.Seconds(), opts...)
+}
+
+func errorType(err error) string {
+	switch {
+	case err == nil:
+		return ""
+	case outbox.IsPermanent(err):
+		return "permanent"
+	case ctxErr(err):
+		return "timeout"
+	}
+	return "transient"
+}
+
+func ctxErr(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
+}
+
+// Completed implements [relay.Observer].
+func (o *Observer) Completed(ctx context.Context, envs []*outbox.Envelope) {
+	for _, e := range envs {
+		o.completed.Add(ctx, 1, o.attrs(e.Topic).addPlain...)
+	}
+}
+
+// Retried implements [relay.Observer].
+func (o *Observer) Retried(ctx context.Context, env *outbox.Envelope, _ int, _ string) {
+	o.retried.Add(ctx, 1, o.attrs(env.Topic).plain)
+}
+
+// Parked implements [relay.Observer].
+func (o *Observer) Parked(ctx context.Context, env *outbox.Envelope, permanent bool, _ string) {
+	reason := "attempts"
+	if permanent {
+		reason = "permanent"
+	}
+	o.parked.Add(ctx, 1, o.attrs(env.Topic).plain, metric.WithAttributes(attribute.String("outbox.park.reason", reason)))
+}
+
+// RetentionDeleted implements [relay.Observer].
+func (o *Observer) RetentionDeleted(ctx context.Context, n int) {
+	o.deleted.Add(ctx, int64(n), metric.WithAttributeSet(o.base))
+}
+
+// RefusedWrite implements [relay.Observer].
+func (o *Observer) RefusedWrite(ctx context.Context, op string) {
+	o.refused.Add(ctx, 1, metric.WithAttributeSet(o.base), metric.WithAttributes(attribute.String("outbox.lease.operation", op)))
+}
+
+// Round implements [relay.Observer].
+func (o *Observer) Round(ctx context.Context, owned int, _ bool, err error) {
+	if err != nil {
+		o.rounds.Add(ctx, 1, metric.WithAttributeSet(o.base), metric.WithAttributes(attribute.String("error.type", "store")))
+		return
+	}
+	o.rounds.Add(ctx, 1, metric.WithAttributeSet(o.base))
+	o.mu.Lock()
+	o.owned, o.ownedOK = int64(owned), true
+	o.mu.Unlock()
+}
+
+// Backlog implements [relay.Observer].
+func (o *Observer) Backlog(_ context.Context, sample outbox.Stats, at time.Time) {
+	o.mu.Lock()
+	o.sample, o.at = sample, at
+	o.mu.Unlock()
+}

@@ -1,0 +1,105 @@
+package outboxotel_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/relay"
+	outboxotel "github.com/outboxkit/outbox/outboxotel"
+	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/store/memstore"
+)
+
+// headers is a propagation carrier over message headers, as capture stamps them.
+type headers struct{ h *[]outbox.Header }
+
+func (c headers) Get(key string) string {
+	for _, x := range *c.h {
+		if x.Key == key {
+			return string(x.Value)
+		}
+	}
+	return ""
+}
+func (c headers) Set(key, value string) {
+	*c.h = append(*c.h, outbox.Header{Key: key, Value: []byte(value)})
+}
+func (c headers) Keys() []string { return nil }
+
+func TestProducerSpansContinueTheCapturedTrace(t *testing.T) {
+	ctx := context.Background()
+	exporter := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exporter))
+	t.Cleanup(func() { _ = tp.Shutdown(ctx) })
+
+	obs, err := outboxotel.New(outboxotel.Config{TracerProvider: tp, MessagingSystem: "kafka"})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = obs.Close() })
+	store, err := memstore.New(memstore.Config{BucketCount: 2})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = store.Close() })
+
+	// The request that captured the message, with its trace context in the headers.
+	reqCtx, request := tp.Tracer("app").Start(ctx, "POST /orders")
+	traced := outbox.Message{Topic: "orders", Key: []byte("o-1"), Payload: []byte("{}")}
+	propagation.TraceContext{}.Inject(reqCtx, headers{&traced.Headers})
+	request.End()
+	env, err := outbox.NewEnvelope(traced, 2)
+	require.NoError(t, err)
+	untraced, err := outbox.NewEnvelope(outbox.Message{Topic: "audit", Key: []byte("a-1"), Payload: []byte("{}")}, 2)
+	require.NoError(t, err)
+	refused, err := outbox.NewEnvelope(outbox.Message{Topic: "orders", Key: []byte("o-2"), Payload: []byte("{}")}, 2)
+	require.NoError(t, err)
+	require.NoError(t, store.Enqueue(ctx, env, untraced, refused))
+	rec := outboxtest.NewRecorder()
+	rec.FailID(refused.ID, outbox.Permanent(errors.New("message too large")), -1)
+
+	d, err := relay.New(store, rec, relay.Config{Observer: obs, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, err)
+	before := time.Now()
+	res, err := d.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2, res.Published)
+
+	byID := map[string]tracetest.SpanStub{}
+	for _, s := range exporter.GetSpans() {
+		for _, a := range s.Attributes {
+			if a.Key == "messaging.message.id" {
+				byID[a.Value.AsString()] = s
+			}
+		}
+	}
+	require.Len(t, byID, 3, "one producer span per message")
+
+	s := byID[env.ID.String()]
+	require.Equal(t, "send orders", s.Name)
+	require.Equal(t, trace.SpanKindProducer, s.SpanKind)
+	require.Equal(t, request.SpanContext().TraceID(), s.SpanContext.TraceID(), "the span continues the captured trace")
+	require.Equal(t, request.SpanContext().SpanID(), s.Parent.SpanID(), "as a child of the capturing span")
+	require.Contains(t, s.Attributes, attribute.String("messaging.system", "kafka"))
+	require.Contains(t, s.Attributes, attribute.String("messaging.destination.name", "orders"))
+	require.Equal(t, codes.Unset, s.Status.Code)
+	require.False(t, s.StartTime.Before(before))
+	require.False(t, s.EndTime.Before(s.StartTime))
+
+	u := byID[untraced.ID.String()]
+	require.False(t, u.Parent.IsValid(), "a message captured without a trace starts one")
+	require.NotEqual(t, request.SpanContext().TraceID(), u.SpanContext.TraceID())
+
+	f := byID[refused.ID.String()]
+	require.Equal(t, codes.Error, f.Status.Code)
+	require.Contains(t, f.Attributes, attribute.String("error.type", "permanent"))
+}

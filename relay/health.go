@@ -1,0 +1,103 @@
+package relay
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/outboxkit/outbox"
+)
+
+// brokerHealth tracks whether this relay can reach its broker, for transports that
+// implement [outbox.Pinger]. Without one the relay cannot tell a broker it cannot
+// reach from messages the broker refuses, and tracks nothing.
+//
+// A publish call that the broker acknowledged nothing of, with no permanent failure,
+// is a transport-level failure; an acknowledgement ends the streak. Once a streak has
+// lasted a LeaseDuration and a ping fails too, the relay steps aside: it stamps itself
+// stopped and hands its buckets back, so peers that reach the broker publish them
+// within a second or so; it pings every PollInterval and rejoins the fleet once the
+// broker answers. During a streak that a ping confirms, an envelope that reaches
+// MaxAttempts is rescheduled, not parked: a relay cut off from its broker parks
+// nothing that a peer could deliver.
+type brokerHealth struct {
+	pinger outbox.Pinger
+	// cache bounds pings to one per cache interval; timeout bounds one ping.
+	cache, timeout time.Duration
+
+	mu       sync.Mutex
+	since    time.Time // start of the streak of transport-level failures; zero: none
+	pingedAt time.Time // when the last ping answered (real clock)
+	pingErr  error     // its outcome
+}
+
+// published records a publish call's outcome.
+func (h *brokerHealth) published(now time.Time, acked int, transportFailure bool) {
+	if h.pinger == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch {
+	case acked > 0:
+		h.since = time.Time{}
+	case transportFailure && h.since.IsZero():
+		h.since = now
+	}
+}
+
+// cutOff reports whether the streak has lasted at least minAge at now and the broker
+// does not answer a ping.
+func (h *brokerHealth) cutOff(ctx context.Context, now time.Time, minAge time.Duration) bool {
+	if h.pinger == nil {
+		return false
+	}
+	h.mu.Lock()
+	since := h.since
+	h.mu.Unlock()
+	if since.IsZero() || now.Sub(since) < minAge {
+		return false
+	}
+	return h.ping(ctx) != nil
+}
+
+// ping asks the broker, at most once per cache interval; a success ends the streak.
+func (h *brokerHealth) ping(ctx context.Context) error {
+	h.mu.Lock()
+	if !h.pingedAt.IsZero() && time.Since(h.pingedAt) < h.cache {
+		err := h.pingErr
+		h.mu.Unlock()
+		return err
+	}
+	h.mu.Unlock()
+	pctx, cancel := context.WithTimeout(ctx, h.timeout)
+	err := h.pinger.Ping(pctx)
+	cancel()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.pingedAt, h.pingErr = time.Now(), err
+	if err == nil {
+		h.since = time.Time{}
+	}
+	return err
+}
+
+// stepAside hands this relay's buckets to its peers while it cannot reach its broker,
+// and waits, pinging every PollInterval, until it can. It reports false if the worker
+// was asked to stop meanwhile.
+func (d *Relay) stepAside(ctx context.Context) bool {
+	d.log.Warn("dispatcher: the broker has been unreachable for longer than a lease; handing this relay's buckets to peers until it answers",
+		"lease_duration", d.cfg.LeaseDuration)
+	if err := d.resign(ctx); err != nil && ctx.Err() == nil {
+		d.log.Warn("dispatcher: handing buckets back failed; they lapse after LeaseDuration", "error", err)
+	}
+	for {
+		if !d.sleep(ctx, d.cfg.PollInterval) {
+			return false
+		}
+		if d.health.ping(ctx) == nil {
+			d.log.Info("dispatcher: the broker answers again; rejoining the fleet")
+			return true
+		}
+	}
+}

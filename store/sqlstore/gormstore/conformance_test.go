@@ -1,0 +1,24 @@
+package gormstore_test
+
+import (
+	"testing"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/store/sqlstore"
+)
+
+// TestConformance runs the exported store suite on every database through gorm; its
+// unit-of-work tests run through the store's own Transact, begun by gorm.
+func TestConformance(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			outboxtest.RunStoreTests(t, outboxtest.StoreHarness{
+				New: func(t *testing.T, bucketCount int) outbox.DispatchStore {
+					return open(t, b.db(t), sqlstore.Config{BucketCount: bucketCount})
+				},
+			})
+		})
+	}
+}

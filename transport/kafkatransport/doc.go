@@ -1,0 +1,106 @@
+// Package kafka is the outbox transport for Apache Kafka, built on franz-go's kgo
+// client.
+//
+// The caller builds the *kgo.Client (seed brokers, TLS, SASL, ...) and passes it to
+// [New]; the transport never dials and never closes it. kgo's defaults are what the
+// transport needs: acks from all in-sync replicas and an idempotent producer. [New]
+// refuses a client with weaker acks, with idempotent writes disabled (unless
+// [Config.AllowNonIdempotent]) or with a transactional id. To honour messages that
+// name a partition, build the client with kgo.RecordPartitioner([Partitioner](nil)).
+//
+// A consumer turns records back into messages with [Decode].
+//
+// Give the writers' capture the same transport, so that it refuses at Send what the
+// transport could never publish:
+//
+//	transport, err := kafkatransport.New(client, kafkatransport.Config{})
+//	sender, err := outbox.NewSender(store, outbox.SenderConfig{Transport: transport})
+//
+// # Semantics
+//
+//   - Topic → topic. Key, payload and headers are passed through byte for byte; a nil
+//     payload is produced as a null value (a tombstone), a nil key as a null key.
+//   - Every record carries the [outbox.HeaderMessageID] header (the envelope's id) after
+//     the application's headers, and an [outbox.HeaderIdempotencyKey] header equal to
+//     the message id when the application set none, unless
+//     [Config.OmitIdempotencyKey] is set; capture never adds it, so that setting is the
+//     one switch.
+//   - Sizes are checked in two places. [Config.MaxMessageSize] (reported by
+//     [Transport.MaxMessageSize], an [outbox.SizeLimiter]) is a limit on
+//     [outbox.Message.Size] of the message as captured; its default leaves room in the
+//     client's batches for the record's framing, the two headers the transport adds
+//     and the framing of 28 application headers. Capture enforces it at Send, before
+//     anything is written, when the transport is wired in through
+//     outbox.SenderConfig.Transport. Publish always enforces it, and also bounds the
+//     record's wire size against kgo.ProducerBatchMaxBytes; a message over either
+//     fails permanently with [outbox.ErrTooLarge] without being sent, and the
+//     dispatcher parks it.
+//   - Partitioning is the client's: with kgo's default partitioner, keyed records land
+//     where Kafka's Java client puts them (murmur2), which is also how the outbox
+//     buckets keys, so a topic with as many partitions as the outbox has buckets is fed
+//     by one bucket per partition. A message with an explicit partition goes to that
+//     partition when the client uses [Partitioner].
+//   - [Transport.Publish] hands the whole batch to the client at once and waits once.
+//     It returns nil only when every record was acknowledged by all in-sync replicas.
+//     Otherwise it returns a [*outbox.PublishError] naming each envelope that was not
+//     acknowledged; the others were. Failures that retrying cannot fix are marked
+//     [outbox.Permanent]: a message over [Config.MaxMessageSize] or the broker's limit
+//     (also wrapping [outbox.ErrTooLarge]), an invalid topic name, an authorization
+//     failure, a record the broker's validation or policy rejects, a partition the
+//     topic does not have, a message naming a partition on a client without
+//     [Partitioner], and an unknown topic when [Config.UnknownTopicPermanent] is set.
+//     Everything else (leader changes, timeouts, an unreachable cluster) is transient.
+//   - A message the transport refuses before sending holds back the later messages of
+//     its key in the batch: they are reported failed, transient, so a key's
+//     deliveries never skip a message. This, and the client failing a partition's
+//     later buffered records when a produce request fails, is the promise of
+//     [outbox.KeyOrderKeeper], so the dispatcher sends a key's messages together.
+//   - The transport retries nothing itself; the client retries as configured
+//     (kgo.RecordRetries, kgo.RecordDeliveryTimeout) before a record fails.
+//
+// # Limitations
+//
+//   - Delivery is at least once. A batch whose acknowledgement was lost, or that was
+//     abandoned because ctx ended, is published again by the dispatcher; consumers
+//     deduplicate on the message id.
+//   - Order is per partition. Within a batch, records of one key keep their order
+//     (one partition, one idempotent producer). With kgo.DisableIdempotentWrite and
+//     retries, Kafka itself may reorder.
+//   - A cut publish. An idempotent producer never withdraws a record it has sent, so
+//     during a broker outage the client can hold a batch indefinitely. When
+//     [Config.AckTimeout] passes, Publish asks the client to withdraw the records it
+//     has not sent yet (the client fails a partition's buffered records from its head,
+//     when it next tries to send to that broker and the head was never sent) and
+//     waits, for as long again at most, for every record to be resolved: a message
+//     reported failed with "the client no longer holds the message" cannot be
+//     delivered later from this client. Records on the wire, and records buffered
+//     behind a request that is on the wire (franz-go then does not get to withdraw
+//     them: with a silent broker its in-flight requests block the connection), are
+//     not resolved; after the second AckTimeout they are reported failed with the
+//     warning that the client may still deliver them, and it does once the broker
+//     answers (a duplicate of the retry, never a loss). A
+//     dispatcher whose broker is that unreachable finds out through [Transport.Ping]
+//     and parks nothing meanwhile, so a message parked after MaxAttempts was refused
+//     by the broker or withdrawn from the client.
+//     Records of other Publish calls that such a cut fails are produced again, in
+//     order, at no cost in attempts. If ctx ends first (the dispatcher ends it before
+//     the bucket's lease runs out, and on Stop or Kill), Publish withdraws what was not
+//     sent and returns ctx's error at once: records already on the wire can still
+//     reach the broker afterwards, while the client retries them — also after the
+//     bucket has moved to another relay. Such late records are duplicates of what the
+//     new owner publishes, never a first delivery out of key order, since the new owner
+//     publishes the same pending messages in the same order. A helper goroutine per
+//     such publish waits for the client to resolve them and ends when they are
+//     acknowledged, failed by the client's retry limits, or the client is closed.
+//   - [Transport.Ping] ([outbox.Pinger]) asks for the cluster's metadata: a relay whose
+//     publishes keep failing and whose ping fails too hands its buckets to peers.
+//   - The record timestamp is the produce time. The capture time is not used, so that
+//     time-based retention never deletes a record that waited in the outbox.
+//   - [Config.MaxMessageSize] compares [outbox.Message.Size] (topic, key, payload and
+//     header bytes); the wire adds a few bytes per header, so a message within the
+//     limit with more than 28 headers can still be refused at publish, permanently.
+//   - The transport cannot see the topic's max.message.bytes: a smaller broker limit
+//     is only learnt from the broker's MESSAGE_TOO_LARGE answer (permanent). Set
+//     [Config.MaxMessageSize] 512 bytes under it so that capture refuses such
+//     messages.
+package kafkatransport

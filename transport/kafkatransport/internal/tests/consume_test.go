@@ -1,0 +1,277 @@
+package tests
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/inbox"
+	"github.com/outboxkit/outbox/store/memstore"
+	"github.com/outboxkit/outbox/transport/kafkatransport"
+)
+
+// ledger is the consumer's application state on a memory store: effects per
+// message id and the order they were applied in, per key. It changes only through
+// memstore.OnCommit, so it commits with the unit of work or not at all.
+type ledger struct {
+	mu      sync.Mutex
+	applied map[string]int
+	order   map[string][]string // key → payloads in applied order
+}
+
+func newLedger() *ledger {
+	return &ledger{applied: map[string]int{}, order: map[string][]string{}}
+}
+
+func (l *ledger) apply(ctx context.Context, d kafkatransport.Delivery) error {
+	return memstore.OnCommit(ctx, func() error {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.applied[d.ID.String()]++
+		l.order[string(d.Key)] = append(l.order[string(d.Key)], string(d.Payload))
+		return nil
+	})
+}
+
+func (l *ledger) snapshot() (map[string]int, map[string][]string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	a := make(map[string]int, len(l.applied))
+	for k, v := range l.applied {
+		a[k] = v
+	}
+	o := make(map[string][]string, len(l.order))
+	for k, v := range l.order {
+		o[k] = append([]string(nil), v...)
+	}
+	return a, o
+}
+
+func groupClient(t *testing.T, c *kfake.Cluster, group, topic string, opts ...kgo.Opt) *kgo.Client {
+	t.Helper()
+	return newClient(t, c, append([]kgo.Opt{
+		kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic), kgo.DisableAutoCommit(),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond),
+	}, opts...)...)
+}
+
+// publishKeyed publishes n messages over keys keys through the transport and returns
+// the ids by key in publish order.
+func publishKeyed(t *testing.T, c *kfake.Cluster, topic string, n, keys int) map[string][]string {
+	t.Helper()
+	tr := newTransport(t, c, kafkatransport.Config{})
+	byKey := map[string][]string{}
+	var envs []*outbox.Envelope
+	for i := range n {
+		key := fmt.Sprintf("key-%d", i%keys)
+		env := envelope(t, outbox.Message{Topic: topic, Key: []byte(key), Payload: []byte(fmt.Sprint(i))})
+		envs = append(envs, env)
+		byKey[key] = append(byKey[key], fmt.Sprint(i))
+	}
+	require.NoError(t, tr.Publish(context.Background(), envs))
+	return byKey
+}
+
+// runConsumer runs a consumer until stop is called, which waits for Run to return.
+func runConsumer(t *testing.T, cs *kafkatransport.Consumer) (stop func() error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- cs.Run(ctx) }()
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case err = <-done:
+			case <-time.After(time.Minute):
+				err = errors.New("Run did not return within a minute of its ctx ending")
+			}
+		})
+		return err
+	}
+	t.Cleanup(func() { _ = stop() })
+	return stop
+}
+
+// committed reads the group's committed offsets of topic's partitions.
+func committed(t *testing.T, c *kfake.Cluster, group, topic string, partitions int32) map[int32]int64 {
+	t.Helper()
+	req := kmsg.NewPtrOffsetFetchRequest()
+	req.Group = group
+	rt := kmsg.NewOffsetFetchRequestTopic()
+	rt.Topic = topic
+	for p := range partitions {
+		rt.Partitions = append(rt.Partitions, p)
+	}
+	req.Topics = append(req.Topics, rt)
+	resp, err := req.RequestWith(context.Background(), newClient(t, c))
+	require.NoError(t, err)
+	out := map[int32]int64{}
+	for _, tp := range resp.Topics {
+		for _, p := range tp.Partitions {
+			out[p.Partition] = p.Offset
+		}
+	}
+	return out
+}
+
+func TestConsumerAppliesEachRecordOnceInPartitionOrder(t *testing.T) {
+	const topic, n, keys, partitions = "consume", 120, 7, 4
+	c := newCluster(t, partitions, topic)
+	sent := publishKeyed(t, c, topic, n, keys)
+	store, err := memstore.New(memstore.Config{})
+	require.NoError(t, err)
+	defer store.Close()
+	in, err := inbox.New(store, inbox.Config{Consumer: "billing"})
+	require.NoError(t, err)
+
+	l := newLedger()
+	var processed atomic.Int64
+	var failedOnce sync.Map
+	handle := func(ctx context.Context, d kafkatransport.Delivery) error {
+		// Every fifth record fails its first attempt: it is retried in place.
+		if d.Offset%5 == 0 {
+			if _, loaded := failedOnce.LoadOrStore(d.ID, true); !loaded {
+				if err := l.apply(ctx, d); err != nil { // rolled back with the unit
+					return err
+				}
+				return errors.New("transient")
+			}
+		}
+		return l.apply(ctx, d)
+	}
+	cs, err := kafkatransport.NewConsumer(groupClient(t, c, "g1", topic), in, handle, kafkatransport.ConsumerConfig{
+		RetryBackoff: time.Millisecond,
+		Processed:    func(kafkatransport.Delivery, inbox.Result) { processed.Add(1) },
+	})
+	require.NoError(t, err)
+	stop := runConsumer(t, cs)
+	require.Eventually(t, func() bool { return processed.Load() >= n }, time.Minute, 10*time.Millisecond)
+	require.NoError(t, stop())
+
+	applied, order := l.snapshot()
+	require.Len(t, applied, n)
+	for id, times := range applied {
+		require.Equal(t, 1, times, "message %s", id)
+	}
+	require.Equal(t, sent, order, "each key's records were applied in publish order")
+
+	// Every offset was committed: the group's offsets sum to the records.
+	var total int64
+	for _, off := range committed(t, c, "g1", topic, partitions) {
+		total += off
+	}
+	require.EqualValues(t, n, total, "the offsets of every processed record are committed")
+
+	// The whole topic redelivered (a new group reads from the start): every record is
+	// a duplicate, the handler never runs, nothing is applied twice.
+	var dups, ran atomic.Int64
+	again, err := kafkatransport.NewConsumer(groupClient(t, c, "g2", topic), in, func(context.Context, kafkatransport.Delivery) error {
+		ran.Add(1)
+		return nil
+	}, kafkatransport.ConsumerConfig{Processed: func(_ kafkatransport.Delivery, res inbox.Result) {
+		if res.Duplicate {
+			dups.Add(1)
+		}
+	}})
+	require.NoError(t, err)
+	stop = runConsumer(t, again)
+	require.Eventually(t, func() bool { return dups.Load() >= n }, time.Minute, 10*time.Millisecond)
+	require.NoError(t, stop())
+	require.Zero(t, ran.Load())
+	applied, _ = l.snapshot()
+	require.Len(t, applied, n)
+}
+
+func TestConsumerStopsGracefully(t *testing.T) {
+	const topic = "consume-stop"
+	c := newCluster(t, 1, topic)
+	publishKeyed(t, c, topic, 3, 1)
+	store, err := memstore.New(memstore.Config{})
+	require.NoError(t, err)
+	defer store.Close()
+	in, err := inbox.New(store, inbox.Config{Consumer: "billing"})
+	require.NoError(t, err)
+	l := newLedger()
+	entered, release := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int64
+	cs, err := kafkatransport.NewConsumer(groupClient(t, c, "g", topic, kgo.BlockRebalanceOnPoll()), in, func(ctx context.Context, d kafkatransport.Delivery) error {
+		if calls.Add(1) == 1 {
+			close(entered)
+			<-release
+		}
+		return l.apply(ctx, d)
+	}, kafkatransport.ConsumerConfig{})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- cs.Run(ctx) }()
+	<-entered
+	cancel() // stop while the first record is in its handler
+	select {
+	case err := <-done:
+		t.Fatalf("Run returned (%v) while a record was in progress", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	require.NoError(t, <-done)
+	applied, _ := l.snapshot()
+	require.Len(t, applied, 1, "the record in progress finished; no further record was started")
+	require.Equal(t, map[int32]int64{0: 1}, committed(t, c, "g", topic, 1), "its offset was committed before Run returned")
+}
+
+func TestConsumerSkipsRecordWithoutKey(t *testing.T) {
+	const topic = "consume-nokey"
+	c := newCluster(t, 1, topic)
+	cl := newClient(t, c)
+	require.NoError(t, cl.ProduceSync(context.Background(), &kgo.Record{Topic: topic, Value: []byte("foreign")}).FirstErr())
+	publishKeyed(t, c, topic, 1, 1)
+	store, err := memstore.New(memstore.Config{})
+	require.NoError(t, err)
+	defer store.Close()
+	in, err := inbox.New(store, inbox.Config{Consumer: "billing"})
+	require.NoError(t, err)
+	var processed atomic.Int64
+	cs, err := kafkatransport.NewConsumer(groupClient(t, c, "g", topic), in, func(context.Context, kafkatransport.Delivery) error { return nil },
+		kafkatransport.ConsumerConfig{Processed: func(kafkatransport.Delivery, inbox.Result) { processed.Add(1) }})
+	require.NoError(t, err)
+	stop := runConsumer(t, cs)
+	require.Eventually(t, func() bool { return processed.Load() == 1 }, time.Minute, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return committed(t, c, "g", topic, 1)[0] == 2 }, time.Minute, 10*time.Millisecond,
+		"the record without a key is skipped and committed past")
+	require.NoError(t, stop())
+}
+
+func TestNewConsumerRefusesMisconfiguredClient(t *testing.T) {
+	c := newCluster(t, 1, "t")
+	store, err := memstore.New(memstore.Config{})
+	require.NoError(t, err)
+	defer store.Close()
+	in, err := inbox.New(store, inbox.Config{Consumer: "billing"})
+	require.NoError(t, err)
+	h := func(context.Context, kafkatransport.Delivery) error { return nil }
+
+	_, err = kafkatransport.NewConsumer(newClient(t, c, kgo.ConsumeTopics("t")), in, h, kafkatransport.ConsumerConfig{})
+	require.ErrorIs(t, err, outbox.ErrMisconfigured)
+	require.ErrorContains(t, err, "kgo.ConsumerGroup")
+	_, err = kafkatransport.NewConsumer(newClient(t, c, kgo.ConsumerGroup("g"), kgo.ConsumeTopics("t")), in, h, kafkatransport.ConsumerConfig{})
+	require.ErrorIs(t, err, outbox.ErrMisconfigured)
+	require.ErrorContains(t, err, "kgo.DisableAutoCommit")
+	ok := groupClient(t, c, "g", "t")
+	_, err = kafkatransport.NewConsumer(ok, nil, h, kafkatransport.ConsumerConfig{})
+	require.ErrorIs(t, err, outbox.ErrMisconfigured)
+	_, err = kafkatransport.NewConsumer(ok, in, h, kafkatransport.ConsumerConfig{StopTimeout: -1})
+	require.ErrorIs(t, err, outbox.ErrMisconfigured)
+	require.ErrorContains(t, err, "ConsumerConfig.StopTimeout")
+}

@@ -1,0 +1,473 @@
+package kafkatransport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxkit/outbox"
+)
+
+// DefaultMaxMessageSize is Kafka's default limit on one message (1 MiB). The
+// effective default is lowered to what the client's batches can carry; see
+// [Config.MaxMessageSize].
+const DefaultMaxMessageSize = 1 << 20
+
+// framingAllowance is the room [Config.MaxMessageSize] leaves in a producer batch
+// beyond the message's own bytes: the record batch header, the record's own fields,
+// the two headers the transport adds and the framing of up to coveredHeaders
+// application headers.
+const framingAllowance = 512
+
+// Wire sizes of Kafka's record batch format (v2), for the bound in wireSize.
+const (
+	defaultBatchMaxBytes = 1_000_012 // kgo's default ProducerBatchMaxBytes
+	// batchHeaderSize is a record batch without records as kgo counts it against
+	// ProducerBatchMaxBytes: Kafka's 61-byte header and the 4-byte array length.
+	batchHeaderSize = 65
+	maxVarint       = 5
+	// recordFraming bounds a record's own fields: length, attributes, timestamp and
+	// offset deltas, key and value lengths, header count.
+	recordFraming = 6*maxVarint + 1 + 10
+	// headerFraming bounds one header's key and value lengths.
+	headerFraming = 2 * maxVarint
+	// uuidText is the length of a message id as stamped.
+	uuidText = 36
+	// stampedHeaders bounds the two headers the transport adds.
+	stampedHeaders = 2*headerFraming + len(outbox.HeaderMessageID) + len(outbox.HeaderIdempotencyKey) + 2*uuidText
+	// coveredHeaders is how many application headers framingAllowance always has
+	// room for (28): a message within MaxMessageSize with at most this many headers
+	// fits the client's batches.
+	coveredHeaders = (framingAllowance - batchHeaderSize - recordFraming - stampedHeaders) / headerFraming
+)
+
+// Config tunes a [Transport]. The zero value is ready to use.
+type Config struct {
+	// MaxMessageSize is the largest [outbox.Message.Size] (of the message as
+	// captured) the transport publishes; [Transport.MaxMessageSize] reports it. A
+	// larger message fails permanently, wrapping [outbox.ErrTooLarge], without being
+	// sent; capture refuses it at Send when the transport is wired in through
+	// outbox.SenderConfig.Transport. Defaults to 1 MiB (Kafka's default message
+	// limit), lowered to the client's ProducerBatchMaxBytes (kgo's default is
+	// 1,000,012 bytes) less 512 bytes of framing. It may not exceed that either:
+	// raise kgo.ProducerBatchMaxBytes (and the topic's max.message.bytes) first. The
+	// 512 bytes hold the record's framing, the headers the transport adds, and the
+	// framing of 28 application headers, so a message within the limit with at most
+	// 28 headers always fits the client's batches.
+	MaxMessageSize int
+
+	// OmitIdempotencyKey stops the transport from adding an [outbox.HeaderIdempotencyKey]
+	// header (set to the message id) to messages captured without one. It is the only
+	// switch for that header: capture never adds it. Defaults to false: every record
+	// carries the header.
+	OmitIdempotencyKey bool
+
+	// UnknownTopicPermanent reports a topic the cluster does not know as a permanent
+	// failure, so the dispatcher parks the message at once. Defaults to false: the
+	// client gives up after kgo.UnknownTopicRetries metadata attempts (default 4) and
+	// the message is retried with backoff, which suits topics created by a deployment
+	// that may lag the application.
+	UnknownTopicPermanent bool
+
+	// AllowNonIdempotent accepts a client built with kgo.DisableIdempotentWrite, for
+	// clusters where the producer lacks the IDEMPOTENT_WRITE permission. Retried
+	// produce requests can then write duplicates and reorder a key's records.
+	// Defaults to false: New refuses such a client.
+	AllowNonIdempotent bool
+
+	// AckTimeout bounds how long Publish waits for the broker's acknowledgements
+	// before it gives up on a batch. Giving up withdraws from the client every record
+	// it has not sent yet; records already sent cannot be withdrawn (an idempotent
+	// producer waits for the broker's answer), so Publish waits for those, for as
+	// long again at most. A record is reported failed, transient, only once the client no longer
+	// holds it — or, if the broker does not answer for as long again, reported failed
+	// with the warning that the client may still deliver it. If ctx ends first (the dispatcher
+	// ends it before the bucket's lease runs out), Publish returns ctx's error, which
+	// costs no attempt; the records still on the wire may then reach the broker after
+	// the lease, as duplicates of what the bucket's next owner publishes (see the
+	// package documentation, "A cut publish"). Defaults to 10 s (kgo's default produce
+	// request timeout); a negative value waits until ctx ends.
+	AckTimeout time.Duration
+}
+
+// DefaultAckTimeout is the default [Config.AckTimeout].
+const DefaultAckTimeout = 10 * time.Second
+
+// Validate reports the first setting that cannot work, naming its field. Zero values
+// are valid: they take their defaults. [New] also checks MaxMessageSize against what
+// the client's batches carry.
+func (c Config) Validate() error {
+	if c.MaxMessageSize < 0 {
+		return fmt.Errorf("%w: kafka: Config.MaxMessageSize is %d; it must be positive (or 0 for the default)", outbox.ErrMisconfigured, c.MaxMessageSize)
+	}
+	return nil
+}
+
+// Transport publishes outbox envelopes to Kafka through a franz-go client. It is safe
+// for concurrent use.
+type Transport struct {
+	client *kgo.Client
+	cfg    Config
+	// explicitPartitions records whether the client's partitioner honours
+	// Message.Partition (it was built with [Partitioner]).
+	explicitPartitions bool
+	// recordLimit is the most bytes one record may take on the wire: the client's
+	// batch limit less the record batch header.
+	recordLimit int
+}
+
+var (
+	_ outbox.Transport   = (*Transport)(nil)
+	_ outbox.SizeLimiter = (*Transport)(nil)
+	_ outbox.Pinger      = (*Transport)(nil)
+)
+
+// New returns a transport that produces through client. The client is the caller's:
+// New never dials and the transport never closes it.
+//
+// The client must produce durably: acks from all in-sync replicas (kgo's default,
+// kgo.RequiredAcks(kgo.AllISRAcks())) and idempotent writes (kgo's default; see
+// [Config.AllowNonIdempotent]). It must not be transactional, since the transport
+// does not begin or end transactions. New returns an error wrapping
+// [outbox.ErrMisconfigured] otherwise, or when cfg is invalid ([Config.Validate], and
+// a MaxMessageSize the client's batches cannot carry).
+//
+// To publish messages that name a partition, build the client with
+// kgo.RecordPartitioner([Partitioner](nil)); without it, such messages fail
+// permanently.
+func New(client *kgo.Client, cfg Config) (*Transport, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: kafka: client is nil: pass a *kgo.Client built with kgo.NewClient", outbox.ErrMisconfigured)
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if acks, _ := client.OptValue(kgo.RequiredAcks).(kgo.Acks); acks != kgo.AllISRAcks() {
+		return nil, fmt.Errorf("%w: kafka: client must require acks from all in-sync replicas: drop kgo.RequiredAcks or pass kgo.RequiredAcks(kgo.AllISRAcks())", outbox.ErrMisconfigured)
+	}
+	if disabled, _ := client.OptValue(kgo.DisableIdempotentWrite).(bool); disabled && !cfg.AllowNonIdempotent {
+		return nil, fmt.Errorf("%w: kafka: client has idempotent writes disabled: drop kgo.DisableIdempotentWrite, or set Config.AllowNonIdempotent to accept duplicates from retried requests", outbox.ErrMisconfigured)
+	}
+	if txn := client.OptValues(kgo.TransactionalID); len(txn) == 2 && txn[1] == true {
+		return nil, fmt.Errorf("%w: kafka: client is transactional (kgo.TransactionalID %q): give the transport a client without a transactional id", outbox.ErrMisconfigured, txn[0])
+	}
+	batchMax := int(defaultBatchMaxBytes)
+	if v, ok := client.OptValue(kgo.ProducerBatchMaxBytes).(int32); ok && v > 0 {
+		batchMax = int(v)
+	}
+	capacity := batchMax - framingAllowance
+	switch {
+	case cfg.MaxMessageSize == 0:
+		cfg.MaxMessageSize = min(DefaultMaxMessageSize, capacity)
+	case cfg.MaxMessageSize > capacity:
+		return nil, fmt.Errorf("%w: kafka: Config.MaxMessageSize %d exceeds the %d bytes the client's batches carry: raise kgo.ProducerBatchMaxBytes to at least %d", outbox.ErrMisconfigured, cfg.MaxMessageSize, capacity, cfg.MaxMessageSize+framingAllowance)
+	}
+	if cfg.AckTimeout == 0 {
+		cfg.AckTimeout = DefaultAckTimeout
+	}
+	_, explicit := client.OptValue(kgo.RecordPartitioner).(*explicitPartitioner)
+	return &Transport{client: client, cfg: cfg, explicitPartitions: explicit, recordLimit: batchMax - batchHeaderSize}, nil
+}
+
+// KeepsKeyOrder implements [outbox.KeyOrderKeeper]: a message the transport refuses
+// holds back its key's later messages in the batch, and the client fails a
+// partition's later buffered records when a produce request fails. The dispatcher
+// therefore sends a key's messages together in one Publish call.
+func (t *Transport) KeepsKeyOrder() bool { return true }
+
+// MaxMessageSize implements [outbox.SizeLimiter]: [Config.MaxMessageSize], or its
+// default. Capture refuses a larger message at Send, before anything is written, when
+// the transport is wired in: outbox.NewSender(store, outbox.SenderConfig{Transport: t}).
+// Publish refuses it permanently, wrapping [outbox.ErrTooLarge].
+func (t *Transport) MaxMessageSize() int { return t.cfg.MaxMessageSize }
+
+// As reaches the underlying client: target must be a **kgo.Client.
+func (t *Transport) As(target any) bool {
+	if p, ok := target.(**kgo.Client); ok {
+		*p = t.client
+		return true
+	}
+	return false
+}
+
+// Publish produces every envelope of the batch concurrently and waits once for the
+// broker's acknowledgements. It returns nil when every record was acknowledged, a
+// [*outbox.PublishError] naming the envelopes that were not (each cause marked
+// [outbox.Permanent] when retrying cannot help), or ctx's error when ctx ended first
+// (then nothing may be assumed sent).
+func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error {
+	if len(batch) == 0 {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	var (
+		// errs holds each envelope's failure, by batch index.
+		errs   = make([]error, len(batch))
+		failed bool
+		// heldKeys are the keys of messages refused before sending: later messages of
+		// the key in this batch are held back, so a key's order never skips a message.
+		heldKeys map[string]bool
+	)
+	send := make([]int, 0, len(batch)) // batch indexes to produce, in batch order
+	for i, env := range batch {
+		if env.Key != nil && heldKeys[keyOf(env)] {
+			errs[i], failed = errHeldBack, true
+			continue
+		}
+		if err := t.check(env); err != nil {
+			errs[i], failed = err, true
+			if env.Key != nil {
+				if heldKeys == nil {
+					heldKeys = map[string]bool{}
+				}
+				heldKeys[keyOf(env)] = true
+			}
+			continue
+		}
+		send = append(send, i)
+	}
+	if len(send) > 0 {
+		produceFailed, err := t.produce(ctx, batch, send, errs)
+		if err != nil {
+			return err
+		}
+		failed = failed || produceFailed
+	}
+	if !failed {
+		return nil
+	}
+	pe := &outbox.PublishError{}
+	for i, err := range errs {
+		if err != nil {
+			pe.Failed = append(pe.Failed, outbox.MessageError{ID: batch[i].ID, Err: err})
+		}
+	}
+	return pe
+}
+
+// errNoAck reports records the broker did not acknowledge within AckTimeout.
+var errNoAck = errors.New("kafka: no acknowledgement within Config.AckTimeout; the client no longer holds the message")
+
+// errInFlight reports records the broker did not answer for even after the cut: the
+// client still holds some of them and may deliver them later.
+var errInFlight = errors.New("kafka: no answer from the broker within Config.AckTimeout, nor within as long again after the publish was cut; records already sent stay with the client, which may still deliver them")
+
+// produce produces batch[i] for each i in send in one ProduceSync (which stops the
+// client's linger for their partitions, so a batch does not wait out
+// kgo.ProducerLinger) and sets errs[i] for each record the broker did not
+// acknowledge. It reports whether any failed, or returns ctx's error when ctx ended
+// first.
+//
+// The records carry a context of their own that only a cut ends. When AckTimeout
+// passes first, produce cuts the round: the client then fails every record it has not
+// sent yet, and produce waits, for as long again or until ctx ends, for the records
+// already on the wire to be resolved (an idempotent producer cannot withdraw them). So
+// a record is reported failed with errNoAck only once this client can no longer
+// deliver it; if the wire stays silent, every record is reported with errInFlight; if
+// ctx ends first, produce returns ctx's error, which costs the messages no attempt. A cut fails everything the
+// client buffered behind the cut records in their partition, other Publish calls'
+// records too: such a record failed for another call's sake, not its own, and is
+// produced again, in order, while ctx and AckTimeout allow.
+func (t *Transport) produce(ctx context.Context, batch []*outbox.Envelope, send []int, errs []error) (failed bool, _ error) {
+	var expired <-chan time.Time
+	if t.cfg.AckTimeout > 0 {
+		timer := time.NewTimer(t.cfg.AckTimeout)
+		defer timer.Stop()
+		expired = timer.C
+	}
+	timedOut := false
+	noAck := func(i int) {
+		errs[i], failed = fmt.Errorf("%w (waited %s)", errNoAck, t.cfg.AckTimeout), true
+	}
+	for len(send) > 0 {
+		if timedOut {
+			for _, i := range send {
+				noAck(i)
+			}
+			return failed, nil
+		}
+		recs, cut := t.records(batch, send)
+		done := make(chan kgo.ProduceResults, 1)
+		go func() { done <- t.client.ProduceSync(context.Background(), recs...) }()
+		var results kgo.ProduceResults
+		select {
+		case results = <-done:
+		case <-ctx.Done():
+			// Shutting down or out of lease: withdraw what the client has not sent and
+			// report ctx's error, which charges nothing.
+			cut()
+			return failed, ctx.Err()
+		case <-expired:
+			timedOut = true
+			cut()
+			// Records already on the wire wait for the broker's answer: give them
+			// one more AckTimeout, so a dead cluster cannot hold Publish for ever.
+			grace := time.NewTimer(t.cfg.AckTimeout)
+			select {
+			case results = <-done:
+				grace.Stop()
+			case <-ctx.Done():
+				grace.Stop()
+				return failed, ctx.Err()
+			case <-grace.C:
+				for _, i := range send {
+					errs[i], failed = fmt.Errorf("%w (waited %s, twice)", errInFlight, t.cfg.AckTimeout), true
+				}
+				return failed, nil
+			}
+		}
+		cut()
+		index := make(map[*kgo.Record]int, len(recs))
+		for j, r := range recs {
+			index[r] = send[j]
+		}
+		var again []int
+		for _, res := range results {
+			i := index[res.Record]
+			switch {
+			case res.Err == nil:
+			case cutOff(res.Err) && timedOut:
+				noAck(i)
+			case cutOff(res.Err):
+				again = append(again, i) // another call's cut failed it
+			default:
+				errs[i], failed = t.classify(batch[i], metaOf(res.Record), res.Err), true
+			}
+		}
+		slices.Sort(again) // batch order, so a key's records go out in order again
+		send = again
+	}
+	return failed, nil
+}
+
+// records builds the records of batch[i] for each i in send, every one with a
+// context that the returned cut ends.
+func (t *Transport) records(batch []*outbox.Envelope, send []int) ([]*kgo.Record, context.CancelFunc) {
+	rctx, cut := context.WithCancel(context.Background())
+	recs := make([]kgo.Record, len(send))
+	ptrs := make([]*kgo.Record, len(send))
+	for j, i := range send {
+		env := batch[i]
+		recs[j] = kgo.Record{
+			Topic:   env.Topic,
+			Key:     env.Key,
+			Value:   env.Payload,
+			Headers: t.headers(env),
+			Context: rctx,
+		}
+		if env.Partition != nil {
+			recs[j].Context = withMeta(rctx, &recordMeta{explicit: *env.Partition})
+		}
+		ptrs[j] = &recs[j]
+	}
+	return ptrs, cut
+}
+
+// cutOff reports whether the client failed a record because a cut ended the context
+// of its partition's buffered records (the records carry no other context that ends).
+func cutOff(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, kgo.ErrAborting)
+}
+
+// Ping implements [outbox.Pinger]: it asks the cluster for its metadata, which
+// succeeds when any broker answers.
+func (t *Transport) Ping(ctx context.Context) error {
+	if err := t.client.Ping(ctx); err != nil {
+		return fmt.Errorf("kafka: no broker answers: %w", err)
+	}
+	return nil
+}
+
+// errHeldBack is reported for a message not sent because an earlier message of its
+// key in the same batch was refused.
+var errHeldBack = errors.New("kafka: not sent: an earlier message of its key in the batch failed")
+
+func keyOf(env *outbox.Envelope) string { return env.Topic + "\x00" + string(env.Key) }
+
+// wireSize bounds the bytes the envelope's record takes in a record batch, with the
+// headers the transport may stamp.
+func wireSize(env *outbox.Envelope) int {
+	n := recordFraming + len(env.Key) + len(env.Payload)
+	for _, h := range env.Headers {
+		n += headerFraming + len(h.Key) + len(h.Value)
+	}
+	return n + stampedHeaders
+}
+
+// check refuses, before anything is sent, what the client or broker could never
+// accept. Refusing here rather than in the client keeps the refusal to this one
+// message: the client would go on producing the key's later messages.
+func (t *Transport) check(env *outbox.Envelope) error {
+	if size := env.Size(); size > t.cfg.MaxMessageSize {
+		return outbox.Permanent(fmt.Errorf("%w: kafka: message of %d bytes exceeds the transport's limit of %d (Config.MaxMessageSize)", outbox.ErrTooLarge, size, t.cfg.MaxMessageSize))
+	}
+	if size := wireSize(env); size > t.recordLimit {
+		return outbox.Permanent(fmt.Errorf("%w: kafka: message with %d headers takes up to %d bytes as a record, more than the %d the client's batches carry (kgo.ProducerBatchMaxBytes); Config.MaxMessageSize leaves room for the framing of %d headers", outbox.ErrTooLarge, len(env.Headers), size, t.recordLimit, coveredHeaders))
+	}
+	if env.Partition != nil && !t.explicitPartitions {
+		return outbox.Permanent(fmt.Errorf("%w: kafka: message names partition %d but the client's partitioner ignores explicit partitions: build the client with kgo.RecordPartitioner(kafkatransport.Partitioner(nil))", outbox.ErrMisconfigured, *env.Partition))
+	}
+	return nil
+}
+
+// headers returns the application's headers followed by the message id and, when
+// the application set none, the idempotency key. The envelope's own slice is never
+// appended to.
+func (t *Transport) headers(env *outbox.Envelope) []kgo.RecordHeader {
+	id := []byte(env.ID.String())
+	hs := make([]kgo.RecordHeader, 0, len(env.Headers)+2)
+	for _, h := range env.Headers {
+		hs = append(hs, kgo.RecordHeader{Key: h.Key, Value: h.Value})
+	}
+	if v, ok := env.Header(outbox.HeaderMessageID); !ok || string(v) != string(id) {
+		hs = append(hs, kgo.RecordHeader{Key: outbox.HeaderMessageID, Value: id})
+	}
+	if !t.cfg.OmitIdempotencyKey {
+		if _, ok := env.Header(outbox.HeaderIdempotencyKey); !ok {
+			hs = append(hs, kgo.RecordHeader{Key: outbox.HeaderIdempotencyKey, Value: id})
+		}
+	}
+	return hs
+}
+
+// permanentCodes are broker answers that retrying the same record cannot change.
+var permanentCodes = []*kerr.Error{
+	kerr.InvalidTopicException,
+	kerr.TopicAuthorizationFailed,
+	kerr.ClusterAuthorizationFailed,
+	kerr.TransactionalIDAuthorizationFailed,
+	kerr.InvalidRecord,
+	kerr.PolicyViolation,
+	kerr.UnsupportedForMessageFormat,
+	kerr.InvalidRequiredAcks,
+}
+
+// classify turns one record's failure into the error reported for its envelope: the
+// one place broker and client errors are translated.
+func (t *Transport) classify(env *outbox.Envelope, m *recordMeta, err error) error {
+	wrapped := fmt.Errorf("kafka: produce to %q: %w", env.Topic, err)
+	switch {
+	case m != nil && m.missing.Load():
+		return outbox.Permanent(fmt.Errorf("%w: kafka: topic %q has no partition %d: %w", outbox.ErrInvalidMessage, env.Topic, m.explicit, err))
+	case errors.Is(err, kerr.MessageTooLarge), errors.Is(err, kerr.RecordListTooLarge):
+		return outbox.Permanent(fmt.Errorf("%w: %w", outbox.ErrTooLarge, wrapped))
+	case errors.Is(err, kerr.UnknownTopicOrPartition), errors.Is(err, kerr.UnknownTopicID):
+		if t.cfg.UnknownTopicPermanent {
+			return outbox.Permanent(wrapped)
+		}
+		return wrapped
+	}
+	for _, code := range permanentCodes {
+		if errors.Is(err, code) {
+			return outbox.Permanent(wrapped)
+		}
+	}
+	return wrapped
+}

@@ -1,0 +1,151 @@
+package tests
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/store/memstore"
+	"github.com/outboxkit/outbox/transport/natstransport"
+)
+
+const e2eBuckets = 8
+
+// newRelay builds a memory store and a dispatcher that publishes through tr with
+// fast retries.
+func newRelay(t *testing.T, tr outbox.Transport) (*memstore.Store, *relay.Relay) {
+	t.Helper()
+	store, err := memstore.New(memstore.Config{BucketCount: e2eBuckets})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = store.Close() })
+	d, err := relay.New(store, tr, relay.Config{
+		RelayID:      "relay-" + t.Name(),
+		BucketCount:  e2eBuckets,
+		BatchSize:    50,
+		PollInterval: 10 * time.Millisecond,
+		BackoffBase:  time.Millisecond,
+		BackoffMax:   50 * time.Millisecond,
+		MaxAttempts:  1000,
+		Jitter:       -1,
+		Logger:       slog.New(slog.DiscardHandler),
+	})
+	require.NoError(t, err)
+	return store, d
+}
+
+// enqueueKeyed writes n messages over keys keys, one at a time so that each key's
+// messages commit in order; the payload is "key/seq" with seq counting from first.
+func enqueueKeyed(t *testing.T, store *memstore.Store, topic string, first, n, keys int, sent map[uuid.UUID]*outbox.Envelope) {
+	t.Helper()
+	for i := first; i < first+n; i++ {
+		key := fmt.Sprintf("key-%d", i%keys)
+		env, err := outbox.NewEnvelope(outbox.Message{
+			Topic:   topic,
+			Key:     []byte(key),
+			Payload: fmt.Appendf(nil, "%s/%d", key, i/keys),
+		}, e2eBuckets)
+		require.NoError(t, err)
+		require.NoError(t, store.Enqueue(context.Background(), env))
+		sent[env.ID] = env
+	}
+}
+
+// readAll reads the subject until every sent message arrived at least once (seen
+// records what earlier calls read) and returns what it read, in stream order.
+func readAll(t *testing.T, r *reader, sent map[uuid.UUID]*outbox.Envelope, seen map[uuid.UUID]bool) []natstransport.Delivery {
+	t.Helper()
+	var all []natstransport.Delivery
+	deadline := time.Now().Add(2 * time.Minute)
+	for len(seen) < len(sent) {
+		require.True(t, time.Now().Before(deadline), "only %d of %d messages arrived", len(seen), len(sent))
+		for _, d := range r.some(t, 100) {
+			require.Contains(t, sent, d.ID, "unexpected message")
+			seen[d.ID] = true
+			all = append(all, d)
+		}
+	}
+	return all
+}
+
+// checkKeyOrder asserts that each key's messages are stored in commit order (first
+// copies; a duplicate the window let through is allowed, at least once).
+func checkKeyOrder(t *testing.T, all []natstransport.Delivery) {
+	t.Helper()
+	first := map[uuid.UUID]bool{}
+	next := map[string]int{}
+	for _, d := range all {
+		if first[d.ID] {
+			continue
+		}
+		first[d.ID] = true
+		key, seqText, ok := strings.Cut(string(d.Payload), "/")
+		require.True(t, ok)
+		seq, err := strconv.Atoi(seqText)
+		require.NoError(t, err)
+		require.Equal(t, next[key], seq, "messages of %s out of order", key)
+		next[key]++
+	}
+}
+
+// TestDispatcherSurvivesBrokerOutage drives a real dispatcher through a connection
+// that a proxy cuts and later restores: messages written before, during and after
+// the outage all reach the stream, nothing is parked, and (without PipelineKeys)
+// each key's messages are stored in commit order.
+func TestDispatcherSurvivesBrokerOutage(t *testing.T) {
+	for _, pipeline := range []bool{false, true} {
+		t.Run(fmt.Sprintf("PipelineKeys=%v", pipeline), func(t *testing.T) {
+			t.Parallel()
+			_, direct := connect(t, natsURL())
+			subject := streamName("e2e")
+			s := createStream(t, direct, jetstream.StreamConfig{Subjects: []string{subject}})
+			p := newProxy(t, hostPort(natsURL()))
+			nc, js := connect(t, "nats://"+p.Addr(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
+			tr := newTransport(t, js, natstransport.Config{AckTimeout: 300 * time.Millisecond, PipelineKeys: pipeline})
+			store, d := newRelay(t, tr)
+			r := newReader(t, s, subject)
+			sent, seen := map[uuid.UUID]*outbox.Envelope{}, map[uuid.UUID]bool{}
+
+			require.NoError(t, d.Start(context.Background()))
+			t.Cleanup(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				assert.NoError(t, d.Stop(ctx))
+			})
+			enqueueKeyed(t, store, subject, 0, 200, 10, sent)
+			all := readAll(t, r, sent, seen)
+
+			// The outage: messages written while it lasts wait in the outbox.
+			p.Cut()
+			require.Eventually(t, func() bool { return !nc.IsConnected() }, 30*time.Second, 10*time.Millisecond)
+			retried := d.Stats().Retried
+			enqueueKeyed(t, store, subject, 200, 200, 10, sent)
+			// Every attempt fails while the connection is cut: wait for a few per bucket.
+			require.Eventually(t, func() bool { return d.Stats().Retried >= retried+3*e2eBuckets }, 2*time.Minute, 10*time.Millisecond,
+				"the relay kept trying to publish during the outage, and failing")
+			p.Restore()
+
+			enqueueKeyed(t, store, subject, 400, 200, 10, sent)
+			all = append(all, readAll(t, r, sent, seen)...)
+
+			stats := d.Stats()
+			assert.Zero(t, stats.Parked, "nothing parked")
+			assert.Zero(t, stats.OutOfOrder)
+			if !pipeline {
+				checkKeyOrder(t, all)
+			}
+			t.Logf("published %d, retried %d, stored %d for %d sent", stats.Published, stats.Retried, count(t, s), len(sent))
+		})
+	}
+}

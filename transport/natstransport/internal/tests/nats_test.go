@@ -1,0 +1,201 @@
+package tests
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/transport/natstransport"
+)
+
+// failures indexes a Publish error by message id.
+func failures(t *testing.T, err error) map[uuid.UUID]error {
+	t.Helper()
+	var pe *outbox.PublishError
+	require.ErrorAs(t, err, &pe)
+	out := map[uuid.UUID]error{}
+	for _, f := range pe.Failed {
+		out[f.ID] = f.Err
+	}
+	return out
+}
+
+// A subject no stream captures fails permanently, saying so; the rest of the batch,
+// on a subject a stream captures, is delivered.
+func TestNoStreamIsPermanent(t *testing.T) {
+	t.Parallel()
+	_, js := connect(t, natsURL())
+	subject := streamName("captured")
+	s := createStream(t, js, jetstream.StreamConfig{Subjects: []string{subject}})
+	tr := newTransport(t, js, natstransport.Config{})
+	lost := envelope(t, outbox.Message{Topic: streamName("nowhere"), Key: []byte("k"), Payload: []byte("x")})
+	kept := envelope(t, outbox.Message{Topic: subject, Key: []byte("k"), Payload: []byte("y")})
+
+	failed := failures(t, tr.Publish(t.Context(), []*outbox.Envelope{lost, kept}))
+	require.Len(t, failed, 1)
+	err := failed[lost.ID]
+	assert.True(t, outbox.IsPermanent(err), "no stream is permanent: %v", err)
+	assert.ErrorIs(t, err, outbox.ErrMisconfigured)
+	assert.ErrorContains(t, err, "no stream captures subject")
+	got := newReader(t, s, subject).read(t, 1)
+	assert.Equal(t, kept.ID, got[0].ID)
+}
+
+// The stream's max_msg_size refuses a message permanently, as too large; the others
+// are stored.
+func TestStreamMaxMsgSizeIsPermanent(t *testing.T) {
+	t.Parallel()
+	_, js := connect(t, natsURL())
+	subject := streamName("small")
+	s := createStream(t, js, jetstream.StreamConfig{Subjects: []string{subject}, MaxMsgSize: 1024})
+	tr := newTransport(t, js, natstransport.Config{})
+	small := envelope(t, outbox.Message{Topic: subject, Key: []byte("a"), Payload: []byte("small")})
+	big := envelope(t, outbox.Message{Topic: subject, Key: []byte("b"), Payload: make([]byte, 4096)})
+
+	failed := failures(t, tr.Publish(t.Context(), []*outbox.Envelope{small, big}))
+	require.Len(t, failed, 1)
+	assert.True(t, outbox.IsPermanent(failed[big.ID]), "%v", failed[big.ID])
+	assert.ErrorIs(t, failed[big.ID], outbox.ErrTooLarge)
+	assert.Equal(t, uint64(1), count(t, s))
+}
+
+// A full stream that discards new messages refuses transiently: space may free up.
+func TestFullStreamIsTransient(t *testing.T) {
+	t.Parallel()
+	_, js := connect(t, natsURL())
+	subject := streamName("full")
+	createStream(t, js, jetstream.StreamConfig{Subjects: []string{subject}, MaxMsgs: 1, Discard: jetstream.DiscardNew})
+	tr := newTransport(t, js, natstransport.Config{})
+	first := envelope(t, outbox.Message{Topic: subject, Payload: []byte("1")})
+	second := envelope(t, outbox.Message{Topic: subject, Payload: []byte("2")})
+
+	failed := failures(t, tr.Publish(t.Context(), []*outbox.Envelope{first, second}))
+	require.Len(t, failed, 1)
+	require.Contains(t, failed, second.ID)
+	assert.False(t, outbox.IsPermanent(failed[second.ID]), "%v", failed[second.ID])
+}
+
+// A topic mapped to a subject that cannot be published to fails permanently.
+func TestInvalidSubjectIsPermanent(t *testing.T) {
+	t.Parallel()
+	_, js := connect(t, natsURL())
+	tr := newTransport(t, js, natstransport.Config{Subject: func(topic string) string { return "events." + topic }})
+	env := envelope(t, outbox.Message{Topic: "has space", Payload: []byte("x")})
+	failed := failures(t, tr.Publish(t.Context(), []*outbox.Envelope{env}))
+	assert.True(t, outbox.IsPermanent(failed[env.ID]))
+	assert.ErrorIs(t, failed[env.ID], outbox.ErrInvalidMessage)
+}
+
+// Publishing the same envelope twice stores it once: Nats-Msg-Id and the stream's
+// duplicate window drop the copy, and the copy still counts as acknowledged.
+func TestRepublishIsDroppedByTheDuplicateWindow(t *testing.T) {
+	t.Parallel()
+	_, js := connect(t, natsURL())
+	subject := streamName("dedup")
+	s := createStream(t, js, jetstream.StreamConfig{Subjects: []string{subject}, Duplicates: time.Minute})
+	tr := newTransport(t, js, natstransport.Config{})
+	env := envelope(t, outbox.Message{Topic: subject, Key: []byte("k"), Payload: []byte("once")})
+	require.NoError(t, tr.Publish(t.Context(), []*outbox.Envelope{env}))
+	require.NoError(t, tr.Publish(t.Context(), []*outbox.Envelope{env}), "a duplicate is acknowledged")
+	assert.Equal(t, uint64(1), count(t, s))
+}
+
+// A subject mapping publishes on the mapped subject; Decode returns the topic.
+func TestSubjectMapping(t *testing.T) {
+	t.Parallel()
+	_, js := connect(t, natsURL())
+	prefix := streamName("events")
+	s := createStream(t, js, jetstream.StreamConfig{Subjects: []string{prefix + ".>"}})
+	tr := newTransport(t, js, natstransport.Config{Subject: func(topic string) string { return prefix + "." + topic }})
+	env := envelope(t, outbox.Message{Topic: "order-placed", Key: []byte("order-7"), Payload: []byte("p")})
+	require.NoError(t, tr.Publish(t.Context(), []*outbox.Envelope{env}))
+	d := newReader(t, s, prefix+".order-placed").read(t, 1)[0]
+	assert.Equal(t, "order-placed", d.Topic)
+	assert.Equal(t, prefix+".order-placed", d.Subject)
+	assert.Equal(t, env.ID, d.ID)
+	assert.Equal(t, s.CachedInfo().Config.Name, d.Stream)
+	assert.Equal(t, uint64(1), d.Sequence)
+	assert.False(t, d.Timestamp.IsZero())
+}
+
+// New takes its limit from the server and refuses a larger one.
+func TestNewChecksMaxMessageSizeAgainstMaxPayload(t *testing.T) {
+	t.Parallel()
+	nc, js := connect(t, natsURL())
+	tr := newTransport(t, js, natstransport.Config{})
+	assert.Equal(t, int(nc.MaxPayload())-512, tr.MaxMessageSize())
+	_, err := natstransport.New(js, natstransport.Config{MaxMessageSize: int(nc.MaxPayload())})
+	assert.ErrorIs(t, err, outbox.ErrMisconfigured)
+	assert.ErrorContains(t, err, "max_payload")
+
+	var got jetstream.JetStream
+	require.True(t, tr.As(&got))
+	var conn *nats.Conn
+	require.True(t, tr.As(&conn))
+	assert.Same(t, nc, conn)
+}
+
+// While the connection is cut, Publish fails transiently within AckTimeout and Ping
+// fails; once it is restored both succeed, and everything reported sent is in the
+// stream.
+func TestOutagePublishAndPing(t *testing.T) {
+	t.Parallel()
+	_, direct := connect(t, natsURL())
+	subject := streamName("outage")
+	s := createStream(t, direct, jetstream.StreamConfig{Subjects: []string{subject}})
+	p := newProxy(t, hostPort(natsURL()))
+	nc, js := connect(t, "nats://"+p.Addr(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
+	tr := newTransport(t, js, natstransport.Config{AckTimeout: 500 * time.Millisecond})
+	require.NoError(t, tr.Ping(t.Context()))
+
+	batch := func(n int) []*outbox.Envelope {
+		out := make([]*outbox.Envelope, n)
+		for i := range out {
+			out[i] = envelope(t, outbox.Message{Topic: subject, Key: fmt.Appendf(nil, "k%d", i%3), Payload: fmt.Appendf(nil, "%d", i)})
+		}
+		return out
+	}
+	require.NoError(t, tr.Publish(t.Context(), batch(10)))
+
+	p.Cut()
+	require.Eventually(t, func() bool { return !nc.IsConnected() }, 30*time.Second, 10*time.Millisecond)
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	err := tr.Ping(ctx)
+	cancel()
+	assert.Error(t, err, "the server is unreachable")
+	cut := batch(10)
+	failed := failures(t, tr.Publish(t.Context(), cut))
+	assert.Len(t, failed, len(cut), "nothing is acknowledged while cut off")
+	for _, err := range failed {
+		assert.False(t, outbox.IsPermanent(err), "an outage is transient: %v", err)
+	}
+
+	p.Restore()
+	require.Eventually(t, func() bool { return nc.IsConnected() }, 30*time.Second, 10*time.Millisecond)
+	require.NoError(t, tr.Ping(t.Context()))
+	require.NoError(t, tr.Publish(t.Context(), cut), "the retry after the outage")
+	after := batch(10)
+	require.NoError(t, tr.Publish(t.Context(), after))
+	// 30 distinct messages; the copies the reconnect buffer may have delivered late
+	// are dropped by the duplicate window.
+	assert.Equal(t, uint64(30), count(t, s))
+}
+
+func TestPingHonoursContext(t *testing.T) {
+	t.Parallel()
+	_, js := connect(t, natsURL())
+	tr := newTransport(t, js, natstransport.Config{})
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	err := tr.Ping(ctx)
+	assert.True(t, errors.Is(err, context.Canceled), "a cancelled ping says so: %v", err)
+}

@@ -1,0 +1,14 @@
+module github.com/outboxkit/outbox/transport/rabbitmqtransport
+
+go 1.26.0
+
+require (
+	github.com/google/uuid v1.6.0
+	github.com/outboxkit/outbox v0.0.0-00010101000000-000000000000
+	github.com/rabbitmq/amqp091-go v1.16.0
+	github.com/stretchr/testify v1.12.1
+)
+
+require go.yaml.in/yaml/v3 v3.0.5 // indirect
+
+replace github.com/outboxkit/outbox => ../..

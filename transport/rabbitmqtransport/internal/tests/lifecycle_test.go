@@ -1,0 +1,55 @@
+package tests
+
+import (
+	"context"
+	"runtime"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/transport/rabbitmqtransport"
+)
+
+// A confirm window too short to wait out abandons the channel in the background: the
+// unconfirmed messages are reported failed, transient, and after Close no goroutine
+// of the transport or its connections is left. (Not parallel: it counts goroutines.)
+func TestConfirmTimeoutAndCloseLeaveNothingBehind(t *testing.T) {
+	needBroker(t)
+	a := newAdmin(t)
+	topic := uniqueName("timeout")
+	a.exchange(t, topic, amqp.ExchangeFanout)
+	a.queue(t, topic, topic, "", nil)
+	runtime.GC()
+	before := runtime.NumGoroutine()
+
+	tr, err := rabbitmqtransport.New(dialer(""), rabbitmqtransport.Config{ConfirmTimeout: time.Nanosecond})
+	require.NoError(t, err)
+	var batch []*outbox.Envelope
+	for range 50 {
+		batch = append(batch, envelope(t, topic, []byte("k"), make([]byte, 1024)))
+	}
+	// The timer has fired before the first confirm can arrive; should confirms
+	// arrive first anyway, each wait picks at random, and all 50 would have to win.
+	failed := failures(t, tr.Publish(context.Background(), batch))
+	require.NotEmpty(t, failed, "a nanosecond confirm window fails the batch")
+	for id, cause := range failed {
+		assert.False(t, outbox.IsPermanent(cause), "%s: %v", id, cause)
+		assert.ErrorContains(t, cause, "Config.ConfirmTimeout")
+	}
+	require.NoError(t, tr.Ping(context.Background()), "a fresh channel after the abandoned one")
+	require.NoError(t, tr.Close())
+	require.ErrorIs(t, tr.Ping(context.Background()), outbox.ErrClosed)
+
+	deadline := time.Now().Add(30 * time.Second)
+	for runtime.NumGoroutine() > before {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			t.Fatalf("%d goroutines before, %d after Close:\n%s", before, runtime.NumGoroutine(), buf[:runtime.Stack(buf, true)])
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

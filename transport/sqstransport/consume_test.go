@@ -1,0 +1,235 @@
+package sqstransport_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/inbox"
+	"github.com/outboxkit/outbox/store/memstore"
+	"github.com/outboxkit/outbox/transport/sqstransport"
+)
+
+// sqsLedger is the consumer's state on a memory store, changed only through
+// memstore.OnCommit: effects per message id and the applied order per key.
+type sqsLedger struct {
+	mu      sync.Mutex
+	applied map[string]int
+	order   map[string][]string
+}
+
+func (l *sqsLedger) apply(ctx context.Context, d *sqstransport.Delivery) error {
+	return memstore.OnCommit(ctx, func() error {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.applied[d.ID.String()]++
+		l.order[string(d.Key)] = append(l.order[string(d.Key)], string(d.Payload))
+		return nil
+	})
+}
+
+func (l *sqsLedger) snapshot() (map[string]int, map[string][]string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	a := map[string]int{}
+	for k, v := range l.applied {
+		a[k] = v
+	}
+	o := map[string][]string{}
+	for k, v := range l.order {
+		o[k] = append([]string(nil), v...)
+	}
+	return a, o
+}
+
+// failingDeletes fails the first n DeleteMessageBatch calls on the real client,
+// as a crash between the commit and the delete would leave the messages.
+type failingDeletes struct {
+	*sqs.Client
+	left atomic.Int64
+}
+
+func (f *failingDeletes) DeleteMessageBatch(ctx context.Context, in *sqs.DeleteMessageBatchInput, opts ...func(*sqs.Options)) (*sqs.DeleteMessageBatchOutput, error) {
+	if f.left.Add(-1) >= 0 {
+		return nil, errors.New("injected: delete lost")
+	}
+	return f.Client.DeleteMessageBatch(ctx, in, opts...)
+}
+
+func runReceiver(t *testing.T, r *sqstransport.Receiver) (stop func() error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case err = <-done:
+			case <-time.After(time.Minute):
+				err = errors.New("Run did not return within a minute of its ctx ending")
+			}
+		})
+		return err
+	}
+	t.Cleanup(func() { _ = stop() })
+	return stop
+}
+
+func TestReceiverAppliesOnceInGroupOrderAndDeletesAfterCommit(t *testing.T) {
+	srv, _, url := setup(t, true, nil)
+	const n, keys = 30, 4
+	tr := newTransport(t, srv.Client(), sqstransport.Config{Resolver: sqstransport.Queues{"orders": url}})
+	want := map[string][]string{}
+	var envs []*outbox.Envelope
+	for i := range n {
+		key := fmt.Sprintf("key-%d", i%keys)
+		envs = append(envs, envelope(t, "orders", []byte(key), []byte(fmt.Sprint(i))))
+		want[key] = append(want[key], fmt.Sprint(i))
+	}
+	require.NoError(t, tr.Publish(context.Background(), envs))
+
+	store, err := memstore.New(memstore.Config{})
+	require.NoError(t, err)
+	defer store.Close()
+	in, err := inbox.New(store, inbox.Config{Consumer: "billing"})
+	require.NoError(t, err)
+	l := &sqsLedger{applied: map[string]int{}, order: map[string][]string{}}
+	var processed, dups atomic.Int64
+	// The first delete is lost: its messages come back after the visibility timeout
+	// and are found duplicates.
+	client := &failingDeletes{Client: srv.Client()}
+	client.left.Store(1)
+	r, err := sqstransport.NewReceiver(client, in, l.apply, sqstransport.ReceiverConfig{
+		QueueURL: url, WaitTime: time.Second, VisibilityTimeout: time.Second,
+		Processed: func(_ *sqstransport.Delivery, res inbox.Result) {
+			processed.Add(1)
+			if res.Duplicate {
+				dups.Add(1)
+			}
+		},
+	})
+	require.NoError(t, err)
+	stop := runReceiver(t, r)
+	require.Eventually(t, func() bool { return processed.Load()-dups.Load() >= n && dups.Load() > 0 }, time.Minute, 20*time.Millisecond,
+		"every message applied, and the lost delete's messages redelivered as duplicates")
+	// Wait until the queue is empty: everything was deleted in the end.
+	require.Eventually(t, func() bool {
+		attrs, err := srv.Client().GetQueueAttributes(context.Background(), &sqs.GetQueueAttributesInput{QueueUrl: &url, AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameAll}})
+		require.NoError(t, err)
+		return attrs.Attributes["ApproximateNumberOfMessages"] == "0" && attrs.Attributes["ApproximateNumberOfMessagesNotVisible"] == "0"
+	}, time.Minute, 100*time.Millisecond)
+	require.NoError(t, stop())
+
+	applied, order := l.snapshot()
+	require.Len(t, applied, n)
+	for id, times := range applied {
+		require.Equal(t, 1, times, "message %s", id)
+	}
+	require.Equal(t, want, order, "each group's messages were applied in send order")
+}
+
+func TestReceiverLeavesFailedMessageForRedelivery(t *testing.T) {
+	srv, _, url := setup(t, false, nil)
+	tr := newTransport(t, srv.Client(), sqstransport.Config{Resolver: sqstransport.Queues{"orders": url}})
+	require.NoError(t, tr.Publish(context.Background(), []*outbox.Envelope{envelope(t, "orders", []byte("k"), []byte("v"))}))
+	store, err := memstore.New(memstore.Config{})
+	require.NoError(t, err)
+	defer store.Close()
+	in, err := inbox.New(store, inbox.Config{Consumer: "billing"})
+	require.NoError(t, err)
+	l := &sqsLedger{applied: map[string]int{}, order: map[string][]string{}}
+	var calls, processed atomic.Int64
+	r, err := sqstransport.NewReceiver(srv.Client(), in, func(ctx context.Context, d *sqstransport.Delivery) error {
+		if err := l.apply(ctx, d); err != nil {
+			return err
+		}
+		if calls.Add(1) == 1 {
+			return errors.New("transient") // rolls the effect back
+		}
+		return nil
+	}, sqstransport.ReceiverConfig{QueueURL: url, WaitTime: time.Second, VisibilityTimeout: time.Second,
+		Processed: func(*sqstransport.Delivery, inbox.Result) { processed.Add(1) }})
+	require.NoError(t, err)
+	stop := runReceiver(t, r)
+	require.Eventually(t, func() bool { return processed.Load() == 1 }, time.Minute, 20*time.Millisecond)
+	require.NoError(t, stop())
+	// Twice at least: a slow machine may also outlast the 1 s visibility timeout.
+	require.GreaterOrEqual(t, calls.Load(), int64(2), "the failed message was received again")
+	applied, _ := l.snapshot()
+	require.Len(t, applied, 1)
+	for _, times := range applied {
+		require.Equal(t, 1, times)
+	}
+}
+
+func TestReceiverStopsGracefully(t *testing.T) {
+	srv, _, url := setup(t, false, nil)
+	tr := newTransport(t, srv.Client(), sqstransport.Config{Resolver: sqstransport.Queues{"orders": url}})
+	require.NoError(t, tr.Publish(context.Background(), []*outbox.Envelope{envelope(t, "orders", []byte("k"), []byte("v"))}))
+	store, err := memstore.New(memstore.Config{})
+	require.NoError(t, err)
+	defer store.Close()
+	in, err := inbox.New(store, inbox.Config{Consumer: "billing"})
+	require.NoError(t, err)
+	l := &sqsLedger{applied: map[string]int{}, order: map[string][]string{}}
+	entered, release := make(chan struct{}), make(chan struct{})
+	r, err := sqstransport.NewReceiver(srv.Client(), in, func(ctx context.Context, d *sqstransport.Delivery) error {
+		close(entered)
+		<-release
+		return l.apply(ctx, d)
+	}, sqstransport.ReceiverConfig{QueueURL: url, WaitTime: time.Second, VisibilityTimeout: 600 * time.Second})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	<-entered
+	cancel()
+	select {
+	case err := <-done:
+		t.Fatalf("Run returned (%v) while a message was in progress", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	require.NoError(t, <-done)
+	applied, _ := l.snapshot()
+	require.Len(t, applied, 1)
+	// It was deleted before Run returned: with a 600 s visibility timeout, a message
+	// not deleted would still count as in flight.
+	attrs, err := srv.Client().GetQueueAttributes(context.Background(), &sqs.GetQueueAttributesInput{QueueUrl: &url, AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameAll}})
+	require.NoError(t, err)
+	require.Equal(t, "0", attrs.Attributes["ApproximateNumberOfMessagesNotVisible"])
+	require.Equal(t, "0", attrs.Attributes["ApproximateNumberOfMessages"])
+}
+
+func TestReceiverConfigValidate(t *testing.T) {
+	store, err := memstore.New(memstore.Config{})
+	require.NoError(t, err)
+	defer store.Close()
+	in, err := inbox.New(store, inbox.Config{Consumer: "billing"})
+	require.NoError(t, err)
+	h := func(context.Context, *sqstransport.Delivery) error { return nil }
+	for field, cfg := range map[string]sqstransport.ReceiverConfig{
+		"QueueURL":          {},
+		"MaxMessages":       {QueueURL: "q", MaxMessages: 11},
+		"WaitTime":          {QueueURL: "q", WaitTime: 21 * time.Second},
+		"VisibilityTimeout": {QueueURL: "q", VisibilityTimeout: -1},
+		"StopTimeout":       {QueueURL: "q", StopTimeout: -1},
+	} {
+		_, err := sqstransport.NewReceiver(&sqs.Client{}, in, h, cfg)
+		require.ErrorIs(t, err, outbox.ErrMisconfigured, field)
+		require.ErrorContains(t, err, "ReceiverConfig."+field)
+	}
+	_, err = sqstransport.NewReceiver(&sqs.Client{}, nil, h, sqstransport.ReceiverConfig{QueueURL: "q"})
+	require.ErrorIs(t, err, outbox.ErrMisconfigured)
+}
