@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
-	"sync/atomic"
+
+	"github.com/google/uuid"
+
+	"github.com/outboxkit/outbox/internal/unit"
 )
 
 // Sender sends one message. Handlers depend on it; [NewSender] returns the one that
@@ -22,22 +25,21 @@ type SenderFunc func(ctx context.Context, msg Message) error
 // Send calls f.
 func (f SenderFunc) Send(ctx context.Context, msg Message) error { return f(ctx, msg) }
 
-// SenderConfig configures the [Capture] that [NewSender] returns. The zero value is
+// SenderConfig configures the [Sender] that [NewSender] returns. The zero value is
 // valid.
 type SenderConfig struct {
 	// Mode says what a send made outside any unit of work does. Defaults to
 	// [Transactional]: it fails with [ErrNoTransaction]. A send made inside a unit of
 	// work always joins its transaction, whatever the mode.
 	Mode WriteMode
-	// Transport is the transport the relays publish with. If it implements
-	// [SizeLimiter], capture refuses messages over its limit before anything is
-	// written. Optional: a writer that builds no transport sets MaxMessageSize instead.
-	Transport Transport
-	// MaxMessageSize is the largest [Message.Size] capture accepts. The store's limit
-	// ([SizeLimiter]) and Transport's apply too; the smallest wins. Defaults to 0: no
-	// limit of its own.
+	// Transport is the transport the relays publish with, for its size limit: the
+	// sender refuses a message over it before anything is written. Optional.
+	Transport interface{ MaxMessageSize() int }
+	// MaxMessageSize is the largest [Message.Size] the sender accepts. The store's
+	// limit and Transport's apply too; the smallest wins. Defaults to 0: no limit of
+	// its own.
 	MaxMessageSize int
-	// Logger receives reports of envelopes abandoned on a [NewScope] scope. Defaults
+	// Logger receives reports of messages abandoned on a [NewScope] scope. Defaults
 	// to slog.Default().
 	Logger *slog.Logger
 }
@@ -55,80 +57,66 @@ func (c SenderConfig) Validate() error {
 	return nil
 }
 
-// Capture is the [Sender] that turns each send into an [Envelope] in a store instead
-// of calling a broker. It is safe for concurrent use.
-type Capture struct {
-	store     Store
-	mode      WriteMode
-	buckets   int
-	limit     int // 0: none
-	log       *slog.Logger
-	abandoned *atomic.Int64
+// capture is the Sender that turns each send into a stored message instead of a
+// broker call.
+type capture struct {
+	store  Store
+	owners []any // store and every store it wraps, as units of work name their owner
+	mode   WriteMode
+	limit  int // 0: none
+	log    *slog.Logger
 }
 
 // NewSender returns the Sender that captures into store: inside a unit of work
 // ([Transactor.Transact]) a send is staged and written in that transaction; outside
-// one, SenderConfig.Mode decides. It does not take ownership of store.
+// one, SenderConfig.Mode decides. It does not take ownership of store. The Sender is
+// safe for concurrent use.
 //
-// Capture checks each message before anything is written: [Message.Validate], and its
-// size against the smallest of the store's, the transport's and the configured limit
-// ([ErrTooLarge]).
-func NewSender(store Store, cfg SenderConfig) (*Capture, error) {
+// Each send is checked before anything is written: [Message.Validate], and its size
+// against the smallest of the store's, the transport's and the configured limit
+// ([ErrTooLarge]). A message with a zero ID gets a UUIDv7. Nothing is written when
+// Send returns an error.
+//
+// Inside a unit of work of another store only, Send fails with [ErrMisconfigured]:
+// the message could not be atomic with that transaction.
+func NewSender(store Store, cfg SenderConfig) (Sender, error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: outbox.NewSender: store is nil", ErrMisconfigured)
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	buckets := store.BucketCount()
-	if buckets < 1 {
-		return nil, fmt.Errorf("%w: outbox.NewSender: the store reports %d buckets", ErrMisconfigured, buckets)
+	c := &capture{store: store, mode: cfg.Mode, limit: cfg.MaxMessageSize, log: cfg.Logger}
+	if c.log == nil {
+		c.log = slog.Default()
 	}
-	limit := cfg.MaxMessageSize
-	for _, l := range []any{store, cfg.Transport} {
-		if sl, ok := l.(SizeLimiter); ok {
-			if n := sl.MaxMessageSize(); n > 0 && (limit == 0 || n < limit) {
-				limit = n
-			}
+	c.tighten(cfg.Transport)
+	// Units of work name their store as their owner; a wrapper's units are its inner
+	// store's. The types are checked here, once, so the send path compares safely.
+	for s := Store(store); s != nil; {
+		if reflect.TypeOf(s).Comparable() {
+			c.owners = append(c.owners, s)
+		}
+		c.tighten(s)
+		w, ok := s.(interface{ Unwrap() Store })
+		if !ok {
+			break
+		}
+		s = w.Unwrap()
+	}
+	return c, nil
+}
+
+// tighten lowers the limit to l's, if l has one.
+func (c *capture) tighten(l any) {
+	if sl, ok := l.(interface{ MaxMessageSize() int }); ok && sl != nil {
+		if n := sl.MaxMessageSize(); n > 0 && (c.limit == 0 || n < c.limit) {
+			c.limit = n
 		}
 	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.Default()
-	}
-	return &Capture{store: store, mode: cfg.Mode, buckets: buckets, limit: limit, log: log, abandoned: new(atomic.Int64)}, nil
 }
 
-// MaxMessageSize is the limit capture enforces, 0 for none.
-func (c *Capture) MaxMessageSize() int { return c.limit }
-
-// Mode is the capture's write mode outside a unit of work.
-func (c *Capture) Mode() WriteMode { return c.mode }
-
-// WithMode returns a Capture that shares c's store, limits, logger and counter but
-// uses mode outside a unit of work: a route that may send without a transaction
-// registers c.WithMode(outbox.Immediate).
-func (c *Capture) WithMode(mode WriteMode) (*Capture, error) {
-	if err := (SenderConfig{Mode: mode}).Validate(); err != nil {
-		return nil, err
-	}
-	d := *c
-	d.mode = mode
-	return &d, nil
-}
-
-// Abandoned counts envelopes this capture staged on a [NewScope] scope that was
-// released without a transaction taking them. Units of work never abandon: a rolled
-// back or panicking unit discards its sends quietly.
-func (c *Capture) Abandoned() int64 { return c.abandoned.Load() }
-
-// Send captures msg. Inside a unit of work of the capture's store (or on a
-// [NewScope] scope) the envelope is staged and written by the transaction; outside
-// one, [Immediate] writes it with [Store.Enqueue] before Send returns and
-// [Transactional] fails with [ErrNoTransaction]. Inside a unit of work of another
-// store only, Send fails with [ErrMisconfigured]. Nothing is written when Send
-// returns an error.
-func (c *Capture) Send(ctx context.Context, msg Message) error {
+func (c *capture) Send(ctx context.Context, msg Message) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -139,19 +127,23 @@ func (c *Capture) Send(ctx context.Context, msg Message) error {
 	if scope == nil && c.mode == Transactional {
 		return fmt.Errorf("%w (topic %q)", ErrNoTransaction, msg.Topic)
 	}
-	env, err := NewEnvelope(msg, c.buckets)
-	if err != nil {
+	if err := msg.Validate(); err != nil {
 		return err
 	}
 	if c.limit > 0 {
-		if n := env.Size(); n > c.limit {
+		if n := msg.Size(); n > c.limit {
 			return fmt.Errorf("%w: message for topic %q is %d bytes, over the limit of %d; nothing was written", ErrTooLarge, msg.Topic, n, c.limit)
 		}
 	}
-	if scope != nil {
-		return scope.stage(c.reportAbandoned, env)
+	if msg.ID == uuid.Nil {
+		if msg.ID, err = uuid.NewV7(); err != nil {
+			return fmt.Errorf("outbox: new message id: %w", err)
+		}
 	}
-	if err := c.store.Enqueue(ctx, env); err != nil {
+	if scope != nil {
+		return scope.Stage(ErrClosed, c.reportAbandoned, msg)
+	}
+	if err := c.store.Enqueue(ctx, msg); err != nil {
 		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 			return err
 		}
@@ -160,32 +152,24 @@ func (c *Capture) Send(ctx context.Context, msg Message) error {
 	return nil
 }
 
-// scopeFor returns the scope a send with ctx joins: the unit of work of c's store
-// (found even with another store's unit inside it), else an application's own scope
-// ([NewScope]), else nil. A ctx whose innermost unit of work belongs to another
-// store is a wiring mistake: the send could not be atomic with that transaction.
-func (c *Capture) scopeFor(ctx context.Context) (*Scope, error) {
-	for s := c.store; s != nil; {
-		if reflect.TypeOf(s).Comparable() {
-			if sc, ok := ctx.Value(unitKey{s}).(*Scope); ok {
-				return sc, nil
-			}
+// scopeFor returns the scope a send with ctx joins: the innermost unit of work of
+// c's store (found even with another store's unit inside it), else an application's
+// own scope ([NewScope]) if it is the innermost, else nil. A ctx whose innermost unit
+// of work belongs to another store is a wiring mistake.
+func (c *capture) scopeFor(ctx context.Context) (*unit.Scope[Message], error) {
+	for _, o := range c.owners {
+		if s := unit.Find[Message](ctx, o); s != nil {
+			return s, nil
 		}
-		w, ok := s.(interface{ Unwrap() Store })
-		if !ok {
-			break
-		}
-		s = w.Unwrap()
 	}
-	sc := ScopeFrom(ctx)
-	if sc != nil && sc.owner != nil {
+	s := unit.From[Message](ctx)
+	if s != nil && s.Owner != nil {
 		return nil, fmt.Errorf("%w: outbox: send inside a unit of work of another store: build the sender with outbox.NewSender on the store whose Transact you call (a store that wraps another implements Unwrap() outbox.Store)", ErrMisconfigured)
 	}
-	return sc, nil
+	return s, nil
 }
 
-func (c *Capture) reportAbandoned(n int) {
-	c.abandoned.Add(int64(n))
+func (c *capture) reportAbandoned(n int) {
 	c.log.Warn("outbox: scope released with staged messages that no transaction took; they are discarded",
 		"messages", n)
 }

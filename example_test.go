@@ -8,15 +8,19 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/memstore"
 )
 
-// Messages with one key always land in one bucket: the bucket Kafka's default
-// partitioner would pick among as many partitions.
-func ExampleBucketOf() {
-	msg := outbox.Message{Topic: "orders", Key: []byte("customer-7")}
-	fmt.Println(outbox.BucketOf(&msg, uuid.Nil, 8), outbox.BucketOf(&msg, uuid.Nil, 16))
-	// Output: 7 7
+// publish relays what the store holds once and prints what reached the broker.
+func publish(ctx context.Context, store *memstore.Store) {
+	broker := outboxtest.NewRecorder()
+	r, _ := relay.New(store, broker, relay.Config{})
+	_, _ = r.RunOnce(ctx)
+	for _, m := range broker.Messages() {
+		fmt.Println("published:", m.Topic, string(m.Key))
+	}
 }
 
 // A send joins the unit of work whose ctx it is made with: it is written when the
@@ -42,18 +46,62 @@ func ExampleNewSender() {
 	fmt.Println(placeOrder("order-1", false))
 	fmt.Println(placeOrder("order-2", true))
 	fmt.Println(errors.Is(sender.Send(ctx, outbox.Message{Topic: "order-placed"}), outbox.ErrNoTransaction))
-
-	pending, _ := store.Fetch(ctx, 0, 10)
-	fmt.Println(len(pending), string(pending[0].Key))
+	publish(ctx, store)
 	// Output:
 	// <nil>
 	// card declined
 	// true
-	// 1 order-1
+	// published: order-placed order-1
 }
 
-// An application that runs its own transaction stages sends on a scope and writes
-// them with the store's EnqueueTx-style call inside that transaction.
+// A Transact inside another is a savepoint: when it fails, its writes and its sends
+// are undone and the outer unit goes on.
+func ExampleTransactor_nested() {
+	ctx := context.Background()
+	store, _ := memstore.New(memstore.Config{BucketCount: 1})
+	defer store.Close()
+	sender, _ := outbox.NewSender(store, outbox.SenderConfig{})
+
+	err := store.Transact(ctx, func(ctx context.Context) error {
+		if err := sender.Send(ctx, outbox.Message{Topic: "order-placed", Key: []byte("o-1")}); err != nil {
+			return err
+		}
+		err := store.Transact(ctx, func(ctx context.Context) error {
+			_ = sender.Send(ctx, outbox.Message{Topic: "points-added", Key: []byte("o-1")})
+			return errors.New("loyalty service down")
+		})
+		fmt.Println("points skipped:", err)
+		return nil
+	})
+	fmt.Println(err)
+	publish(ctx, store)
+	// Output:
+	// points skipped: loyalty service down
+	// <nil>
+	// published: order-placed o-1
+}
+
+// A message may carry its ID: the relay publishes it under that ID, which the
+// transports put in the outbox.HeaderMessageID header.
+func ExampleMessage_id() {
+	ctx := context.Background()
+	store, _ := memstore.New(memstore.Config{})
+	defer store.Close()
+	sender, _ := outbox.NewSender(store, outbox.SenderConfig{Mode: outbox.Immediate})
+
+	id := uuid.MustParse("0190f2a1-7c1e-7000-8000-000000000001") // an event id of the application's
+	_ = sender.Send(ctx, outbox.Message{ID: id, Topic: "order-placed"})
+
+	broker := outboxtest.NewRecorder()
+	r, _ := relay.New(store, broker, relay.Config{})
+	_, _ = r.RunOnce(ctx)
+	fmt.Println(broker.Messages()[0].ID)
+	// Output: 0190f2a1-7c1e-7000-8000-000000000001
+}
+
+// An application that runs its own transaction stages sends on a scope; the store's
+// write call for that transaction (sqlstore's EnqueueTx, say) takes them. What no
+// transaction took is discarded, and reported, at Release.
 func ExampleNewScope() {
 	ctx := context.Background()
 	store, _ := memstore.New(memstore.Config{})
@@ -61,10 +109,10 @@ func ExampleNewScope() {
 	sender, _ := outbox.NewSender(store, outbox.SenderConfig{})
 
 	ctx, scope := outbox.NewScope(ctx)
-	defer scope.Release()
 	_ = sender.Send(ctx, outbox.Message{Topic: "orders", Payload: []byte("placed")})
-
-	staged := scope.Take() // inside the application's transaction
-	fmt.Println(len(staged), staged[0].Topic, scope.Len())
-	// Output: 1 orders 0
+	fmt.Println(scope.Len())
+	fmt.Println(scope.Release()) // no transaction took it
+	// Output:
+	// 1
+	// 1
 }

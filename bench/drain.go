@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 type drainConfig struct {
@@ -93,7 +93,7 @@ func drainOne(ctx context.Context, e *env, c contender, cfg drainConfig) (rate, 
 	if err := s.startRelays(ctx, cfg.Relays, cfg.Batch); err != nil {
 		return 0, 0, check{}, errors.Join(err, col.finish(ctx))
 	}
-	if err := s.waitHeld(outbox.DefaultBucketCount, 30*time.Second); err != nil {
+	if err := s.waitHeld(driver.DefaultBucketCount, 30*time.Second); err != nil {
 		return 0, 0, check{}, errors.Join(err, col.finish(ctx))
 	}
 	start, meter, err := fillOnce(ctx, e, s, p, cfg.Backlog)

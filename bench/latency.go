@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // latencyWriters share the steady rate, each on its own ticker, offset from the others.
@@ -128,7 +128,7 @@ func latencyOne(ctx context.Context, e *env, c contender, batch, rate int, dur t
 	if err := s.startRelays(ctx, 1, batch); err != nil {
 		return latencyStats{}, check{}, err
 	}
-	if err := s.waitHeld(outbox.DefaultBucketCount, 30*time.Second); err != nil {
+	if err := s.waitHeld(driver.DefaultBucketCount, 30*time.Second); err != nil {
 		return latencyStats{}, check{}, err
 	}
 	p := newPlan(latencyWriters)

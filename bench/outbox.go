@@ -10,15 +10,16 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/middleware"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/sqlstore"
 	"github.com/outboxkit/outbox/transport/kafkatransport"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // outboxInstance is the project itself: a store and a sender on the writers' side,
-// dispatchers on stores of their own (so wake-ups travel through NOTIFY on
+// relays on stores of their own (so wake-ups travel through NOTIFY on
 // PostgreSQL, as between processes).
 type outboxInstance struct {
 	r        *run
@@ -158,21 +159,17 @@ func (o *outboxInstance) writeMy(ctx context.Context, order int64, msgs []messag
 	return committed, nil
 }
 
-// fill writes the backlog into tx with EnqueuePgxTx, 2,000 envelopes per call, and
+// fill writes the backlog into tx with EnqueuePgxTx, 2,000 messages per call, and
 // announces it once committed.
 func (o *outboxInstance) fill(ctx context.Context, tx pgx.Tx, msgs []message) (func(), error) {
-	var written []*outbox.Envelope
+	var written []*driver.Envelope
 	for len(msgs) > 0 {
 		n := min(len(msgs), 2000)
-		envs := make([]*outbox.Envelope, n)
+		batch := make([]outbox.Message, n)
 		for i, m := range msgs[:n] {
-			env, err := outbox.NewEnvelope(outbox.Message{Topic: o.r.topic, Key: m.key, Payload: m.payload}, o.store.BucketCount())
-			if err != nil {
-				return nil, err
-			}
-			envs[i] = env
+			batch[i] = outbox.Message{Topic: o.r.topic, Key: m.key, Payload: m.payload}
 		}
-		w, err := o.store.EnqueuePgxTx(ctx, tx, envs...)
+		w, err := o.store.EnqueuePgxTx(ctx, tx, batch...)
 		if err != nil {
 			return nil, err
 		}
@@ -195,7 +192,7 @@ func (o *outboxInstance) close(ctx context.Context) error {
 	return errors.Join(err, dropPG(ctx, o.r.env.pg, o.orders))
 }
 
-// relay starts a dispatcher with the project's Kafka transport and default settings
+// relay starts a relay with the project's Kafka transport and default settings
 // but BatchSize, on a store and connections of its own.
 func (o *outboxInstance) relay(ctx context.Context, batch int) (runningRelay, error) {
 	r := &outboxRelay{}

@@ -85,7 +85,7 @@ func (r *report) markdown() string {
 
 	p("Settings: %d repetition%s of every run, contenders interleaved, medians reported; 1 KiB random payloads over %d keys.\n", r.Reps, plural(r.Reps), keyCount)
 	p("Raw relay: batch as the scenario says, 10 ms poll. Watermill: queue schema, delete on ack, batch as the scenario says, 10 ms poll. ")
-	p("Outbox: dispatcher defaults but `BatchSize`; relays on stores and connections of their own, woken through NOTIFY.\n\n")
+	p("Outbox: relay defaults but `BatchSize`; relays on stores and connections of their own, woken through NOTIFY.\n\n")
 
 	if r.Write != nil {
 		r.writeTable(&b, r.Write, "bench-write.svg")

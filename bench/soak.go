@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // soakWindow is one window (a minute in the full run) of the soak.
@@ -85,7 +85,7 @@ func soakScenario(ctx context.Context, e *env, rate float64, source string, rela
 	if err := s.startRelays(ctx, relays, 100); err != nil {
 		return nil, err
 	}
-	if err := s.waitHeld(outbox.DefaultBucketCount, 30*time.Second); err != nil {
+	if err := s.waitHeld(driver.DefaultBucketCount, 30*time.Second); err != nil {
 		return nil, err
 	}
 	p := newPlan(latencyWriters)
@@ -133,7 +133,7 @@ func soakCapacity(ctx context.Context, e *env, relays int, probe time.Duration) 
 	if err := s.startRelays(ctx, relays, 100); err != nil {
 		return 0, err
 	}
-	if err := s.waitHeld(outbox.DefaultBucketCount, 30*time.Second); err != nil {
+	if err := s.waitHeld(driver.DefaultBucketCount, 30*time.Second); err != nil {
 		return 0, err
 	}
 	p := newPlan(latencyWriters)

@@ -48,8 +48,8 @@
 //   - Keys are kept for [Config.Retention] (7 days by default) and then removed:
 //     by [Inbox.RemoveExpired] in bounded batches on SQL and memory, by DynamoDB's
 //     TTL on DynamoDB. An expired key that is not removed yet still counts.
-//   - Process inside an open unit of work of the same store joins it: the key commits
-//     with the outer unit. A key that a racing unit records before the outer unit
+//   - Process inside an open unit of work of the same store runs as a savepoint of it:
+//     the key commits with the outer unit, and a failed fn undoes only its own part. A key that a racing unit records before the outer unit
 //     commits then fails the outer unit with the store's error (an error wrapping
 //     ErrDuplicate on memory, DynamoDB's cancellation), not a duplicate Result.
 //

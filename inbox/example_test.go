@@ -34,7 +34,7 @@ func ExampleInbox_Process() {
 		})
 		fmt.Println(res.Key, "duplicate:", res.Duplicate, "error:", err)
 	}
-	receipts, _ := store.Fetch(ctx, 0, 10)
+	receipts, _ := store.Driver().Fetch(ctx, 0, 10)
 	fmt.Println("balance:", balance, "receipts:", len(receipts))
 	// Output:
 	// payment-1 duplicate: false error: <nil>

@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // ErrDuplicate reports that a message's key is recorded already for the consumer:
@@ -46,11 +47,11 @@ type Key struct {
 	ExpiresAt time.Time
 }
 
-// Store is what an inbox needs of a store: its unit of work, and a way to record a
-// key in it. The stores of this module implement it (memory, SQL, DynamoDB); an
-// inbox finds it on the store by type assertion.
+// Store is what an inbox needs of a store's relay side ([driver.Handle]'s Driver),
+// beside the handle's unit of work: a way to record a key in that unit. The stores of
+// this module implement it (memstore, sqlstore, gormstore, dynamostore); an inbox
+// finds it by type assertion.
 type Store interface {
-	outbox.Transactor
 	// StageInboxKey records key in the unit of work open on ctx (the ctx that
 	// Transact passes to its function), so that it commits with the unit's other
 	// writes or not at all. The inbox calls it first in the unit, before the
@@ -65,7 +66,8 @@ type Store interface {
 	StageInboxKey(ctx context.Context, key Key) (duplicate func(commitErr error) bool, err error)
 }
 
-// Remover is the optional capability of a store whose keys are removed by the
+// Remover is the optional capability of a store (on its relay side, like [Store])
+// whose keys are removed by the
 // application rather than by the database itself (DynamoDB's TTL): SQL and memory.
 type Remover interface {
 	// RemoveInboxKeys deletes at most limit keys whose ExpiresAt is before before,
@@ -135,25 +137,29 @@ func (c Config) withDefaults() Config {
 // Inbox applies the effects of each received message once per consumer: see the
 // package documentation.
 type Inbox struct {
+	uow   outbox.Transactor
 	store Store
 	cfg   Config
 }
 
-// New returns an inbox on store, which must implement [Store] (every store of this
-// module does). It fails with an error wrapping [outbox.ErrMisconfigured] when
-// store does not, or cfg is invalid.
+// New returns an inbox on store, whose relay side must implement [Store] (every
+// store of this module does). It fails with an error wrapping
+// [outbox.ErrMisconfigured] when it does not, or cfg is invalid.
 func New(store outbox.Transactor, cfg Config) (*Inbox, error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: inbox: New needs a store: pass the store whose unit of work the consumer writes in", outbox.ErrMisconfigured)
 	}
-	st, ok := store.(Store)
-	if !ok {
-		return nil, fmt.Errorf("%w: inbox: the store %T cannot record inbox keys in its unit of work (it has no StageInboxKey method): use a store of this module (memory, sqlstore, gormstore, dynamostore) or implement inbox.Store", outbox.ErrMisconfigured, store)
+	var st Store
+	if h, ok := store.(driver.Handle); ok {
+		st, _ = h.Driver().(Store)
+	}
+	if st == nil {
+		return nil, fmt.Errorf("%w: inbox: the store %T cannot record inbox keys in its unit of work (its Driver has no StageInboxKey method): use a store of this module (memstore, sqlstore, gormstore, dynamostore) or implement inbox.Store", outbox.ErrMisconfigured, store)
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Inbox{store: st, cfg: cfg.withDefaults()}, nil
+	return &Inbox{uow: store, store: st, cfg: cfg.withDefaults()}, nil
 }
 
 // Consumer returns the consumer name.
@@ -170,7 +176,7 @@ type Result struct {
 
 // Process applies msg's effects once: it runs fn in the store's unit of work,
 // together with the insert of msg's key under the consumer name. fn writes through
-// the store's accessors with the ctx it is given (sqlstore.PgxTx, sqlstore.Tx,
+// the store's accessors with the ctx it is given (sqlstore.PgxTx, sqlstore.SQLTx,
 // gormstore.Tx, dynamostore.AddItems, memstore.OnCommit), and every message it sends
 // with that ctx through an outbox sender joins the unit: the key, fn's writes and
 // its messages commit together or not at all.
@@ -197,7 +203,7 @@ func (in *Inbox) Process(ctx context.Context, msg *outbox.Message, fn func(ctx c
 	key := Key{Consumer: in.cfg.Consumer, ID: id, ExpiresAt: in.cfg.Now().Add(in.cfg.Retention).UTC()}
 	var isDup func(error) bool
 	staged := false
-	err = in.store.Transact(ctx, func(ctx context.Context) error {
+	err = in.uow.Transact(ctx, func(ctx context.Context) error {
 		dup, err := in.store.StageInboxKey(ctx, key)
 		if err != nil {
 			return err

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/middleware"
 	"github.com/outboxkit/outbox/store/memstore"
 )
@@ -56,7 +57,7 @@ func BenchmarkCapture(b *testing.B) {
 		defer store.Close()
 		r := benchRouter(b, store, outbox.Transactional)
 		ctx, scope := outbox.NewScope(b.Context())
-		defer func() { scope.Take(); scope.Release() }() // leftovers are not abandoned sends
+		defer func() { _, _ = driver.Take(ctx, 8); scope.Release() }() // leftovers are not abandoned sends
 		b.ReportAllocs()
 		n := 0
 		for b.Loop() {
@@ -64,7 +65,7 @@ func BenchmarkCapture(b *testing.B) {
 				b.Fatal(err)
 			}
 			if n++; n%100 == 0 {
-				scope.Take()
+				_, _ = driver.Take(ctx, 8)
 			}
 		}
 	})

@@ -33,9 +33,9 @@
 //     message in the unit of work on the ctx (whatever its mode), or, outside one,
 //     fails with [outbox.ErrNoTransaction] ([outbox.Transactional]) or writes at once
 //     ([outbox.Immediate]). A route that may send outside a unit of work ends at a
-//     capture with its mode overridden: capture.WithMode(outbox.Immediate).
+//     second sender on the same store, built with SenderConfig{Mode: outbox.Immediate}.
 //   - The terminal's error comes back through the route as the terminal returned it.
-//     A topic with no route fails with an error wrapping [outbox.ErrNoRoute].
+//     A topic with no route fails with an error wrapping [ErrNoRoute].
 //   - [CorrelationID] keeps an [outbox.HeaderCorrelationID] header the application
 //     set; otherwise it stamps the id on the ctx ([WithCorrelationID], or the
 //     X-Request-ID header through [HTTP]), otherwise a new random id.

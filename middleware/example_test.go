@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/middleware"
 	"github.com/outboxkit/outbox/store/memstore"
 )
@@ -35,7 +36,7 @@ func Example() {
 	})
 	fmt.Println("unit of work:", err)
 
-	envs, _ := store.List(ctx, outbox.Pending, outbox.Cursor{}, 10)
+	envs, _ := store.Driver().(driver.Admin).List(ctx, driver.Pending, driver.Cursor{}, 10)
 	cid, _ := envs[0].Header(outbox.HeaderCorrelationID)
 	fmt.Println("stored:", len(envs), envs[0].Topic, string(envs[0].Key))
 	fmt.Println("correlation id:", string(cid))
@@ -57,7 +58,7 @@ func Example_routeMode() {
 	store, _ := memstore.New(memstore.Config{})
 	defer store.Close()
 	sender, _ := outbox.NewSender(store, outbox.SenderConfig{})
-	immediate, _ := sender.WithMode(outbox.Immediate)
+	immediate, _ := outbox.NewSender(store, outbox.SenderConfig{Mode: outbox.Immediate})
 
 	router := middleware.NewRouter()
 	router.Handle("payments", sender)
@@ -67,7 +68,7 @@ func Example_routeMode() {
 	fmt.Println("payments:", errors.Is(err, outbox.ErrNoTransaction))
 	fmt.Println("audit:", router.Send(ctx, outbox.Message{Topic: "audit"}))
 
-	envs, _ := store.List(ctx, outbox.Pending, outbox.Cursor{}, 10)
+	envs, _ := store.Driver().(driver.Admin).List(ctx, driver.Pending, driver.Cursor{}, 10)
 	fmt.Println("stored:", len(envs), envs[0].Topic)
 	// Output:
 	// payments: true
@@ -102,7 +103,7 @@ func ExampleHTTP() {
 	rec := httptest.NewRecorder()
 	handler.ServeHTTP(rec, req)
 
-	envs, _ := store.List(context.Background(), outbox.Pending, outbox.Cursor{}, 10)
+	envs, _ := store.Driver().(driver.Admin).List(context.Background(), driver.Pending, driver.Cursor{}, 10)
 	cid, _ := envs[0].Header(outbox.HeaderCorrelationID)
 	fmt.Println(rec.Code)
 	fmt.Println("correlation id:", string(cid))
@@ -115,9 +116,9 @@ func ExampleHTTP() {
 func ExampleRouter_Send() {
 	router := middleware.NewRouter()
 	err := router.Send(context.Background(), outbox.Message{Topic: "invoices"})
-	fmt.Println(errors.Is(err, outbox.ErrNoRoute))
+	fmt.Println(errors.Is(err, middleware.ErrNoRoute))
 	fmt.Println(err)
 	// Output:
 	// true
-	// outbox: no route for topic "invoices": register a route for it with Router.Handle before sending
+	// middleware: no route for topic "invoices": register a route for it with Router.Handle before sending
 }

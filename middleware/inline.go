@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // Inline returns a terminal that publishes each message straight away through t, as a
@@ -12,16 +13,16 @@ import (
 // that do not need the outbox. The message gets a message id exactly as a captured
 // message would; the transport stamps it (and the idempotency key) as it does for
 // relayed messages.
-func Inline(t outbox.Transport) outbox.Sender {
+func Inline(t driver.Transport) outbox.Sender {
 	if t == nil {
 		panic("middleware: Inline with a nil transport")
 	}
 	return outbox.SenderFunc(func(ctx context.Context, msg outbox.Message) error {
-		env, err := outbox.NewEnvelope(msg, outbox.DefaultBucketCount)
+		env, err := driver.NewEnvelope(msg, driver.DefaultBucketCount)
 		if err != nil {
 			return err
 		}
-		if err := t.Publish(ctx, []*outbox.Envelope{env}); err != nil {
+		if err := t.Publish(ctx, []*driver.Envelope{env}); err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/middleware"
 	"github.com/outboxkit/outbox/outboxtest"
 )
@@ -25,7 +26,7 @@ func TestUnknownTopic(t *testing.T) {
 	r.Handle("audit", discard)
 
 	err := r.Send(t.Context(), outbox.Message{Topic: "invoices"})
-	require.ErrorIs(t, err, outbox.ErrNoRoute)
+	require.ErrorIs(t, err, middleware.ErrNoRoute)
 	assert.Contains(t, err.Error(), `"invoices"`)
 	assert.Contains(t, err.Error(), "Router.Handle")
 	assert.Equal(t, []string{"audit", "orders"}, r.Topics())
@@ -174,21 +175,20 @@ func TestCorrelationID(t *testing.T) {
 	assert.NotEqual(t, byKey["fresh-1"], byKey["fresh-2"], "each send without one gets a new id")
 }
 
-// A route may override the capture's mode: Capture.WithMode(Immediate) lets one
+// A route may end at a sender of another mode: an Immediate sender lets one
 // route send outside a unit of work while the others refuse to. Inside a unit of work
 // both routes join it, whatever their mode.
 func TestRouteModeOverride(t *testing.T) {
 	t.Parallel()
 	store := newStore(t)
 	sender := newSender(t, store, outbox.SenderConfig{}) // Transactional
-	immediate, err := sender.WithMode(outbox.Immediate)
-	require.NoError(t, err)
+	immediate := newSender(t, store, outbox.SenderConfig{Mode: outbox.Immediate})
 	r := middleware.NewRouter(middleware.CorrelationID())
 	r.Handle("orders", sender)
 	r.Handle("audit", immediate)
 
 	// Outside a unit of work.
-	err = r.Send(t.Context(), outbox.Message{Topic: "orders", Key: []byte("outside")})
+	err := r.Send(t.Context(), outbox.Message{Topic: "orders", Key: []byte("outside")})
 	require.ErrorIs(t, err, outbox.ErrNoTransaction, "the Transactional route refuses")
 	assert.Contains(t, err.Error(), `"orders"`)
 	require.NoError(t, r.Send(t.Context(), outbox.Message{Topic: "audit", Key: []byte("outside")}))
@@ -271,7 +271,7 @@ func TestHTTPCarriesRequestID(t *testing.T) {
 	assert.Equal(t, map[string]bool{"with-id": false, "bare": true}, passedOn,
 		"a request without X-Request-ID is passed on as it came")
 
-	byKey := map[string]*outbox.Envelope{}
+	byKey := map[string]*driver.Envelope{}
 	for _, env := range stored(t, store) {
 		byKey[string(env.Key)] = env
 	}
@@ -319,7 +319,7 @@ func TestInlineReturnsTheBrokersError(t *testing.T) {
 	t.Parallel()
 	broken := errors.New("broker unreachable")
 	tr := outboxtest.NewRecorder()
-	tr.FailWhen(func(*outbox.Envelope) error { return broken })
+	tr.FailWhen(func(*driver.Envelope) error { return broken })
 	r := middleware.NewRouter()
 	r.Handle("metrics", middleware.Inline(tr))
 	err := r.Send(t.Context(), outbox.Message{Topic: "metrics"})

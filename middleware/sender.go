@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -9,6 +10,9 @@ import (
 
 	"github.com/outboxkit/outbox"
 )
+
+// ErrNoRoute: a [Router] has no route for the message's topic.
+var ErrNoRoute = errors.New("middleware: no route for topic")
 
 // Middleware wraps a Sender with behaviour of its own. It may change the message (on a
 // copy), call next, or answer without calling next (as capture does).
@@ -64,13 +68,13 @@ func (r *Router) Handle(topic string, terminal outbox.Sender, mws ...Middleware)
 }
 
 // Send sends msg through its topic's route. A topic with no route fails with an error
-// wrapping [outbox.ErrNoRoute].
+// wrapping [ErrNoRoute].
 func (r *Router) Send(ctx context.Context, msg outbox.Message) error {
 	r.mu.RLock()
 	s, ok := r.routes[msg.Topic]
 	r.mu.RUnlock()
 	if !ok {
-		return fmt.Errorf("%w %q: register a route for it with Router.Handle before sending", outbox.ErrNoRoute, msg.Topic)
+		return fmt.Errorf("%w %q: register a route for it with Router.Handle before sending", ErrNoRoute, msg.Topic)
 	}
 	return s.Send(ctx, msg)
 }

@@ -10,9 +10,10 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/driver"
 	outboxotel "github.com/outboxkit/outbox/outboxotel"
 	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/memstore"
 )
 
@@ -29,15 +30,15 @@ func BenchmarkDrainObserved(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer store.Close()
-			envs := make([]*outbox.Envelope, 0, 1000)
+			envs := make([]*driver.Envelope, 0, 1000)
 			for i := range b.N {
-				env, err := outbox.NewEnvelope(outbox.Message{Topic: fmt.Sprintf("topic-%d", i%4), Key: fmt.Appendf(nil, "key-%d", i), Payload: make([]byte, 256)}, store.BucketCount())
+				env, err := driver.NewEnvelope(outbox.Message{Topic: fmt.Sprintf("topic-%d", i%4), Key: fmt.Appendf(nil, "key-%d", i), Payload: make([]byte, 256)}, store.Driver().BucketCount())
 				if err != nil {
 					b.Fatal(err)
 				}
 				envs = append(envs, env)
 				if len(envs) == cap(envs) || i == b.N-1 {
-					if err := store.Enqueue(ctx, envs...); err != nil {
+					if err := store.Driver().Enqueue(ctx, envs...); err != nil {
 						b.Fatal(err)
 					}
 					envs = envs[:0]

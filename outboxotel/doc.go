@@ -1,11 +1,11 @@
-// Package outboxotel reports a dispatcher's measurements as OpenTelemetry metrics,
+// Package outboxotel reports a relay's measurements as OpenTelemetry metrics,
 // and optionally a producer span per published message.
 //
-// Build an [Observer] and pass it as the dispatcher's Config.Observer:
+// Build an [Observer] and pass it as the relay's Config.Observer:
 //
 //	obs, err := outboxotel.New(outboxotel.Config{MessagingSystem: "kafka"})
 //	if err != nil { ... }
-//	d, err := dispatcher.New(store, transport, dispatcher.Config{Observer: obs})
+//	d, err := relay.New(store, transport, relay.Config{Observer: obs})
 //
 // The instruments come from Config.MeterProvider, which defaults to the global
 // provider (otel.GetMeterProvider): until the application installs an SDK provider
@@ -42,7 +42,7 @@
 // it; [Extract] gives the consumer a context that continues it.
 //
 // The three backlog gauges come from the samples that the relay holding bucket 0
-// takes every dispatcher Config.BacklogInterval; the other relays of a fleet report
+// takes every relay Config.BacklogInterval; the other relays of a fleet report
 // none, so summing across relays does not double count. A relay whose last sample
 // is older than Config.BacklogTTL stops reporting them.
 //
@@ -53,7 +53,7 @@
 //     are bounded by the bucket count; the other attributes take a few fixed values.
 //   - messaging.client.sent.messages counts broker acknowledgements;
 //     outbox.messages.completed counts what the store then forgot, which is what
-//     the dispatcher's Stats.Published counts. They differ only when a Complete fails
+//     the relay's Stats.Published counts. They differ only when a Complete fails
 //     (the messages go out again).
 //   - Every method records into instruments and returns: nothing blocks a drain.
 //

@@ -8,9 +8,9 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/relay"
 	outboxotel "github.com/outboxkit/outbox/outboxotel"
 	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/memstore"
 )
 
@@ -30,8 +30,7 @@ func Example() {
 	store, _ := memstore.New(memstore.Config{})
 	defer store.Close()
 	for i := range 3 {
-		env, _ := outbox.NewEnvelope(outbox.Message{Topic: "orders", Payload: fmt.Appendf(nil, "order %d", i)}, store.BucketCount())
-		_ = store.Enqueue(ctx, env)
+		_ = store.Enqueue(ctx, outbox.Message{Topic: "orders", Payload: fmt.Appendf(nil, "order %d", i)})
 	}
 	d, err := relay.New(store, outboxtest.NewRecorder(), relay.Config{Observer: obs})
 	if err != nil {

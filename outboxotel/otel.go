@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/relay"
 )
 
@@ -48,7 +49,7 @@ type Config struct {
 	MaxTopics int
 	// BacklogTTL is how long after its last backlog sample a relay keeps reporting
 	// the backlog gauges: a relay that lost bucket 0 stops sampling, and its stale
-	// figures must not sit beside the new holder's. Set it above the dispatcher's
+	// figures must not sit beside the new holder's. Set it above the relay's
 	// BacklogInterval plus its LeaseRenewInterval. Defaults to 90 s.
 	BacklogTTL time.Duration
 	// TracerProvider, when set, records a producer span per message and publish
@@ -90,17 +91,17 @@ func (c Config) Validate() error {
 	c = c.withDefaults()
 	switch {
 	case !prefixPattern.MatchString(c.Prefix):
-		return fmt.Errorf("%w: outboxotel Config.Prefix %q must start with a letter and hold only letters, digits, '.' and '_'", outbox.ErrMisconfigured, c.Prefix)
+		return fmt.Errorf("%w: outboxotel: Config.Prefix %q must start with a letter and hold only letters, digits, '.' and '_'", outbox.ErrMisconfigured, c.Prefix)
 	case c.MaxTopics < 1:
-		return fmt.Errorf("%w: outboxotel Config.MaxTopics is %d; it must be at least 1 (0 selects %d)", outbox.ErrMisconfigured, c.MaxTopics, DefaultMaxTopics)
+		return fmt.Errorf("%w: outboxotel: Config.MaxTopics is %d; it must be at least 1 (0 selects %d)", outbox.ErrMisconfigured, c.MaxTopics, DefaultMaxTopics)
 	case c.BacklogTTL < 0:
-		return fmt.Errorf("%w: outboxotel Config.BacklogTTL is %s; it must be positive (0 selects %s)", outbox.ErrMisconfigured, c.BacklogTTL, DefaultBacklogTTL)
+		return fmt.Errorf("%w: outboxotel: Config.BacklogTTL is %s; it must be positive (0 selects %s)", outbox.ErrMisconfigured, c.BacklogTTL, DefaultBacklogTTL)
 	}
 	return nil
 }
 
-// Observer turns a dispatcher's measurements into OpenTelemetry instruments. It
-// implements [relay.Observer]; one Observer serves one dispatcher (its gauges
+// Observer turns a relay's measurements into OpenTelemetry instruments. It
+// implements [relay.Observer]; one Observer serves one relay (its gauges
 // hold that relay's figures). Build it with [New].
 type Observer struct {
 	cfg   Config
@@ -117,7 +118,7 @@ type Observer struct {
 	nTopics int
 	owned   int64
 	ownedOK bool
-	sample  outbox.Stats
+	sample  driver.Backlog
 	at      time.Time
 }
 
@@ -270,7 +271,7 @@ func (o *Observer) attrs(topic string) *topicAttrs {
 
 // Published implements [relay.Observer]: sent messages, the call's duration
 // and each acknowledged message's lag.
-func (o *Observer) Published(ctx context.Context, batch, acked []*outbox.Envelope, start time.Time, took time.Duration, err error) {
+func (o *Observer) Published(ctx context.Context, batch, acked []*driver.Envelope, start time.Time, took time.Duration, err error) {
 	if o.trace != nil {
 		o.trace.published(ctx, batch, acked, start, took, err)
 	}
@@ -283,7 +284,7 @@ func (o *Observer) Published(ctx context.Context, batch, acked []*outbox.Envelop
 		}
 	}
 	if len(acked) < len(batch) {
-		permanent := outbox.IsPermanent(err)
+		permanent := driver.IsPermanent(err)
 		ackedIDs := make(map[[16]byte]bool, len(acked))
 		for _, e := range acked {
 			ackedIDs[e.ID] = true
@@ -316,7 +317,7 @@ func errorType(err error) string {
 	switch {
 	case err == nil:
 		return ""
-	case outbox.IsPermanent(err):
+	case driver.IsPermanent(err):
 		return "permanent"
 	case ctxErr(err):
 		return "timeout"
@@ -329,19 +330,19 @@ func ctxErr(err error) bool {
 }
 
 // Completed implements [relay.Observer].
-func (o *Observer) Completed(ctx context.Context, envs []*outbox.Envelope) {
+func (o *Observer) Completed(ctx context.Context, envs []*driver.Envelope) {
 	for _, e := range envs {
 		o.completed.Add(ctx, 1, o.attrs(e.Topic).addPlain...)
 	}
 }
 
 // Retried implements [relay.Observer].
-func (o *Observer) Retried(ctx context.Context, env *outbox.Envelope, _ int, _ string) {
+func (o *Observer) Retried(ctx context.Context, env *driver.Envelope, _ int, _ string) {
 	o.retried.Add(ctx, 1, o.attrs(env.Topic).plain)
 }
 
 // Parked implements [relay.Observer].
-func (o *Observer) Parked(ctx context.Context, env *outbox.Envelope, permanent bool, _ string) {
+func (o *Observer) Parked(ctx context.Context, env *driver.Envelope, permanent bool, _ string) {
 	reason := "attempts"
 	if permanent {
 		reason = "permanent"
@@ -372,7 +373,7 @@ func (o *Observer) Round(ctx context.Context, owned int, _ bool, err error) {
 }
 
 // Backlog implements [relay.Observer].
-func (o *Observer) Backlog(_ context.Context, sample outbox.Stats, at time.Time) {
+func (o *Observer) Backlog(_ context.Context, sample driver.Backlog, at time.Time) {
 	o.mu.Lock()
 	o.sample, o.at = sample, at
 	o.mu.Unlock()

@@ -15,9 +15,10 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/driver"
 	outboxotel "github.com/outboxkit/outbox/outboxotel"
 	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/memstore"
 )
 
@@ -105,15 +106,15 @@ func TestMetricsAfterARealDrain(t *testing.T) {
 
 	// 30 orders, 10 invoices, 5 on a third topic (beyond MaxTopics), one message
 	// refused for good and one that fails until it runs out of its 2 attempts.
-	var envs []*outbox.Envelope
-	add := func(topic string, n int, key string) []*outbox.Envelope {
-		var out []*outbox.Envelope
+	var envs []*driver.Envelope
+	add := func(topic string, n int, key string) []*driver.Envelope {
+		var out []*driver.Envelope
 		for i := range n {
 			var k []byte
 			if key != "" {
 				k = []byte(key)
 			}
-			env, err := outbox.NewEnvelope(outbox.Message{Topic: topic, Key: k, Payload: fmt.Appendf(nil, "%d", i)}, 4)
+			env, err := driver.NewEnvelope(outbox.Message{Topic: topic, Key: k, Payload: fmt.Appendf(nil, "%d", i)}, 4)
 			require.NoError(t, err)
 			env.CreatedAt = env.CreatedAt.Add(-2 * time.Second) // captured two seconds ago
 			out = append(out, env)
@@ -126,8 +127,8 @@ func TestMetricsAfterARealDrain(t *testing.T) {
 	add("audit", 5, "")
 	bad := add("orders", 1, "bad")[0]
 	worse := add("invoices", 1, "worse")[0]
-	require.NoError(t, store.Enqueue(ctx, envs...))
-	rec.FailID(bad.ID, outbox.Permanent(errors.New("message too large")), -1)
+	require.NoError(t, store.Driver().Enqueue(ctx, envs...))
+	rec.FailID(bad.ID, driver.Permanent(errors.New("message too large")), -1)
 	rec.FailID(worse.ID, errors.New("broker unavailable"), -1)
 
 	d, err := relay.New(store, rec, relay.Config{

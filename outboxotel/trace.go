@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // headerCarrier reads a message's headers as a propagation carrier (the last header
@@ -59,7 +60,7 @@ func newTracing(cfg Config) *tracing {
 // published records one producer span per message of a publish call, continuing the
 // trace context captured with the message (a root span when it carries none). The
 // span covers the call: it starts when the call started and ends when it returned.
-func (t *tracing) published(ctx context.Context, batch, acked []*outbox.Envelope, start time.Time, took time.Duration, err error) {
+func (t *tracing) published(ctx context.Context, batch, acked []*driver.Envelope, start time.Time, took time.Duration, err error) {
 	end := start.Add(took)
 	ok := make(map[[16]byte]bool, len(acked))
 	for _, e := range acked {

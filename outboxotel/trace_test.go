@@ -17,9 +17,10 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/driver"
 	outboxotel "github.com/outboxkit/outbox/outboxotel"
 	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/memstore"
 )
 
@@ -57,15 +58,15 @@ func TestProducerSpansContinueTheCapturedTrace(t *testing.T) {
 	traced := outbox.Message{Topic: "orders", Key: []byte("o-1"), Payload: []byte("{}")}
 	propagation.TraceContext{}.Inject(reqCtx, headers{&traced.Headers})
 	request.End()
-	env, err := outbox.NewEnvelope(traced, 2)
+	env, err := driver.NewEnvelope(traced, 2)
 	require.NoError(t, err)
-	untraced, err := outbox.NewEnvelope(outbox.Message{Topic: "audit", Key: []byte("a-1"), Payload: []byte("{}")}, 2)
+	untraced, err := driver.NewEnvelope(outbox.Message{Topic: "audit", Key: []byte("a-1"), Payload: []byte("{}")}, 2)
 	require.NoError(t, err)
-	refused, err := outbox.NewEnvelope(outbox.Message{Topic: "orders", Key: []byte("o-2"), Payload: []byte("{}")}, 2)
+	refused, err := driver.NewEnvelope(outbox.Message{Topic: "orders", Key: []byte("o-2"), Payload: []byte("{}")}, 2)
 	require.NoError(t, err)
-	require.NoError(t, store.Enqueue(ctx, env, untraced, refused))
+	require.NoError(t, store.Driver().Enqueue(ctx, env, untraced, refused))
 	rec := outboxtest.NewRecorder()
-	rec.FailID(refused.ID, outbox.Permanent(errors.New("message too large")), -1)
+	rec.FailID(refused.ID, driver.Permanent(errors.New("message too large")), -1)
 
 	d, err := relay.New(store, rec, relay.Config{Observer: obs, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	require.NoError(t, err)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
 )
 
@@ -15,14 +16,14 @@ func ExampleRecorder() {
 	ctx := context.Background()
 	rec := outboxtest.NewRecorder()
 
-	ok, _ := outbox.NewEnvelope(outbox.Message{Topic: "orders", Key: []byte("o-1"), Payload: []byte("placed")}, 8)
-	bad, _ := outbox.NewEnvelope(outbox.Message{Topic: "orders", Key: []byte("o-2"), Payload: []byte("placed")}, 8)
-	rec.FailID(bad.ID, outbox.Permanent(errors.New("rejected by broker")), -1)
+	ok, _ := driver.NewEnvelope(outbox.Message{Topic: "orders", Key: []byte("o-1"), Payload: []byte("placed")}, 8)
+	bad, _ := driver.NewEnvelope(outbox.Message{Topic: "orders", Key: []byte("o-2"), Payload: []byte("placed")}, 8)
+	rec.FailID(bad.ID, driver.Permanent(errors.New("rejected by broker")), -1)
 
-	err := rec.Publish(ctx, []*outbox.Envelope{ok, bad})
-	var pe *outbox.PublishError
+	err := rec.Publish(ctx, []*driver.Envelope{ok, bad})
+	var pe *driver.PublishError
 	if errors.As(err, &pe) {
-		fmt.Println("failed:", len(pe.Failed), "permanent:", outbox.IsPermanent(pe.Failed[0].Err))
+		fmt.Println("failed:", len(pe.Failed), "permanent:", driver.IsPermanent(pe.Failed[0].Err))
 	}
 	fmt.Println("recorded:", rec.Len())
 	for key, envs := range rec.ByKey() {
@@ -40,11 +41,11 @@ func ExampleFaultTransport() {
 	rec := outboxtest.NewRecorder()
 	ft, _ := outboxtest.NewFaultTransport(rec, outboxtest.Faults{})
 
-	env, _ := outbox.NewEnvelope(outbox.Message{Topic: "orders", Payload: []byte("x")}, 8)
+	env, _ := driver.NewEnvelope(outbox.Message{Topic: "orders", Payload: []byte("x")}, 8)
 	ft.SetDown(true)
-	fmt.Println(ft.Publish(ctx, []*outbox.Envelope{env}))
+	fmt.Println(ft.Publish(ctx, []*driver.Envelope{env}))
 	ft.SetDown(false)
-	fmt.Println(ft.Publish(ctx, []*outbox.Envelope{env}), rec.Len())
+	fmt.Println(ft.Publish(ctx, []*driver.Envelope{env}), rec.Len())
 	// Output:
 	// outboxtest: injected fault: broker unavailable
 	// <nil> 1

@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // ErrInjected is the cause of every failure a [FaultTransport] makes up. The failures
@@ -24,7 +24,7 @@ var ErrOutage = fmt.Errorf("%w: broker unavailable", ErrInjected)
 type Faults struct {
 	// MessageErrorRate is the probability, from 0 to 1, that one message of a batch
 	// fails transiently. Failed messages are not passed on; the others are, and the
-	// failures are reported in an [*outbox.PublishError].
+	// failures are reported in an [*driver.PublishError].
 	MessageErrorRate float64
 	// BatchErrorRate is the probability, from 0 to 1, that a whole Publish call fails
 	// with [ErrInjected] before anything is passed on.
@@ -64,7 +64,7 @@ func (f Faults) Validate() error {
 // A FaultTransport is safe for concurrent use. Its random choices come from one seeded
 // source, so they repeat exactly when the publishes arrive in the same order.
 type FaultTransport struct {
-	next   outbox.Transport
+	next   driver.Transport
 	faults Faults
 
 	down     atomic.Bool
@@ -73,11 +73,11 @@ type FaultTransport struct {
 	injected int
 }
 
-var _ outbox.Transport = (*FaultTransport)(nil)
+var _ driver.Transport = (*FaultTransport)(nil)
 
 // NewFaultTransport wraps next. It returns an error naming the bad field when faults
 // does not validate.
-func NewFaultTransport(next outbox.Transport, faults Faults) (*FaultTransport, error) {
+func NewFaultTransport(next driver.Transport, faults Faults) (*FaultTransport, error) {
 	if next == nil {
 		return nil, errors.New("outboxtest: NewFaultTransport needs a transport to wrap")
 	}
@@ -110,7 +110,7 @@ func (f *FaultTransport) Injected() int {
 }
 
 // Publish injects the configured faults and passes the rest of the batch on.
-func (f *FaultTransport) Publish(ctx context.Context, batch []*outbox.Envelope) error {
+func (f *FaultTransport) Publish(ctx context.Context, batch []*driver.Envelope) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -143,12 +143,12 @@ func (f *FaultTransport) Publish(ctx context.Context, batch []*outbox.Envelope) 
 		return fmt.Errorf("%w: batch of %d failed", ErrInjected, len(batch))
 	}
 	pass := batch
-	var failed []outbox.MessageError
+	var failed []driver.MessageError
 	if f.faults.MessageErrorRate > 0 {
-		pass = make([]*outbox.Envelope, 0, len(batch))
+		pass = make([]*driver.Envelope, 0, len(batch))
 		for _, env := range batch {
 			if f.rng.Float64() < f.faults.MessageErrorRate {
-				failed = append(failed, outbox.MessageError{ID: env.ID, Err: ErrInjected})
+				failed = append(failed, driver.MessageError{ID: env.ID, Err: ErrInjected})
 				continue
 			}
 			pass = append(pass, env)
@@ -165,11 +165,11 @@ func (f *FaultTransport) Publish(ctx context.Context, batch []*outbox.Envelope) 
 		return err
 	}
 	if err == nil {
-		return &outbox.PublishError{Failed: failed}
+		return &driver.PublishError{Failed: failed}
 	}
-	var pe *outbox.PublishError
+	var pe *driver.PublishError
 	if errors.As(err, &pe) {
-		return &outbox.PublishError{Failed: append(failed, pe.Failed...)}
+		return &driver.PublishError{Failed: append(failed, pe.Failed...)}
 	}
 	// The wrapped transport failed the whole call: nothing may be assumed sent.
 	return err

@@ -11,8 +11,8 @@
 //
 //   - The suites test the contracts in package outbox, not an implementation: every
 //     subtest gets a fresh store or fresh topics from the harness, and optional
-//     capabilities ([outbox.Admin], [outbox.Finder], [outbox.Retainer],
-//     [outbox.Notifier]) are tested when the store implements them and skipped with a
+//     capabilities ([driver.Admin], [driver.Finder], [driver.Retainer],
+//     [driver.Notifier]) are tested when the store implements them and skipped with a
 //     message when it does not.
 //   - Lease and heartbeat times in the store suite are truncated to microseconds and
 //     must round-trip exactly; envelope times must round-trip within a microsecond.
@@ -36,28 +36,41 @@ import (
 	"testing"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
+
+// Store is what the suites need of a store's handle: what applications use
+// ([outbox.Store]), its relay side ([driver.Handle]) and Close.
+type Store interface {
+	outbox.Store
+	driver.Handle
+	Close() error
+}
 
 // StoreHarness adapts one store to [RunStoreTests].
 type StoreHarness struct {
-	// New returns a fresh, empty store with bucketCount buckets, isolated from every
-	// other store New returned (its own tables, key prefix or instance). The suite
-	// closes it; New registers any other cleanup with t.Cleanup.
-	New func(t *testing.T, bucketCount int) outbox.DispatchStore
+	// New returns a fresh, empty, migrated store with bucketCount buckets, isolated
+	// from every other store New returned (its own tables, key prefix or instance).
+	// The suite closes it; New registers any other cleanup with t.Cleanup.
+	New func(t *testing.T, bucketCount int) Store
 	// Transact, if set, runs fn in the store's unit of work instead of the store's own
 	// [outbox.Transactor.Transact]: a harness uses it to hold the transaction another
 	// way, or to inject faults. Defaults to s.Transact.
-	Transact func(ctx context.Context, s outbox.DispatchStore, fn func(ctx context.Context) error) error
+	Transact func(ctx context.Context, s Store, fn func(ctx context.Context) error) error
 	// Sequential runs the suite's subtests one at a time, for stores whose New cannot
 	// run concurrently. By default they run in parallel.
 	Sequential bool
+	// AcceptsHeldIDs declares that the store does not refuse a message whose ID it
+	// already holds (on DynamoDB the check would cost a guard item per message); the
+	// suite then skips that check.
+	AcceptsHeldIDs bool
 }
 
 // TransportHarness adapts one transport to [RunTransportTests].
 type TransportHarness struct {
 	// New returns a transport that publishes to the given topics (queues), which New
 	// creates empty and isolated from other calls.
-	New func(t *testing.T, topics ...string) outbox.Transport
+	New func(t *testing.T, topics ...string) driver.Transport
 	// Read returns the next n messages that arrived on topic, in arrival order, failing
 	// the test if they do not arrive in reasonable time.
 	Read func(t *testing.T, topic string, n int) []Received

@@ -23,14 +23,14 @@ type InboxHarness struct {
 	// New returns a fresh, empty store with one bucket, isolated from every other
 	// store New returned, that implements [inbox.Store]. The suite closes it; New
 	// registers any other cleanup with t.Cleanup.
-	New func(t *testing.T) outbox.DispatchStore
+	New func(t *testing.T) Store
 	// Effect, if set, writes one application effect for key in the unit of work on
 	// ctx, through the store's own accessor (a row in a table, an item, an OnCommit
 	// apply). With Effects, it lets the suite check the application's writes, not
 	// only the messages sent.
-	Effect func(ctx context.Context, st outbox.DispatchStore, key string) error
+	Effect func(ctx context.Context, st Store, key string) error
 	// Effects returns how many effects for key committed on st.
-	Effects func(t *testing.T, st outbox.DispatchStore, key string) int
+	Effects func(t *testing.T, st Store, key string) int
 	// Sequential runs the subtests one at a time. By default they run in parallel.
 	Sequential bool
 }
@@ -69,18 +69,18 @@ func RunInboxTests(t *testing.T, h InboxHarness) {
 
 type inboxSuite struct{ h InboxHarness }
 
-func (s inboxSuite) store(t *testing.T) outbox.DispatchStore {
+func (s inboxSuite) store(t *testing.T) Store {
 	t.Helper()
 	st := s.h.New(t)
 	require.NotNil(t, st, "InboxHarness.New returned nil")
-	require.Equal(t, 1, st.BucketCount(), "InboxHarness.New must return a store with one bucket")
-	_, ok := st.(inbox.Store)
-	require.True(t, ok, "the store %T does not implement inbox.Store", st)
+	require.Equal(t, 1, st.Driver().BucketCount(), "InboxHarness.New must return a store with one bucket")
+	_, ok := st.Driver().(inbox.Store)
+	require.True(t, ok, "the store %T does not implement inbox.Store on its Driver", st)
 	t.Cleanup(func() { _ = st.Close() })
 	return st
 }
 
-func newInbox(t *testing.T, st outbox.DispatchStore, cfg inbox.Config) *inbox.Inbox {
+func newInbox(t *testing.T, st Store, cfg inbox.Config) *inbox.Inbox {
 	t.Helper()
 	if cfg.Consumer == "" {
 		cfg.Consumer = "conformance"
@@ -107,12 +107,12 @@ func delivery(key string) *outbox.Message {
 // sent through the outbox, and the harness's Effect if any.
 type handler struct {
 	s    inboxSuite
-	st   outbox.DispatchStore
-	send *outbox.Capture
+	st   Store
+	send outbox.Sender
 	runs atomic.Int64
 }
 
-func (s inboxSuite) handler(t *testing.T, st outbox.DispatchStore) *handler {
+func (s inboxSuite) handler(t *testing.T, st Store) *handler {
 	return &handler{s: s, st: st, send: sender(t, st, outbox.Transactional)}
 }
 
@@ -133,7 +133,7 @@ func (h *handler) fn(key string) func(ctx context.Context) error {
 func (h *handler) applied(t *testing.T, key string) int {
 	t.Helper()
 	n := 0
-	for _, p := range payloads(fetch(t, h.st, 0)) {
+	for _, p := range payloads(fetch(t, h.st.Driver(), 0)) {
 		if p == key {
 			n++
 		}
@@ -424,7 +424,7 @@ func (s inboxSuite) joinsOuter(t *testing.T) {
 func (s inboxSuite) removeExpired(t *testing.T) {
 	ctx := testContext(t)
 	st := s.store(t)
-	if _, ok := st.(inbox.Remover); !ok {
+	if _, ok := st.Driver().(inbox.Remover); !ok {
 		in := newInbox(t, st, inbox.Config{})
 		n, err := in.RemoveExpired(ctx)
 		require.NoError(t, err)
@@ -463,7 +463,7 @@ func (s inboxSuite) removeExpired(t *testing.T) {
 	require.True(t, res.Duplicate, "a key within its retention is kept")
 
 	// One batch at a time: a store's removal honours the limit.
-	r := st.(inbox.Remover)
+	r := st.Driver().(inbox.Remover)
 	much := start.Add(100 * time.Hour)
 	n, err = r.RemoveInboxKeys(ctx, much, 1)
 	require.NoError(t, err)

@@ -7,9 +7,10 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
-// Recorder is an [outbox.Transport] that keeps every message it is asked to publish,
+// Recorder is an [driver.Transport] that keeps every message it is asked to publish,
 // in publish order, instead of sending it anywhere. Tests read back what a dispatcher
 // published; benchmarks use it as a broker that costs next to nothing.
 //
@@ -19,8 +20,8 @@ import (
 //
 // A Recorder can be told to fail chosen messages ([Recorder.FailID],
 // [Recorder.FailWhen]): a failed message is not recorded and is reported in an
-// [*outbox.PublishError], while the rest of its batch is recorded. Wrap a cause with
-// [outbox.Permanent] to make the failure permanent.
+// [*driver.PublishError], while the rest of its batch is recorded. Wrap a cause with
+// [driver.Permanent] to make the failure permanent.
 //
 // The zero value is ready to use. A Recorder is safe for concurrent use.
 type Recorder struct {
@@ -32,12 +33,12 @@ type Recorder struct {
 
 	mu        sync.Mutex
 	n         int // messages recorded, duplicates included
-	published []*outbox.Envelope
+	published []*driver.Envelope
 	seen      map[uuid.UUID]int
 	dups      int
 	batches   int
 	failIDs   map[uuid.UUID]*failRule
-	failWhen  func(*outbox.Envelope) error
+	failWhen  func(*driver.Envelope) error
 	// wake is closed (and dropped) on the next record, for WaitFor.
 	wake chan struct{}
 }
@@ -47,15 +48,15 @@ type failRule struct {
 	times int // remaining failures; negative: always
 }
 
-var _ outbox.Transport = (*Recorder)(nil)
+var _ driver.Transport = (*Recorder)(nil)
 
 // NewRecorder returns an empty Recorder.
 func NewRecorder() *Recorder { return &Recorder{} }
 
 // Publish records a clone of every message in batch, except those a failure rule
-// picks, which are reported in an [*outbox.PublishError]. A done context fails the
+// picks, which are reported in an [*driver.PublishError]. A done context fails the
 // whole call with the context's error and records nothing.
-func (r *Recorder) Publish(ctx context.Context, batch []*outbox.Envelope) error {
+func (r *Recorder) Publish(ctx context.Context, batch []*driver.Envelope) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -65,10 +66,10 @@ func (r *Recorder) Publish(ctx context.Context, batch []*outbox.Envelope) error 
 	if r.seen == nil {
 		r.seen = make(map[uuid.UUID]int, len(batch))
 	}
-	var failed []outbox.MessageError
+	var failed []driver.MessageError
 	for _, env := range batch {
 		if err := r.failure(env); err != nil {
-			failed = append(failed, outbox.MessageError{ID: env.ID, Err: err})
+			failed = append(failed, driver.MessageError{ID: env.ID, Err: err})
 			continue
 		}
 		r.n++
@@ -84,13 +85,13 @@ func (r *Recorder) Publish(ctx context.Context, batch []*outbox.Envelope) error 
 		r.wake = nil
 	}
 	if failed != nil {
-		return &outbox.PublishError{Failed: failed}
+		return &driver.PublishError{Failed: failed}
 	}
 	return nil
 }
 
 // failure returns the injected error for env, if any. Called with the lock held.
-func (r *Recorder) failure(env *outbox.Envelope) error {
+func (r *Recorder) failure(env *driver.Envelope) error {
 	if rule, ok := r.failIDs[env.ID]; ok {
 		err := rule.err
 		if rule.times > 0 {
@@ -108,7 +109,7 @@ func (r *Recorder) failure(env *outbox.Envelope) error {
 }
 
 // FailID makes the next times publishes of message id fail with err (every publish
-// when times is negative). Wrap err with [outbox.Permanent] for a permanent failure.
+// when times is negative). Wrap err with [driver.Permanent] for a permanent failure.
 // A later call for the same id replaces the rule; times 0 removes it.
 func (r *Recorder) FailID(id uuid.UUID, err error, times int) {
 	r.mu.Lock()
@@ -126,7 +127,7 @@ func (r *Recorder) FailID(id uuid.UUID, err error, times int) {
 // FailWhen sets a rule consulted for every message that no FailID rule covers: a
 // non-nil error fails that message. fn runs under the Recorder's lock and must not
 // call the Recorder. nil removes the rule.
-func (r *Recorder) FailWhen(fn func(env *outbox.Envelope) error) {
+func (r *Recorder) FailWhen(fn func(env *driver.Envelope) error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.failWhen = fn
@@ -148,10 +149,10 @@ func (r *Recorder) Batches() int {
 
 // Messages returns every recorded message in publish order, duplicates included. The
 // envelopes are the Recorder's own copies: read them, do not change them.
-func (r *Recorder) Messages() []*outbox.Envelope {
+func (r *Recorder) Messages() []*driver.Envelope {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return append([]*outbox.Envelope(nil), r.published...)
+	return append([]*driver.Envelope(nil), r.published...)
 }
 
 // Unique is the number of distinct message IDs recorded.
@@ -179,10 +180,10 @@ func (r *Recorder) Count(id uuid.UUID) int {
 // ByKey returns, per key, the first deliveries of that key's messages in the order
 // they were first recorded; redeliveries are left out. Keyless messages are left out
 // too. Map keys are the message keys as strings (the empty key is "").
-func (r *Recorder) ByKey() map[string][]*outbox.Envelope {
+func (r *Recorder) ByKey() map[string][]*driver.Envelope {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make(map[string][]*outbox.Envelope)
+	out := make(map[string][]*driver.Envelope)
 	first := make(map[uuid.UUID]bool, len(r.seen))
 	for _, env := range r.published {
 		if env.Key == nil || first[env.ID] {

@@ -11,16 +11,17 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
 )
 
-func envelope(t testing.TB, key, payload string) *outbox.Envelope {
+func envelope(t testing.TB, key, payload string) *driver.Envelope {
 	t.Helper()
 	msg := outbox.Message{Topic: "t", Payload: []byte(payload)}
 	if key != "" {
 		msg.Key = []byte(key)
 	}
-	env, err := outbox.NewEnvelope(msg, outbox.DefaultBucketCount)
+	env, err := driver.NewEnvelope(msg, driver.DefaultBucketCount)
 	require.NoError(t, err)
 	return env
 }
@@ -30,8 +31,8 @@ func TestRecorderRecordsInOrderAndCountsDuplicates(t *testing.T) {
 	r := outboxtest.NewRecorder()
 	ctx := context.Background()
 	a, b, c := envelope(t, "k1", "a"), envelope(t, "k2", "b"), envelope(t, "k1", "c")
-	require.NoError(t, r.Publish(ctx, []*outbox.Envelope{a, b}))
-	require.NoError(t, r.Publish(ctx, []*outbox.Envelope{c, a}))
+	require.NoError(t, r.Publish(ctx, []*driver.Envelope{a, b}))
+	require.NoError(t, r.Publish(ctx, []*driver.Envelope{c, a}))
 
 	require.Equal(t, 4, r.Len())
 	require.Equal(t, 3, r.Unique())
@@ -62,8 +63,8 @@ func TestRecorderFailures(t *testing.T) {
 	a, b, c := envelope(t, "k", "a"), envelope(t, "k", "b"), envelope(t, "", "c")
 	transient := errors.New("try later")
 	r.FailID(a.ID, transient, 2)
-	r.FailID(b.ID, outbox.Permanent(errors.New("too big")), -1)
-	r.FailWhen(func(env *outbox.Envelope) error {
+	r.FailID(b.ID, driver.Permanent(errors.New("too big")), -1)
+	r.FailWhen(func(env *driver.Envelope) error {
 		if env.Key == nil {
 			return transient
 		}
@@ -71,8 +72,8 @@ func TestRecorderFailures(t *testing.T) {
 	})
 
 	for attempt := range 3 {
-		err := r.Publish(ctx, []*outbox.Envelope{a, b, c})
-		var pe *outbox.PublishError
+		err := r.Publish(ctx, []*driver.Envelope{a, b, c})
+		var pe *driver.PublishError
 		require.ErrorAs(t, err, &pe)
 		failed := map[string]error{}
 		for _, f := range pe.Failed {
@@ -83,15 +84,15 @@ func TestRecorderFailures(t *testing.T) {
 		} else {
 			require.NotContains(t, failed, a.ID.String(), "FailID with times=2 fails twice only")
 		}
-		require.True(t, outbox.IsPermanent(failed[b.ID.String()]))
-		require.False(t, outbox.IsPermanent(failed[c.ID.String()]))
+		require.True(t, driver.IsPermanent(failed[b.ID.String()]))
+		require.False(t, driver.IsPermanent(failed[c.ID.String()]))
 	}
 	require.Equal(t, 1, r.Len())
 	require.Equal(t, a.ID, r.Messages()[0].ID)
 
 	r.FailWhen(nil)
 	r.FailID(b.ID, nil, 0)
-	require.NoError(t, r.Publish(ctx, []*outbox.Envelope{b, c}))
+	require.NoError(t, r.Publish(ctx, []*driver.Envelope{b, c}))
 	require.Equal(t, 3, r.Len())
 }
 
@@ -103,7 +104,7 @@ func TestRecorderWaitFor(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range 10 {
 		wg.Go(func() {
-			if err := r.Publish(ctx, []*outbox.Envelope{envelope(t, "k", string(rune('a'+i)))}); err != nil {
+			if err := r.Publish(ctx, []*driver.Envelope{envelope(t, "k", string(rune('a'+i)))}); err != nil {
 				t.Error(err)
 			}
 		})
@@ -121,7 +122,7 @@ func TestRecorderCancelledContext(t *testing.T) {
 	r := outboxtest.NewRecorder()
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	require.ErrorIs(t, r.Publish(ctx, []*outbox.Envelope{envelope(t, "k", "a")}), context.Canceled)
+	require.ErrorIs(t, r.Publish(ctx, []*driver.Envelope{envelope(t, "k", "a")}), context.Canceled)
 	require.Zero(t, r.Len())
 }
 
@@ -135,7 +136,7 @@ func TestFaultTransportValidates(t *testing.T) {
 
 func TestFaultTransportMessageErrorsAreDeterministic(t *testing.T) {
 	t.Parallel()
-	batch := make([]*outbox.Envelope, 200)
+	batch := make([]*driver.Envelope, 200)
 	for i := range batch {
 		batch[i] = envelope(t, "k", "p")
 	}
@@ -144,12 +145,12 @@ func TestFaultTransportMessageErrorsAreDeterministic(t *testing.T) {
 		ft, err := outboxtest.NewFaultTransport(rec, outboxtest.Faults{MessageErrorRate: 0.3, Seed: 42})
 		require.NoError(t, err)
 		err = ft.Publish(context.Background(), batch)
-		var pe *outbox.PublishError
+		var pe *driver.PublishError
 		require.ErrorAs(t, err, &pe)
 		var ids []string
 		for _, f := range pe.Failed {
 			require.ErrorIs(t, f.Err, outboxtest.ErrInjected)
-			require.False(t, outbox.IsPermanent(f.Err))
+			require.False(t, driver.IsPermanent(f.Err))
 			require.Zero(t, rec.Count(f.ID), "a failed message is not passed on")
 			ids = append(ids, f.ID.String())
 		}
@@ -168,15 +169,15 @@ func TestFaultTransportMergesInnerFailures(t *testing.T) {
 	t.Parallel()
 	rec := outboxtest.NewRecorder()
 	a, b := envelope(t, "k", "a"), envelope(t, "k", "b")
-	rec.FailID(b.ID, outbox.Permanent(errors.New("rejected")), -1)
+	rec.FailID(b.ID, driver.Permanent(errors.New("rejected")), -1)
 	ft, err := outboxtest.NewFaultTransport(rec, outboxtest.Faults{MessageErrorRate: 1e-9})
 	require.NoError(t, err)
-	err = ft.Publish(context.Background(), []*outbox.Envelope{a, b})
-	var pe *outbox.PublishError
+	err = ft.Publish(context.Background(), []*driver.Envelope{a, b})
+	var pe *driver.PublishError
 	require.ErrorAs(t, err, &pe)
 	require.Len(t, pe.Failed, 1)
 	require.Equal(t, b.ID, pe.Failed[0].ID)
-	require.True(t, outbox.IsPermanent(pe.Failed[0].Err))
+	require.True(t, driver.IsPermanent(pe.Failed[0].Err))
 }
 
 func TestFaultTransportOutages(t *testing.T) {
@@ -196,7 +197,7 @@ func TestFaultTransportOutages(t *testing.T) {
 	})
 	require.NoError(t, err)
 	ctx := context.Background()
-	publish := func() error { return ft.Publish(ctx, []*outbox.Envelope{envelope(t, "k", "p")}) }
+	publish := func() error { return ft.Publish(ctx, []*driver.Envelope{envelope(t, "k", "p")}) }
 	setClock := func(t time.Time) { mu.Lock(); clock = t; mu.Unlock() }
 
 	require.NoError(t, publish())
@@ -208,7 +209,7 @@ func TestFaultTransportOutages(t *testing.T) {
 	ft.SetDown(true)
 	err = publish()
 	require.ErrorIs(t, err, outboxtest.ErrInjected)
-	var pe *outbox.PublishError
+	var pe *driver.PublishError
 	require.False(t, errors.As(err, &pe), "an outage fails the whole batch")
 	ft.SetDown(false)
 	require.NoError(t, publish())
@@ -221,13 +222,13 @@ func TestFaultTransportBatchErrorsAndLatency(t *testing.T) {
 	rec := outboxtest.NewRecorder()
 	ft, err := outboxtest.NewFaultTransport(rec, outboxtest.Faults{BatchErrorRate: 1, Latency: 20 * time.Millisecond})
 	require.NoError(t, err)
-	require.ErrorIs(t, ft.Publish(context.Background(), []*outbox.Envelope{envelope(t, "k", "p")}), outboxtest.ErrInjected)
+	require.ErrorIs(t, ft.Publish(context.Background(), []*driver.Envelope{envelope(t, "k", "p")}), outboxtest.ErrInjected)
 	require.Zero(t, rec.Len())
 
 	// Latency honours the context: a deadline shorter than the latency cuts it off.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
 	defer cancel()
-	require.ErrorIs(t, ft.Publish(ctx, []*outbox.Envelope{envelope(t, "k", "p")}), context.DeadlineExceeded)
+	require.ErrorIs(t, ft.Publish(ctx, []*driver.Envelope{envelope(t, "k", "p")}), context.DeadlineExceeded)
 }
 
 func TestRecorderCountOnly(t *testing.T) {
@@ -235,7 +236,7 @@ func TestRecorderCountOnly(t *testing.T) {
 	r := &outboxtest.Recorder{CountOnly: true}
 	ctx := context.Background()
 	a, b := envelope(t, "k", "a"), envelope(t, "k", "b")
-	require.NoError(t, r.Publish(ctx, []*outbox.Envelope{a, b, a}))
+	require.NoError(t, r.Publish(ctx, []*driver.Envelope{a, b, a}))
 	require.Equal(t, 3, r.Len())
 	require.Equal(t, 2, r.Unique())
 	require.Equal(t, 1, r.Duplicates())
@@ -248,7 +249,7 @@ func BenchmarkRecorderPublish(b *testing.B) {
 	const batch = 100
 	for _, countOnly := range []bool{false, true} {
 		b.Run(fmt.Sprintf("countOnly=%v", countOnly), func(b *testing.B) {
-			envs := make([]*outbox.Envelope, batch)
+			envs := make([]*driver.Envelope, batch)
 			for i := range envs {
 				envs[i] = envelope(b, "key", "payload of a typical size, a few dozen bytes long")
 			}

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // suiteTimeout bounds every call the suites make, so a hung store fails its test
@@ -21,8 +22,8 @@ import (
 const suiteTimeout = 30 * time.Second
 
 // RunStoreTests runs the store conformance suite: every behaviour of
-// [outbox.DispatchStore] and of the optional capabilities the store implements
-// ([outbox.Admin], [outbox.Finder], [outbox.Retainer], [outbox.Notifier]). Subtests
+// [driver.Store] and of the optional capabilities the store implements
+// ([driver.Admin], [driver.Finder], [driver.Retainer], [driver.Notifier]). Subtests
 // for a capability the store lacks are skipped with a message saying so. The
 // unit-of-work subtests send through [outbox.NewSender] in both write modes.
 //
@@ -49,10 +50,13 @@ func RunStoreTests(t *testing.T, h StoreHarness) {
 			{"CommitMakesAllVisible", s.unitOfWorkCommit},
 			{"RollbackLeavesNothingInEveryMode", s.unitOfWorkRollback},
 			{"PanicRollsBackQuietly", s.unitOfWorkPanic},
-			{"NestedJoinsOuter", s.unitOfWorkNested},
+			{"NestedFailureIsUndone", s.nestedFailure},
+			{"NestedPanicIsUndone", s.nestedPanic},
+			{"NestedSuccessCommitsWithTheOuter", s.nestedSuccess},
+			{"OuterFailureUndoesTheNested", s.nestedOuterFailure},
+			{"CallerSetID", s.callerSetID},
 			{"SendOutsideOrAfterFails", s.unitOfWorkEnded},
 			{"NothingStaged", s.unitOfWorkEmpty},
-			{"BucketCountMismatch", s.unitOfWorkMismatch},
 		}},
 		{"Relay", []storeTest{
 			{"CompleteDeletesAndIsIdempotent", s.complete},
@@ -115,22 +119,46 @@ func testContext(t *testing.T) context.Context {
 	return ctx
 }
 
-// store returns a fresh store the test closes at its end.
-func (s storeSuite) store(t *testing.T, buckets int) outbox.DispatchStore {
-	t.Helper()
-	st := s.h.New(t, buckets)
-	require.NotNil(t, st, "StoreHarness.New returned nil")
-	require.Equal(t, buckets, st.BucketCount(), "the store must report the bucket count it was made with")
-	t.Cleanup(func() { _ = st.Close() })
+// testStore is a store under test: its relay side, with its handle beside it for
+// what applications do (Transact, sends, Close).
+type testStore struct {
+	driver.Store
+	handle Store
+}
+
+func (st testStore) Transact(ctx context.Context, fn func(ctx context.Context) error) error {
+	return st.handle.Transact(ctx, fn)
+}
+
+func (st testStore) Close() error { return st.handle.Close() }
+
+// relaySide returns the store's relay side itself, so that type assertions find its
+// optional capabilities (a testStore's embedded interface hides them).
+func relaySide(st driver.Store) driver.Store {
+	if ts, ok := st.(testStore); ok {
+		return ts.Store
+	}
 	return st
+}
+
+// store returns a fresh store the test closes at its end.
+func (s storeSuite) store(t *testing.T, buckets int) testStore {
+	t.Helper()
+	h := s.h.New(t, buckets)
+	require.NotNil(t, h, "StoreHarness.New returned nil")
+	d := h.Driver()
+	require.NotNil(t, d, "the store's Driver returned nil")
+	require.Equal(t, buckets, d.BucketCount(), "the store must report the bucket count it was made with")
+	t.Cleanup(func() { _ = h.Close() })
+	return testStore{Store: d, handle: h}
 }
 
 // msg builds an envelope for bucket (through an explicit partition, which picks the
 // bucket as partition modulo the count).
-func msg(t *testing.T, st outbox.Store, bucket int, payload string) *outbox.Envelope {
+func msg(t *testing.T, st driver.Store, bucket int, payload string) *driver.Envelope {
 	t.Helper()
 	p := int32(bucket)
-	env, err := outbox.NewEnvelope(outbox.Message{
+	env, err := driver.NewEnvelope(outbox.Message{
 		Topic:     "conformance",
 		Key:       []byte("key"),
 		Payload:   []byte(payload),
@@ -141,14 +169,14 @@ func msg(t *testing.T, st outbox.Store, bucket int, payload string) *outbox.Enve
 	return env
 }
 
-func fetch(t *testing.T, st outbox.DispatchStore, bucket int) []*outbox.Envelope {
+func fetch(t *testing.T, st driver.Store, bucket int) []*driver.Envelope {
 	t.Helper()
 	envs, err := st.Fetch(testContext(t), bucket, 1000)
 	require.NoError(t, err)
 	return envs
 }
 
-func ids(envs []*outbox.Envelope) []uuid.UUID {
+func ids(envs []*driver.Envelope) []uuid.UUID {
 	out := make([]uuid.UUID, len(envs))
 	for i, env := range envs {
 		out[i] = env.ID
@@ -156,7 +184,7 @@ func ids(envs []*outbox.Envelope) []uuid.UUID {
 	return out
 }
 
-func payloads(envs []*outbox.Envelope) []string {
+func payloads(envs []*driver.Envelope) []string {
 	out := make([]string, len(envs))
 	for i, env := range envs {
 		out[i] = string(env.Payload)
@@ -175,7 +203,7 @@ func (s storeSuite) fetchSeqOrder(t *testing.T) {
 	want := map[int][]string{}
 	// Interleave buckets across single and multi-envelope writes.
 	for round := range 3 {
-		var batch []*outbox.Envelope
+		var batch []*driver.Envelope
 		for b := range 4 {
 			p := fmt.Sprintf("r%d-b%d", round, b)
 			batch = append(batch, msg(t, st, b, p))
@@ -221,9 +249,9 @@ func (s storeSuite) roundTrip(t *testing.T) {
 		{Topic: "payments.v2", Key: []byte("p"), Payload: []byte("pinned"), Partition: &partition},
 		{Topic: "unicode-ünïcødé", Key: []byte("ключ"), Payload: []byte("значение"), Headers: []outbox.Header{{Key: "ключ", Value: []byte("v")}}},
 	}
-	var sent []*outbox.Envelope
+	var sent []*driver.Envelope
 	for _, m := range messages {
-		env, err := outbox.NewEnvelope(m, 1)
+		env, err := driver.NewEnvelope(m, 1)
 		require.NoError(t, err)
 		sent = append(sent, env)
 	}
@@ -232,7 +260,7 @@ func (s storeSuite) roundTrip(t *testing.T) {
 	require.Len(t, got, len(sent))
 	for i, want := range sent {
 		requireSameEnvelope(t, want, got[i])
-		require.Equal(t, outbox.Pending, got[i].Status)
+		require.Equal(t, driver.Pending, got[i].Status)
 		require.Zero(t, got[i].Attempts)
 		require.Empty(t, got[i].LastError)
 		require.True(t, got[i].Due(time.Now()), "a new envelope is due at once")
@@ -240,7 +268,7 @@ func (s storeSuite) roundTrip(t *testing.T) {
 }
 
 // requireSameEnvelope checks that got carries want's message and identity unchanged.
-func requireSameEnvelope(t *testing.T, want, got *outbox.Envelope) {
+func requireSameEnvelope(t *testing.T, want, got *driver.Envelope) {
 	t.Helper()
 	require.Equal(t, want.ID, got.ID)
 	require.Equal(t, want.Topic, got.Topic)
@@ -267,7 +295,7 @@ func requireSameEnvelope(t *testing.T, want, got *outbox.Envelope) {
 func (s storeSuite) fetchLimit(t *testing.T) {
 	ctx := testContext(t)
 	st := s.store(t, 2)
-	var envs []*outbox.Envelope
+	var envs []*driver.Envelope
 	for i := range 5 {
 		envs = append(envs, msg(t, st, 1, fmt.Sprint(i)))
 	}
@@ -346,7 +374,7 @@ func (s storeSuite) enqueueAllOrNothing(t *testing.T) {
 	ctx := testContext(t)
 	st := s.store(t, 2)
 	good := msg(t, st, 0, "good")
-	bad, err := outbox.NewEnvelope(outbox.Message{Topic: "t", Payload: []byte("bad")}, 3)
+	bad, err := driver.NewEnvelope(outbox.Message{Topic: "t", Payload: []byte("bad")}, 3)
 	require.NoError(t, err)
 	err = st.Enqueue(ctx, good, bad)
 	require.Error(t, err)
@@ -358,7 +386,7 @@ func (s storeSuite) enqueueAllOrNothing(t *testing.T) {
 func (s storeSuite) bucketCountMismatch(t *testing.T) {
 	ctx := testContext(t)
 	st := s.store(t, 2)
-	env, err := outbox.NewEnvelope(outbox.Message{Topic: "t", Payload: []byte("x")}, 4)
+	env, err := driver.NewEnvelope(outbox.Message{Topic: "t", Payload: []byte("x")}, 4)
 	require.NoError(t, err)
 	env.Bucket = 0 // a valid bucket for both counts: only the stamp disagrees
 	require.ErrorIs(t, st.Enqueue(ctx, env), outbox.ErrMisconfigured)
@@ -367,15 +395,15 @@ func (s storeSuite) bucketCountMismatch(t *testing.T) {
 
 // transact runs fn in st's unit of work: through the harness's Transact if it has
 // one, else the store's own.
-func (s storeSuite) transact(ctx context.Context, st outbox.DispatchStore, fn func(context.Context) error) error {
+func (s storeSuite) transact(ctx context.Context, st testStore, fn func(context.Context) error) error {
 	if s.h.Transact != nil {
-		return s.h.Transact(ctx, st, fn)
+		return s.h.Transact(ctx, st.handle, fn)
 	}
-	return st.Transact(ctx, fn)
+	return st.handle.Transact(ctx, fn)
 }
 
 // sender returns a capture on st with the given mode.
-func sender(t *testing.T, st outbox.Store, mode outbox.WriteMode) *outbox.Capture {
+func sender(t *testing.T, st outbox.Store, mode outbox.WriteMode) outbox.Sender {
 	t.Helper()
 	c, err := outbox.NewSender(st, outbox.SenderConfig{Mode: mode})
 	require.NoError(t, err)
@@ -395,7 +423,7 @@ func (s storeSuite) unitOfWorkCommit(t *testing.T) {
 	for _, mode := range modes {
 		ctx := testContext(t)
 		st := s.store(t, 3)
-		send := sender(t, st, mode)
+		send := sender(t, st.handle, mode)
 		want := map[int][]string{}
 		err := s.transact(ctx, st, func(ctx context.Context) error {
 			for i := range 6 {
@@ -422,7 +450,7 @@ func (s storeSuite) unitOfWorkRollback(t *testing.T) {
 	for _, mode := range modes {
 		ctx := testContext(t)
 		st := s.store(t, 2)
-		send := sender(t, st, mode)
+		send := sender(t, st.handle, mode)
 		boom := errors.New("application write failed")
 		err := s.transact(ctx, st, func(ctx context.Context) error {
 			require.NoError(t, send.Send(ctx, partitioned(0, "a")))
@@ -432,7 +460,6 @@ func (s storeSuite) unitOfWorkRollback(t *testing.T) {
 		require.ErrorIs(t, err, boom, "Transact returns fn's error")
 		require.Empty(t, fetch(t, st, 0), "%v: a rolled-back unit of work writes nothing", mode)
 		require.Empty(t, fetch(t, st, 1))
-		require.Zero(t, send.Abandoned(), "a rollback is not an abandonment")
 
 		// The store is still usable and a later unit of work commits normally.
 		require.NoError(t, s.transact(ctx, st, func(ctx context.Context) error {
@@ -446,7 +473,7 @@ func (s storeSuite) unitOfWorkRollback(t *testing.T) {
 func (s storeSuite) unitOfWorkPanic(t *testing.T) {
 	ctx := testContext(t)
 	st := s.store(t, 1)
-	send := sender(t, st, outbox.Transactional)
+	send := sender(t, st.handle, outbox.Transactional)
 	recovered := func() (r any) {
 		defer func() { r = recover() }()
 		_ = s.transact(ctx, st, func(ctx context.Context) error {
@@ -457,38 +484,124 @@ func (s storeSuite) unitOfWorkPanic(t *testing.T) {
 	}()
 	require.Equal(t, "handler bug", recovered, "Transact lets fn's panic go on")
 	require.Empty(t, fetch(t, st, 0), "a panicking unit of work writes nothing")
-	require.Zero(t, send.Abandoned(), "a panic is not an abandonment")
 	require.NoError(t, s.transact(ctx, st, func(ctx context.Context) error {
 		return send.Send(ctx, partitioned(0, "b"))
 	}), "the store is usable after a panic")
 	require.Equal(t, []string{"b"}, payloads(fetch(t, st, 0)))
 }
 
-// unitOfWorkNested: an inner Transact on the same store joins the outer unit: its
-// sends commit and roll back with the outer transaction, never earlier.
-func (s storeSuite) unitOfWorkNested(t *testing.T) {
+// nestedFailure: a Transact inside a unit of work of the same store is a
+// savepoint. When its function fails, its sends are undone and the outer unit goes
+// on and commits the rest.
+func (s storeSuite) nestedFailure(t *testing.T) {
 	ctx := testContext(t)
 	st := s.store(t, 1)
-	send := sender(t, st, outbox.Transactional)
+	send := sender(t, st.handle, outbox.Transactional)
+	boom := errors.New("loyalty points failed")
+	require.NoError(t, s.transact(ctx, st, func(ctx context.Context) error {
+		require.NoError(t, send.Send(ctx, partitioned(0, "outer")))
+		err := s.transact(ctx, st, func(ctx context.Context) error {
+			require.NoError(t, send.Send(ctx, partitioned(0, "inner")))
+			return boom
+		})
+		require.ErrorIs(t, err, boom, "the nested Transact returns its function's error")
+		return send.Send(ctx, partitioned(0, "after"))
+	}))
+	require.Equal(t, []string{"outer", "after"}, payloads(fetch(t, st, 0)), "the failed nested unit's send is undone, the outer unit's commit")
+}
+
+// nestedPanic: a nested unit whose function panics is undone like a failed one;
+// the panic goes on to the outer function, which may recover and commit.
+func (s storeSuite) nestedPanic(t *testing.T) {
+	ctx := testContext(t)
+	st := s.store(t, 1)
+	send := sender(t, st.handle, outbox.Transactional)
+	require.NoError(t, s.transact(ctx, st, func(ctx context.Context) error {
+		require.NoError(t, send.Send(ctx, partitioned(0, "outer")))
+		recovered := func() (r any) {
+			defer func() { r = recover() }()
+			_ = s.transact(ctx, st, func(ctx context.Context) error {
+				require.NoError(t, send.Send(ctx, partitioned(0, "inner")))
+				panic("handler bug")
+			})
+			return nil
+		}()
+		require.Equal(t, "handler bug", recovered, "the nested Transact lets the panic go on")
+		return send.Send(ctx, partitioned(0, "after"))
+	}))
+	require.Equal(t, []string{"outer", "after"}, payloads(fetch(t, st, 0)))
+}
+
+// nestedSuccess: a nested unit that succeeds commits with the outer unit, never on
+// its own, and in send order; a failure two levels in undoes only that level.
+func (s storeSuite) nestedSuccess(t *testing.T) {
+	ctx := testContext(t)
+	st := s.store(t, 1)
+	send := sender(t, st.handle, outbox.Transactional)
+	require.NoError(t, s.transact(ctx, st, func(ctx context.Context) error {
+		require.NoError(t, send.Send(ctx, partitioned(0, "outer")))
+		require.NoError(t, s.transact(ctx, st, func(ctx context.Context) error {
+			require.NoError(t, send.Send(ctx, partitioned(0, "inner")))
+			err := s.transact(ctx, st, func(ctx context.Context) error {
+				require.NoError(t, send.Send(ctx, partitioned(0, "innermost")))
+				return errors.New("innermost failed")
+			})
+			require.Error(t, err)
+			return send.Send(ctx, partitioned(0, "inner after"))
+		}))
+		require.Empty(t, fetch(t, st, 0), "the nested unit of work does not commit on its own")
+		return send.Send(ctx, partitioned(0, "outer after"))
+	}))
+	require.Equal(t, []string{"outer", "inner", "inner after", "outer after"}, payloads(fetch(t, st, 0)))
+}
+
+// nestedOuterFailure: a nested unit that succeeded is undone with the outer unit
+// that fails.
+func (s storeSuite) nestedOuterFailure(t *testing.T) {
+	ctx := testContext(t)
+	st := s.store(t, 1)
+	send := sender(t, st.handle, outbox.Transactional)
 	boom := errors.New("outer failed")
 	err := s.transact(ctx, st, func(ctx context.Context) error {
 		require.NoError(t, send.Send(ctx, partitioned(0, "outer")))
 		require.NoError(t, s.transact(ctx, st, func(ctx context.Context) error {
 			return send.Send(ctx, partitioned(0, "inner"))
 		}))
-		require.Empty(t, fetch(t, st, 0), "the inner unit of work does not commit on its own")
 		return boom
 	})
 	require.ErrorIs(t, err, boom)
-	require.Empty(t, fetch(t, st, 0), "the outer rollback takes the inner unit's sends with it")
+	require.Empty(t, fetch(t, st, 0), "the outer rollback takes the nested unit's sends with it")
+}
 
+// callerSetID: a message that carries its ID is stored under it, in a unit of work
+// and in Immediate mode; a message without one gets a UUIDv7; a second message
+// with an ID the store holds is refused and writes nothing (unless the harness says
+// the store accepts held IDs).
+func (s storeSuite) callerSetID(t *testing.T) {
+	ctx := testContext(t)
+	st := s.store(t, 1)
+	a, b := uuid.New(), uuid.New()
+	m := partitioned(0, "a")
+	m.ID = a
 	require.NoError(t, s.transact(ctx, st, func(ctx context.Context) error {
-		require.NoError(t, send.Send(ctx, partitioned(0, "outer")))
-		return s.transact(ctx, st, func(ctx context.Context) error {
-			return send.Send(ctx, partitioned(0, "inner"))
-		})
+		return sender(t, st.handle, outbox.Transactional).Send(ctx, m)
 	}))
-	require.Equal(t, []string{"outer", "inner"}, payloads(fetch(t, st, 0)), "the joined unit commits with the outer one")
+	m = partitioned(0, "b")
+	m.ID = b
+	require.NoError(t, sender(t, st.handle, outbox.Immediate).Send(ctx, m))
+	require.NoError(t, sender(t, st.handle, outbox.Immediate).Send(ctx, partitioned(0, "drawn")))
+	got := fetch(t, st, 0)
+	require.Len(t, got, 3)
+	require.Equal(t, []uuid.UUID{a, b}, ids(got[:2]), "the caller's IDs are kept")
+	require.EqualValues(t, 7, got[2].ID.Version(), "a message without an ID gets a UUIDv7")
+
+	if s.h.AcceptsHeldIDs {
+		return
+	}
+	again := partitioned(0, "again")
+	again.ID = a
+	require.Error(t, sender(t, st.handle, outbox.Immediate).Send(ctx, again), "an ID the store holds is refused")
+	require.Len(t, fetch(t, st, 0), 3, "the refused message is not written")
 }
 
 // unitOfWorkEnded: a send with the ctx of a unit of work that has ended fails
@@ -497,7 +610,7 @@ func (s storeSuite) unitOfWorkNested(t *testing.T) {
 func (s storeSuite) unitOfWorkEnded(t *testing.T) {
 	outer := testContext(t)
 	st := s.store(t, 1)
-	send := sender(t, st, outbox.Transactional)
+	send := sender(t, st.handle, outbox.Transactional)
 	var leaked context.Context
 	require.NoError(t, s.transact(outer, st, func(ctx context.Context) error {
 		leaked = ctx
@@ -507,7 +620,7 @@ func (s storeSuite) unitOfWorkEnded(t *testing.T) {
 		return nil
 	}))
 	require.ErrorIs(t, send.Send(leaked, partitioned(0, "late")), outbox.ErrClosed, "a send after the unit of work ended")
-	require.ErrorIs(t, sender(t, st, outbox.Immediate).Send(leaked, partitioned(0, "late")), outbox.ErrClosed, "in any mode")
+	require.ErrorIs(t, sender(t, st.handle, outbox.Immediate).Send(leaked, partitioned(0, "late")), outbox.ErrClosed, "in any mode")
 	require.Empty(t, fetch(t, st, 0))
 }
 
@@ -518,47 +631,20 @@ func (s storeSuite) unitOfWorkEmpty(t *testing.T) {
 	require.Empty(t, fetch(t, st, 0))
 }
 
-// otherCount reports another bucket count than the store it wraps.
-type otherCount struct {
-	outbox.Store
-	n int
-}
-
-func (o otherCount) BucketCount() int { return o.n }
-
-// Unwrap lets the wrapper's sends join the wrapped store's units of work.
-func (o otherCount) Unwrap() outbox.Store { return o.Store }
-
-func (s storeSuite) unitOfWorkMismatch(t *testing.T) {
-	ctx := testContext(t)
-	st := s.store(t, 2)
-	right := sender(t, st, outbox.Transactional)
-	wrong := sender(t, otherCount{st, 5}, outbox.Transactional)
-	err := s.transact(ctx, st, func(ctx context.Context) error {
-		if err := right.Send(ctx, partitioned(0, "ok")); err != nil {
-			return err
-		}
-		return wrong.Send(ctx, partitioned(1, "wrong"))
-	})
-	require.ErrorIs(t, err, outbox.ErrMisconfigured)
-	require.Empty(t, fetch(t, st, 0), "nothing of a refused unit of work is written")
-	require.Empty(t, fetch(t, st, 1))
-}
-
 func (s storeSuite) complete(t *testing.T) {
 	ctx := testContext(t)
 	st := s.store(t, 1)
 	a, b, c := msg(t, st, 0, "a"), msg(t, st, 0, "b"), msg(t, st, 0, "c")
 	require.NoError(t, st.Enqueue(ctx, a, b, c))
-	require.NoError(t, st.Complete(ctx, []*outbox.Envelope{a, c}))
+	require.NoError(t, st.Complete(ctx, []*driver.Envelope{a, c}))
 	require.Equal(t, []string{"b"}, payloads(fetch(t, st, 0)))
-	require.NoError(t, st.Complete(ctx, []*outbox.Envelope{a, c}), "completing twice is not an error")
-	require.NoError(t, st.Complete(ctx, []*outbox.Envelope{msg(t, st, 0, "never stored")}), "completing an unknown envelope is not an error")
+	require.NoError(t, st.Complete(ctx, []*driver.Envelope{a, c}), "completing twice is not an error")
+	require.NoError(t, st.Complete(ctx, []*driver.Envelope{msg(t, st, 0, "never stored")}), "completing an unknown envelope is not an error")
 	require.NoError(t, st.Complete(ctx, nil))
 	require.Equal(t, []string{"b"}, payloads(fetch(t, st, 0)))
-	if f, ok := st.(outbox.Finder); ok {
+	if f, ok := st.Store.(driver.Finder); ok {
 		_, err := f.Find(ctx, a.ID)
-		require.ErrorIs(t, err, outbox.ErrNotFound, "a completed envelope is deleted")
+		require.ErrorIs(t, err, driver.ErrNotFound, "a completed envelope is deleted")
 	}
 }
 
@@ -577,7 +663,7 @@ func (s storeSuite) reschedule(t *testing.T) {
 	require.Equal(t, 2, got[0].Attempts)
 	require.WithinDuration(t, second, got[0].NextAttemptAt, time.Microsecond)
 	require.Equal(t, "connection refused", got[0].LastError)
-	require.Equal(t, outbox.Pending, got[0].Status)
+	require.Equal(t, driver.Pending, got[0].Status)
 	require.Zero(t, got[1].Attempts, "other envelopes are untouched")
 }
 
@@ -590,25 +676,25 @@ func (s storeSuite) park(t *testing.T) {
 	require.NoError(t, st.Park(ctx, a, "message too large"))
 	require.Equal(t, []string{"b"}, payloads(fetch(t, st, 0)), "a parked envelope is not fetched")
 
-	admin, ok := st.(outbox.Admin)
+	admin, ok := st.Store.(driver.Admin)
 	if !ok {
-		t.Log("store does not implement outbox.Admin: the parked envelope's record is not checked")
+		t.Log("store does not implement driver.Admin: the parked envelope's record is not checked")
 		return
 	}
-	parked, err := admin.List(ctx, outbox.Parked, outbox.Cursor{}, 10)
+	parked, err := admin.List(ctx, driver.Parked, driver.Cursor{}, 10)
 	require.NoError(t, err)
 	require.Len(t, parked, 1)
 	requireSameEnvelope(t, a, parked[0])
-	require.Equal(t, outbox.Parked, parked[0].Status)
+	require.Equal(t, driver.Parked, parked[0].Status)
 	require.Equal(t, "message too large", parked[0].LastError)
 	require.Equal(t, 2, parked[0].Attempts, "parking records the failed attempt")
 }
 
-func (s storeSuite) admin(t *testing.T, st outbox.DispatchStore) outbox.Admin {
+func (s storeSuite) admin(t *testing.T, st driver.Store) driver.Admin {
 	t.Helper()
-	admin, ok := st.(outbox.Admin)
+	admin, ok := relaySide(st).(driver.Admin)
 	if !ok {
-		t.Skip("store does not implement outbox.Admin")
+		t.Skip("store does not implement driver.Admin")
 	}
 	return admin
 }
@@ -617,25 +703,25 @@ func (s storeSuite) adminList(t *testing.T) {
 	ctx := testContext(t)
 	st := s.store(t, 3)
 	admin := s.admin(t, st)
-	var all []*outbox.Envelope
+	var all []*driver.Envelope
 	for i := range 8 {
 		all = append(all, msg(t, st, (i*2)%3, fmt.Sprint(i)))
 	}
 	require.NoError(t, st.Enqueue(ctx, all...))
 	require.NoError(t, st.Park(ctx, all[0], "parked"))
 
-	var listed []*outbox.Envelope
-	cursor := outbox.Cursor{}
+	var listed []*driver.Envelope
+	cursor := driver.Cursor{}
 	for page := 0; ; page++ {
 		require.Less(t, page, 10, "paging must end")
-		got, err := admin.List(ctx, outbox.Pending, cursor, 3)
+		got, err := admin.List(ctx, driver.Pending, cursor, 3)
 		require.NoError(t, err)
 		require.LessOrEqual(t, len(got), 3)
 		if len(got) == 0 {
 			break
 		}
 		listed = append(listed, got...)
-		cursor = outbox.After(got[len(got)-1])
+		cursor = driver.After(got[len(got)-1])
 	}
 	require.Len(t, listed, 7, "every pending envelope once, the parked one not")
 	for i := 1; i < len(listed); i++ {
@@ -647,14 +733,14 @@ func (s storeSuite) adminList(t *testing.T) {
 	for _, env := range listed {
 		require.False(t, seen[env.ID])
 		seen[env.ID] = true
-		require.Equal(t, outbox.Pending, env.Status)
+		require.Equal(t, driver.Pending, env.Status)
 	}
 	require.False(t, seen[all[0].ID])
 
-	parked, err := admin.List(ctx, outbox.Parked, outbox.Cursor{}, 10)
+	parked, err := admin.List(ctx, driver.Parked, driver.Cursor{}, 10)
 	require.NoError(t, err)
 	require.Equal(t, []uuid.UUID{all[0].ID}, ids(parked))
-	none, err := admin.List(ctx, outbox.Dispatched, outbox.Cursor{}, 10)
+	none, err := admin.List(ctx, driver.Dispatched, driver.Cursor{}, 10)
 	require.NoError(t, err)
 	require.Empty(t, none)
 }
@@ -676,7 +762,7 @@ func (s storeSuite) adminRequeue(t *testing.T) {
 	got := fetch(t, st, 0)
 	require.Equal(t, []string{"a", "b", "c"}, payloads(got), "requeued envelopes return to their Seq positions")
 	for _, env := range got {
-		require.Equal(t, outbox.Pending, env.Status)
+		require.Equal(t, driver.Pending, env.Status)
 		require.Zero(t, env.Attempts, "requeue resets attempts")
 		require.True(t, env.Due(time.Now()), "requeued envelopes are due now")
 	}
@@ -696,7 +782,7 @@ func (s storeSuite) adminPurge(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 2, n, "purge deletes pending and parked envelopes; unknown IDs are skipped")
 	require.Equal(t, []string{"c"}, payloads(fetch(t, st, 0)))
-	parked, err := admin.List(ctx, outbox.Parked, outbox.Cursor{}, 10)
+	parked, err := admin.List(ctx, driver.Parked, driver.Cursor{}, 10)
 	require.NoError(t, err)
 	require.Empty(t, parked)
 	n, err = admin.Purge(ctx, a.ID)
@@ -718,7 +804,7 @@ func (s storeSuite) adminStats(t *testing.T) {
 
 	first := msg(t, st, 2, "oldest")
 	require.NoError(t, st.Enqueue(ctx, first))
-	var rest []*outbox.Envelope
+	var rest []*driver.Envelope
 	for i := range 4 {
 		env := msg(t, st, 0, fmt.Sprint(i))
 		env.CreatedAt = first.CreatedAt.Add(time.Duration(i+1) * time.Millisecond)
@@ -738,9 +824,9 @@ func (s storeSuite) adminStats(t *testing.T) {
 func (s storeSuite) find(t *testing.T) {
 	ctx := testContext(t)
 	st := s.store(t, 2)
-	finder, ok := st.(outbox.Finder)
+	finder, ok := st.Store.(driver.Finder)
 	if !ok {
-		t.Skip("store does not implement outbox.Finder")
+		t.Skip("store does not implement driver.Finder")
 	}
 	a, b := msg(t, st, 1, "a"), msg(t, st, 1, "b")
 	require.NoError(t, st.Enqueue(ctx, a, b))
@@ -748,32 +834,32 @@ func (s storeSuite) find(t *testing.T) {
 	got, err := finder.Find(ctx, a.ID)
 	require.NoError(t, err)
 	requireSameEnvelope(t, a, got)
-	require.Equal(t, outbox.Pending, got.Status)
+	require.Equal(t, driver.Pending, got.Status)
 	got, err = finder.Find(ctx, b.ID)
 	require.NoError(t, err, "Find returns envelopes in any status")
-	require.Equal(t, outbox.Parked, got.Status)
+	require.Equal(t, driver.Parked, got.Status)
 	_, err = finder.Find(ctx, uuid.New())
-	require.ErrorIs(t, err, outbox.ErrNotFound)
+	require.ErrorIs(t, err, driver.ErrNotFound)
 }
 
 func (s storeSuite) retainer(t *testing.T) {
 	ctx := testContext(t)
 	st := s.store(t, 1)
-	ret, ok := st.(outbox.Retainer)
+	ret, ok := st.Store.(driver.Retainer)
 	if !ok {
-		t.Skip("store does not implement outbox.Retainer")
+		t.Skip("store does not implement driver.Retainer")
 	}
 	a, b, c := msg(t, st, 0, "a"), msg(t, st, 0, "b"), msg(t, st, 0, "c")
 	require.NoError(t, st.Enqueue(ctx, a, b, c))
 	t1 := time.Now().UTC().Truncate(time.Microsecond)
 	t2 := t1.Add(time.Minute)
-	require.NoError(t, ret.MarkDispatched(ctx, []*outbox.Envelope{a}, t1))
-	require.NoError(t, ret.MarkDispatched(ctx, []*outbox.Envelope{b}, t2))
-	require.NoError(t, ret.MarkDispatched(ctx, []*outbox.Envelope{a, msg(t, st, 0, "unknown")}, t1), "marking is idempotent and skips unknown envelopes")
+	require.NoError(t, ret.MarkDispatched(ctx, []*driver.Envelope{a}, t1))
+	require.NoError(t, ret.MarkDispatched(ctx, []*driver.Envelope{b}, t2))
+	require.NoError(t, ret.MarkDispatched(ctx, []*driver.Envelope{a, msg(t, st, 0, "unknown")}, t1), "marking is idempotent and skips unknown envelopes")
 	require.Equal(t, []string{"c"}, payloads(fetch(t, st, 0)), "dispatched envelopes are not fetched")
 
-	if admin, ok := st.(outbox.Admin); ok {
-		kept, err := admin.List(ctx, outbox.Dispatched, outbox.Cursor{}, 10)
+	if admin, ok := st.Store.(driver.Admin); ok {
+		kept, err := admin.List(ctx, driver.Dispatched, driver.Cursor{}, 10)
 		require.NoError(t, err)
 		require.Equal(t, []uuid.UUID{a.ID, b.ID}, ids(kept))
 		require.WithinDuration(t, t1, kept[0].DispatchedAt, time.Microsecond)
@@ -797,9 +883,9 @@ func (s storeSuite) retainer(t *testing.T) {
 func (s storeSuite) notifier(t *testing.T) {
 	ctx := testContext(t)
 	st := s.store(t, 4)
-	notifier, ok := st.(outbox.Notifier)
+	notifier, ok := st.Store.(driver.Notifier)
 	if !ok {
-		t.Skip("store does not implement outbox.Notifier")
+		t.Skip("store does not implement driver.Notifier")
 	}
 	subCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -868,7 +954,7 @@ func (s storeSuite) leaseExclusive(t *testing.T) {
 	}
 }
 
-func leaseOf(t *testing.T, c outbox.Coordination, bucket int) outbox.Lease {
+func leaseOf(t *testing.T, c driver.Coordination, bucket int) driver.Lease {
 	t.Helper()
 	for _, l := range c.Leases {
 		if l.Bucket == bucket {
@@ -876,10 +962,10 @@ func leaseOf(t *testing.T, c outbox.Coordination, bucket int) outbox.Lease {
 		}
 	}
 	require.Failf(t, "no lease", "bucket %d has no lease in %+v", bucket, c.Leases)
-	return outbox.Lease{}
+	return driver.Lease{}
 }
 
-func relayOf(t *testing.T, c outbox.Coordination, id string) outbox.RelayRecord {
+func relayOf(t *testing.T, c driver.Coordination, id string) driver.RelayRecord {
 	t.Helper()
 	for _, r := range c.Relays {
 		if r.ID == id {
@@ -887,7 +973,7 @@ func relayOf(t *testing.T, c outbox.Coordination, id string) outbox.RelayRecord 
 		}
 	}
 	require.Failf(t, "no relay", "relay %q has no record in %+v", id, c.Relays)
-	return outbox.RelayRecord{}
+	return driver.RelayRecord{}
 }
 
 func (s storeSuite) leaseClaimExpired(t *testing.T) {
@@ -923,9 +1009,9 @@ func (s storeSuite) leaseRenew(t *testing.T) {
 	ok, err := st.Claim(ctx, 1, "a", base, first)
 	require.NoError(t, err)
 	require.True(t, ok)
-	held := outbox.Lease{Bucket: 1, Owner: "a", ExpiresAt: first}
+	held := driver.Lease{Bucket: 1, Owner: "a", ExpiresAt: first}
 
-	ok, err = st.Renew(ctx, outbox.Lease{Bucket: 1, Owner: "b", ExpiresAt: first}, base, first.Add(time.Minute))
+	ok, err = st.Renew(ctx, driver.Lease{Bucket: 1, Owner: "b", ExpiresAt: first}, base, first.Add(time.Minute))
 	require.NoError(t, err)
 	require.False(t, ok, "another owner cannot renew")
 
@@ -946,7 +1032,7 @@ func (s storeSuite) leaseRenew(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, ok, "an expired lease is never revived by a renewal")
 
-	ok, err = st.Renew(ctx, outbox.Lease{Bucket: 0, Owner: "a", ExpiresAt: first}, base, first)
+	ok, err = st.Renew(ctx, driver.Lease{Bucket: 0, Owner: "a", ExpiresAt: first}, base, first)
 	require.NoError(t, err)
 	require.False(t, ok, "a lease never claimed cannot be renewed")
 }
@@ -959,14 +1045,14 @@ func (s storeSuite) leaseRelease(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 
-	ok, err = st.Release(ctx, outbox.Lease{Bucket: 0, Owner: "b", ExpiresAt: expiry})
+	ok, err = st.Release(ctx, driver.Lease{Bucket: 0, Owner: "b", ExpiresAt: expiry})
 	require.NoError(t, err)
 	require.False(t, ok, "release is guarded by owner")
-	ok, err = st.Release(ctx, outbox.Lease{Bucket: 0, Owner: "a", ExpiresAt: expiry.Add(-time.Second)})
+	ok, err = st.Release(ctx, driver.Lease{Bucket: 0, Owner: "a", ExpiresAt: expiry.Add(-time.Second)})
 	require.NoError(t, err)
 	require.False(t, ok, "release is guarded by expiry")
 
-	ok, err = st.Release(ctx, outbox.Lease{Bucket: 0, Owner: "a", ExpiresAt: expiry})
+	ok, err = st.Release(ctx, driver.Lease{Bucket: 0, Owner: "a", ExpiresAt: expiry})
 	require.NoError(t, err)
 	require.True(t, ok)
 	coord, err := st.ReadCoordination(ctx)
@@ -974,7 +1060,7 @@ func (s storeSuite) leaseRelease(t *testing.T) {
 	for _, l := range coord.Leases {
 		require.True(t, l.Free(base), "a released lease is free: %+v", l)
 	}
-	ok, err = st.Release(ctx, outbox.Lease{Bucket: 0, Owner: "a", ExpiresAt: expiry})
+	ok, err = st.Release(ctx, driver.Lease{Bucket: 0, Owner: "a", ExpiresAt: expiry})
 	require.NoError(t, err)
 	require.False(t, ok, "releasing twice changes nothing")
 
@@ -1121,7 +1207,7 @@ func (s storeSuite) heartbeatBucketCount(t *testing.T) {
 		require.NoError(t, err)
 		return ok
 	}
-	record := func() outbox.RelayRecord {
+	record := func() driver.RelayRecord {
 		coord, err := st.ReadCoordination(ctx)
 		require.NoError(t, err)
 		return relayOf(t, coord, "a")
@@ -1141,7 +1227,7 @@ func (s storeSuite) heartbeatBucketCount(t *testing.T) {
 	require.Equal(t, 16, r.BucketCount, "a refused heartbeat leaves the bucket count")
 	require.True(t, r.LastSeen.Equal(later), "a refused heartbeat leaves LastSeen")
 	require.False(t, r.Stopped())
-	requireRelays(t, ctx, st, []outbox.RelayRecord{r})
+	requireRelays(t, ctx, st, []driver.RelayRecord{r})
 
 	unknown := later.Add(time.Second)
 	require.True(t, beat(unknown, 0))
@@ -1179,7 +1265,7 @@ func (s storeSuite) readRelays(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok, "a lease beside the relay records is not one of them")
 
-	want := []outbox.RelayRecord{
+	want := []driver.RelayRecord{
 		{ID: "Relay-Z", LastSeen: base.Add(3 * time.Second), BucketCount: 4},
 		{ID: "relay-a", LastSeen: base.Add(time.Second + time.Microsecond), BucketCount: 4},
 		{ID: "relay-b", LastSeen: stop, StoppedAt: stop, BucketCount: 8},
@@ -1195,7 +1281,7 @@ func (s storeSuite) readRelays(t *testing.T) {
 	ok, err = st.Heartbeat(ctx, "relay-b", stop.Add(time.Second), 16)
 	require.NoError(t, err)
 	require.True(t, ok)
-	want[2] = outbox.RelayRecord{ID: "relay-b", LastSeen: stop.Add(time.Second), BucketCount: 16}
+	want[2] = driver.RelayRecord{ID: "relay-b", LastSeen: stop.Add(time.Second), BucketCount: 16}
 	requireRelays(t, ctx, st, want)
 	ok, err = st.DeleteRelay(ctx, "relay-d", stop)
 	require.NoError(t, err)
@@ -1206,7 +1292,7 @@ func (s storeSuite) readRelays(t *testing.T) {
 // requireRelays waits until ReadRelays returns want: it may serve a slightly stale
 // copy, so a store whose reads lag its writes gets until the test's deadline to catch
 // up, and a store that reads its own writes passes at the first call.
-func requireRelays(t *testing.T, ctx context.Context, st outbox.DispatchStore, want []outbox.RelayRecord) {
+func requireRelays(t *testing.T, ctx context.Context, st driver.Store, want []driver.RelayRecord) {
 	t.Helper()
 	for wait := time.Millisecond; ; wait = min(2*wait, 200*time.Millisecond) {
 		got, err := st.ReadRelays(ctx)
@@ -1223,7 +1309,7 @@ func requireRelays(t *testing.T, ctx context.Context, st outbox.DispatchStore, w
 }
 
 // sameRelays compares records field by field, times by instant.
-func sameRelays(a, b []outbox.RelayRecord) bool {
+func sameRelays(a, b []driver.RelayRecord) bool {
 	if len(a) != len(b) {
 		return false
 	}
@@ -1236,12 +1322,13 @@ func sameRelays(a, b []outbox.RelayRecord) bool {
 }
 
 // storeCalls lists one call of every store method, for the lifecycle tests.
-func storeCalls(st outbox.DispatchStore, env *outbox.Envelope) map[string]func(ctx context.Context) error {
-	lease := outbox.Lease{Bucket: 0, Owner: "a", ExpiresAt: base.Add(time.Minute)}
+func storeCalls(st driver.Store, env *driver.Envelope) map[string]func(ctx context.Context) error {
+	st = relaySide(st)
+	lease := driver.Lease{Bucket: 0, Owner: "a", ExpiresAt: base.Add(time.Minute)}
 	calls := map[string]func(ctx context.Context) error{
 		"Enqueue":          func(ctx context.Context) error { return st.Enqueue(ctx, env.Clone()) },
 		"Fetch":            func(ctx context.Context) error { _, err := st.Fetch(ctx, 0, 10); return err },
-		"Complete":         func(ctx context.Context) error { return st.Complete(ctx, []*outbox.Envelope{env}) },
+		"Complete":         func(ctx context.Context) error { return st.Complete(ctx, []*driver.Envelope{env}) },
 		"Reschedule":       func(ctx context.Context) error { return st.Reschedule(ctx, env, base, "x") },
 		"Park":             func(ctx context.Context) error { return st.Park(ctx, env, "x") },
 		"ReadCoordination": func(ctx context.Context) error { _, err := st.ReadCoordination(ctx); return err },
@@ -1256,21 +1343,21 @@ func storeCalls(st outbox.DispatchStore, env *outbox.Envelope) map[string]func(c
 		"Renew":   func(ctx context.Context) error { _, err := st.Renew(ctx, lease, base, base.Add(time.Hour)); return err },
 		"Release": func(ctx context.Context) error { _, err := st.Release(ctx, lease); return err },
 	}
-	if admin, ok := st.(outbox.Admin); ok {
+	if admin, ok := st.(driver.Admin); ok {
 		calls["Admin.List"] = func(ctx context.Context) error {
-			_, err := admin.List(ctx, outbox.Pending, outbox.Cursor{}, 10)
+			_, err := admin.List(ctx, driver.Pending, driver.Cursor{}, 10)
 			return err
 		}
 		calls["Admin.Requeue"] = func(ctx context.Context) error { _, err := admin.Requeue(ctx, env.ID); return err }
 		calls["Admin.Purge"] = func(ctx context.Context) error { _, err := admin.Purge(ctx, uuid.New()); return err }
 		calls["Admin.Stats"] = func(ctx context.Context) error { _, err := admin.Stats(ctx); return err }
 	}
-	if f, ok := st.(outbox.Finder); ok {
+	if f, ok := st.(driver.Finder); ok {
 		calls["Finder.Find"] = func(ctx context.Context) error { _, err := f.Find(ctx, env.ID); return err }
 	}
-	if r, ok := st.(outbox.Retainer); ok {
+	if r, ok := st.(driver.Retainer); ok {
 		calls["Retainer.MarkDispatched"] = func(ctx context.Context) error {
-			return r.MarkDispatched(ctx, []*outbox.Envelope{env}, base)
+			return r.MarkDispatched(ctx, []*driver.Envelope{env}, base)
 		}
 		calls["Retainer.DeleteDispatched"] = func(ctx context.Context) error {
 			_, err := r.DeleteDispatched(ctx, base, 10)
@@ -1290,7 +1377,7 @@ func (s storeSuite) cancelledContext(t *testing.T) {
 		require.ErrorIs(t, call(ctx), context.Canceled, "%s with a cancelled context", name)
 	}
 	err := s.transact(ctx, st, func(ctx context.Context) error {
-		return sender(t, st, outbox.Transactional).Send(ctx, partitioned(0, "c"))
+		return sender(t, st.handle, outbox.Transactional).Send(ctx, partitioned(0, "c"))
 	})
 	require.ErrorIs(t, err, context.Canceled, "Transact with a cancelled context")
 	got := fetch(t, st, 0)
@@ -1308,10 +1395,10 @@ func (s storeSuite) closed(t *testing.T) {
 		require.ErrorIs(t, call(ctx), outbox.ErrClosed, "%s after Close", name)
 	}
 	err := s.transact(ctx, st, func(ctx context.Context) error {
-		return sender(t, st, outbox.Transactional).Send(ctx, partitioned(0, "c"))
+		return sender(t, st.handle, outbox.Transactional).Send(ctx, partitioned(0, "c"))
 	})
 	require.ErrorIs(t, err, outbox.ErrClosed, "Transact after Close")
-	if n, ok := st.(outbox.Notifier); ok {
+	if n, ok := st.Store.(driver.Notifier); ok {
 		select {
 		case _, open := <-n.Subscribe(ctx):
 			require.False(t, open, "a subscription made after Close is closed")

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // RunTransportTests runs the transport conformance suite: bytes, keys, payloads,
@@ -55,14 +56,14 @@ func topicName(prefix string) string {
 	return fmt.Sprintf("outbox-conformance-%s-%s", prefix, uuid.NewString()[:8])
 }
 
-func envelopeFor(t *testing.T, m outbox.Message) *outbox.Envelope {
+func envelopeFor(t *testing.T, m outbox.Message) *driver.Envelope {
 	t.Helper()
-	env, err := outbox.NewEnvelope(m, outbox.DefaultBucketCount)
+	env, err := driver.NewEnvelope(m, driver.DefaultBucketCount)
 	require.NoError(t, err)
 	return env
 }
 
-func publish(t *testing.T, tr outbox.Transport, batch ...*outbox.Envelope) error {
+func publish(t *testing.T, tr driver.Transport, batch ...*driver.Envelope) error {
 	t.Helper()
 	return tr.Publish(testContext(t), batch)
 }
@@ -100,7 +101,7 @@ func (s transportSuite) passThrough(t *testing.T) {
 		{Key: []byte("empty payload"), Payload: []byte{}},
 		{Key: []byte("ключ"), Payload: []byte("значение ✓"), Headers: []outbox.Header{{Key: "ключ", Value: []byte("v")}}},
 	}
-	var sent []*outbox.Envelope
+	var sent []*driver.Envelope
 	for _, m := range messages {
 		m.Topic = topic
 		sent = append(sent, envelopeFor(t, m))
@@ -115,7 +116,7 @@ func (s transportSuite) passThrough(t *testing.T) {
 }
 
 // requireSameMessage checks that r is want, delivered unchanged.
-func (s transportSuite) requireSameMessage(t *testing.T, want *outbox.Envelope, r Received) {
+func (s transportSuite) requireSameMessage(t *testing.T, want *driver.Envelope, r Received) {
 	t.Helper()
 	id := want.ID.String()
 	require.Equal(t, want.Topic, r.Topic, "topic of %s", id)
@@ -171,7 +172,7 @@ func (s transportSuite) largeBatch(t *testing.T) {
 	const n = 300
 	topic := topicName("large")
 	tr := s.h.New(t, topic)
-	batch := make([]*outbox.Envelope, n)
+	batch := make([]*driver.Envelope, n)
 	for i := range batch {
 		batch[i] = envelopeFor(t, outbox.Message{
 			Topic:   topic,
@@ -200,11 +201,11 @@ func (s transportSuite) perMessageFailures(t *testing.T) {
 	after := envelopeFor(t, outbox.Message{Topic: topic, Key: []byte("other"), Payload: []byte("after")})
 
 	err := publish(t, tr, before, big, after)
-	var pe *outbox.PublishError
+	var pe *driver.PublishError
 	require.ErrorAs(t, err, &pe, "a batch with one oversized message reports per message")
 	require.Len(t, pe.Failed, 1, "only the oversized message failed: %v", pe)
 	require.Equal(t, big.ID, pe.Failed[0].ID)
-	require.True(t, outbox.IsPermanent(pe.Failed[0].Err), "an oversized message fails permanently: %v", pe.Failed[0].Err)
+	require.True(t, driver.IsPermanent(pe.Failed[0].Err), "an oversized message fails permanently: %v", pe.Failed[0].Err)
 
 	got := byID(t, s.h.Read(t, topic, 2))
 	require.Contains(t, got, before.ID.String(), "the rest of the batch is delivered")
@@ -219,7 +220,7 @@ func (s transportSuite) keyOrder(t *testing.T) {
 	)
 	topic := topicName("order")
 	tr := s.h.New(t, topic)
-	var all []*outbox.Envelope
+	var all []*driver.Envelope
 	for i := range perKey {
 		for k := range keys {
 			all = append(all, envelopeFor(t, outbox.Message{
@@ -256,7 +257,7 @@ func (s transportSuite) cancelledContext(t *testing.T) {
 	ctx, cancel := context.WithCancel(testContext(t))
 	cancel()
 	env := envelopeFor(t, outbox.Message{Topic: topic, Key: []byte("k"), Payload: []byte("p")})
-	err := tr.Publish(ctx, []*outbox.Envelope{env})
+	err := tr.Publish(ctx, []*driver.Envelope{env})
 	require.Error(t, err, "a publish with a cancelled context cannot report success")
 	require.True(t, errors.Is(err, context.Canceled), "the error says the context was cancelled: %v", err)
 }

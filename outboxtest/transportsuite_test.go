@@ -10,24 +10,25 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
 )
 
 // recorderHarness runs the transport suite against a Recorder: each test gets its own,
 // and Read consumes what it recorded, topic by topic.
-func recorderHarness(wrap func(t *testing.T, r *outboxtest.Recorder) outbox.Transport) outboxtest.TransportHarness {
+func recorderHarness(wrap func(t *testing.T, r *outboxtest.Recorder) driver.Transport) outboxtest.TransportHarness {
 	const maxSize = 64 << 10
 	var mu sync.Mutex
 	recorders := map[*testing.T]*outboxtest.Recorder{}
 	offsets := map[*testing.T]map[string]int{}
 	return outboxtest.TransportHarness{
-		New: func(t *testing.T, topics ...string) outbox.Transport {
+		New: func(t *testing.T, topics ...string) driver.Transport {
 			r := outboxtest.NewRecorder()
 			// Give the Recorder a broker's size limit, so the per-message failure
 			// subtest runs.
-			r.FailWhen(func(env *outbox.Envelope) error {
+			r.FailWhen(func(env *driver.Envelope) error {
 				if env.Size() > maxSize {
-					return outbox.Permanent(fmt.Errorf("%w: %d bytes", outbox.ErrTooLarge, env.Size()))
+					return driver.Permanent(fmt.Errorf("%w: %d bytes", outbox.ErrTooLarge, env.Size()))
 				}
 				return nil
 			})
@@ -66,11 +67,11 @@ func recorderHarness(wrap func(t *testing.T, r *outboxtest.Recorder) outbox.Tran
 }
 
 func TestRecorderPassesTheTransportSuite(t *testing.T) {
-	outboxtest.RunTransportTests(t, recorderHarness(func(_ *testing.T, r *outboxtest.Recorder) outbox.Transport { return r }))
+	outboxtest.RunTransportTests(t, recorderHarness(func(_ *testing.T, r *outboxtest.Recorder) driver.Transport { return r }))
 }
 
 func TestFaultTransportWithoutFaultsPassesTheTransportSuite(t *testing.T) {
-	outboxtest.RunTransportTests(t, recorderHarness(func(t *testing.T, r *outboxtest.Recorder) outbox.Transport {
+	outboxtest.RunTransportTests(t, recorderHarness(func(t *testing.T, r *outboxtest.Recorder) driver.Transport {
 		ft, err := outboxtest.NewFaultTransport(r, outboxtest.Faults{})
 		require.NoError(t, err)
 		return ft
@@ -82,7 +83,7 @@ func TestRecorderReceivedStampsMessageID(t *testing.T) {
 	r := outboxtest.NewRecorder()
 	env := envelope(t, "k", "p")
 	env.Headers = []outbox.Header{{Key: "a", Value: []byte("1")}}
-	require.NoError(t, r.Publish(context.Background(), []*outbox.Envelope{env}))
+	require.NoError(t, r.Publish(context.Background(), []*driver.Envelope{env}))
 	got := r.Received("")
 	require.Len(t, got, 1)
 	require.Equal(t, env.ID.String(), got[0].ID)

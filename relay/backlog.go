@@ -5,22 +5,22 @@ import (
 	"slices"
 	"time"
 
-	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // DefaultBacklogInterval is how often the relay holding bucket 0 samples the backlog.
 const DefaultBacklogInterval = 30 * time.Second
 
-// backlogSource samples the backlog: the store's [outbox.BacklogSampler] if it has
-// one, else its [outbox.Admin] Stats.
-type backlogSource func(ctx context.Context) (outbox.Stats, bool, error)
+// backlogSource samples the backlog: the store's [driver.BacklogSampler] if it has
+// one, else its [driver.Admin] Stats.
+type backlogSource func(ctx context.Context) (driver.Backlog, bool, error)
 
-func newBacklogSource(store outbox.DispatchStore) backlogSource {
-	if s, ok := store.(outbox.BacklogSampler); ok {
+func newBacklogSource(store driver.Store) backlogSource {
+	if s, ok := store.(driver.BacklogSampler); ok {
 		return s.SampleBacklog
 	}
-	if a, ok := store.(outbox.Admin); ok {
-		return func(ctx context.Context) (outbox.Stats, bool, error) {
+	if a, ok := store.(driver.Admin); ok {
+		return func(ctx context.Context) (driver.Backlog, bool, error) {
 			st, err := a.Stats(ctx)
 			return st, err == nil, err
 		}
@@ -30,7 +30,7 @@ func newBacklogSource(store outbox.DispatchStore) backlogSource {
 
 // backlogState is the last backlog sample. Guarded by Relay.backlogMu.
 type backlogState struct {
-	sample outbox.Stats
+	sample driver.Backlog
 	at     time.Time
 	// tried is when the last sample was attempted, successful or not.
 	tried time.Time
@@ -59,7 +59,7 @@ func (d *Relay) sampleBacklog(ctx context.Context) {
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil {
-			d.log.Debug("dispatcher: sampling the backlog failed; trying again later", "error", err)
+			d.log.Debug("relay: sampling the backlog failed; trying again later", "error", err)
 		}
 		return
 	}
@@ -89,7 +89,7 @@ func (d *Relay) startSample(ctx context.Context) {
 }
 
 // lastBacklog returns the last backlog sample and when it was taken (zero: none).
-func (d *Relay) lastBacklog() (outbox.Stats, time.Time) {
+func (d *Relay) lastBacklog() (driver.Backlog, time.Time) {
 	d.backlogMu.Lock()
 	defer d.backlogMu.Unlock()
 	st := d.backlogState.sample

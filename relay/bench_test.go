@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/store/memstore"
 )
@@ -46,23 +47,23 @@ func benchDrain(b *testing.B, cfg Config, keys int, keepsKeyOrder bool) {
 		b.Fatal(err)
 	}
 	defer store.Close()
-	envs := make([]*outbox.Envelope, 0, 1000)
+	envs := make([]*driver.Envelope, 0, 1000)
 	for i := range b.N {
 		k := i
 		if keys > 0 {
 			k = i % keys
 		}
-		env, err := outbox.NewEnvelope(outbox.Message{
+		env, err := driver.NewEnvelope(outbox.Message{
 			Topic:   "bench",
 			Key:     fmt.Appendf(nil, "key-%d", k),
 			Payload: make([]byte, 256),
-		}, store.BucketCount())
+		}, store.Driver().BucketCount())
 		if err != nil {
 			b.Fatal(err)
 		}
 		envs = append(envs, env)
 		if len(envs) == cap(envs) || i == b.N-1 {
-			if err := store.Enqueue(ctx, envs...); err != nil {
+			if err := store.Driver().Enqueue(ctx, envs...); err != nil {
 				b.Fatal(err)
 			}
 			envs = envs[:0]
@@ -70,7 +71,7 @@ func benchDrain(b *testing.B, cfg Config, keys int, keepsKeyOrder bool) {
 	}
 	cfg.RelayID = "bench"
 	cfg.Logger = quietLogger()
-	var tr outbox.Transport = outboxtest.NewRecorder()
+	var tr driver.Transport = outboxtest.NewRecorder()
 	if keepsKeyOrder {
 		tr = keyOrdered{tr}
 	}
@@ -91,7 +92,7 @@ func benchDrain(b *testing.B, cfg Config, keys int, keepsKeyOrder bool) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
 }
 
-// keyOrdered declares that its transport keeps key order (outbox.KeyOrderKeeper).
-type keyOrdered struct{ outbox.Transport }
+// keyOrdered declares that its transport keeps key order (driver.KeyOrderKeeper).
+type keyOrdered struct{ driver.Transport }
 
 func (keyOrdered) KeepsKeyOrder() bool { return true }

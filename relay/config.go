@@ -19,7 +19,7 @@ type Config struct {
 	// Defaults to the host name plus a random suffix.
 	RelayID string
 	// BucketCount is the number of buckets the relay divides with its peers. Defaults
-	// to the store's count (outbox.DispatchStore.BucketCount), which is what it must
+	// to the store's count (driver.Store.BucketCount), which is what it must
 	// be: leave it 0. A non-zero value that differs from the store's makes [New] fail
 	// with [outbox.ErrMisconfigured].
 	BucketCount int
@@ -50,7 +50,7 @@ type Config struct {
 	// negative value turns jitter off.
 	Jitter float64
 	// Retention keeps dispatched envelopes this long (the store must implement
-	// outbox.Retainer); 0 deletes them once the broker acknowledged them. The relay
+	// driver.Retainer); 0 deletes them once the broker acknowledged them. The relay
 	// that owns bucket 0 deletes expired ones. Defaults to 0.
 	Retention time.Duration
 	// Unordered lets a failed envelope retry later without holding back the later
@@ -58,7 +58,7 @@ type Config struct {
 	Unordered bool
 	// MaxConcurrency is how many buckets are drained in parallel. Defaults to 4.
 	MaxConcurrency int
-	// Logger receives the dispatcher's logs, each with a "relay" attribute; the
+	// Logger receives the relay's logs, each with a "relay" attribute; the
 	// package documentation lists what is logged at which level. Defaults to
 	// slog.Default().
 	Logger *slog.Logger
@@ -71,7 +71,7 @@ type Config struct {
 	Observer Observer
 	// BacklogInterval is how often the relay that holds bucket 0 samples the
 	// backlog (pending messages per bucket, oldest pending message, parked messages)
-	// through the store's outbox.BacklogSampler or outbox.Admin, for [Stats.Backlog]
+	// through the store's driver.BacklogSampler or driver.Admin, for [Stats.Backlog]
 	// and the Observer. Only that relay samples, so the cost does not grow with the
 	// fleet; samples are taken after a coordination round of the worker, so the
 	// effective interval is a multiple of the round interval. A negative value turns
@@ -157,7 +157,7 @@ func (c Config) Validate() error {
 // validate checks a config that has its defaults applied.
 func (c Config) validate() error {
 	bad := func(field, format string, args ...any) error {
-		return fmt.Errorf("%w: dispatcher Config.%s %s", outbox.ErrMisconfigured, field, fmt.Sprintf(format, args...))
+		return fmt.Errorf("%w: relay.Config.%s %s", outbox.ErrMisconfigured, field, fmt.Sprintf(format, args...))
 	}
 	switch {
 	case c.BucketCount < 0:
@@ -195,7 +195,7 @@ func defaultRelayID() (string, error) {
 	}
 	var suffix [4]byte
 	if _, err := rand.Read(suffix[:]); err != nil {
-		return "", fmt.Errorf("dispatcher: relay id: %w", err)
+		return "", fmt.Errorf("relay: relay id: %w", err)
 	}
 	return host + "-" + hex.EncodeToString(suffix[:]), nil
 }

@@ -8,17 +8,17 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
-// deadlined gives every store call the dispatcher makes a deadline of
+// deadlined gives every store call the relay makes a deadline of
 // LeaseRenewInterval (10 s by default). A connection that hangs without being reset
 // (a black-holed network path keeps a TCP read waiting for minutes) then fails the
 // call instead of wedging the relay: the round or drain reports the error, backs off
 // and tries again, and recovers by itself once the store answers. A round that cannot
 // finish in time leaves its leases to lapse, as a crash would, so peers take over.
 type deadlined struct {
-	outbox.DispatchStore
+	driver.Store
 	timeout time.Duration
 }
 
@@ -30,7 +30,7 @@ func (s deadlined) bound(ctx context.Context) (context.Context, context.CancelFu
 // wrap names a deadline the call hit (and not its caller's).
 func (s deadlined) wrap(ctx context.Context, err error) error {
 	if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("dispatcher: store call took longer than %s: %w", s.timeout, err)
+		return fmt.Errorf("relay: store call took longer than %s: %w", s.timeout, err)
 	}
 	return err
 }
@@ -47,74 +47,78 @@ func call0(s deadlined, ctx context.Context, f func(context.Context) error) erro
 	return err
 }
 
-func (s deadlined) Fetch(ctx context.Context, bucket, limit int) ([]*outbox.Envelope, error) {
-	return call(s, ctx, func(ctx context.Context) ([]*outbox.Envelope, error) {
-		return s.DispatchStore.Fetch(ctx, bucket, limit)
+func (s deadlined) Check(ctx context.Context) error {
+	return call0(s, ctx, s.Store.Check)
+}
+
+func (s deadlined) Fetch(ctx context.Context, bucket, limit int) ([]*driver.Envelope, error) {
+	return call(s, ctx, func(ctx context.Context) ([]*driver.Envelope, error) {
+		return s.Store.Fetch(ctx, bucket, limit)
 	})
 }
 
-func (s deadlined) Complete(ctx context.Context, envs []*outbox.Envelope) error {
-	return call0(s, ctx, func(ctx context.Context) error { return s.DispatchStore.Complete(ctx, envs) })
+func (s deadlined) Complete(ctx context.Context, envs []*driver.Envelope) error {
+	return call0(s, ctx, func(ctx context.Context) error { return s.Store.Complete(ctx, envs) })
 }
 
-func (s deadlined) Reschedule(ctx context.Context, env *outbox.Envelope, next time.Time, cause string) error {
-	return call0(s, ctx, func(ctx context.Context) error { return s.DispatchStore.Reschedule(ctx, env, next, cause) })
+func (s deadlined) Reschedule(ctx context.Context, env *driver.Envelope, next time.Time, cause string) error {
+	return call0(s, ctx, func(ctx context.Context) error { return s.Store.Reschedule(ctx, env, next, cause) })
 }
 
-func (s deadlined) Park(ctx context.Context, env *outbox.Envelope, cause string) error {
-	return call0(s, ctx, func(ctx context.Context) error { return s.DispatchStore.Park(ctx, env, cause) })
+func (s deadlined) Park(ctx context.Context, env *driver.Envelope, cause string) error {
+	return call0(s, ctx, func(ctx context.Context) error { return s.Store.Park(ctx, env, cause) })
 }
 
-func (s deadlined) ReadCoordination(ctx context.Context) (outbox.Coordination, error) {
-	return call(s, ctx, s.DispatchStore.ReadCoordination)
+func (s deadlined) ReadCoordination(ctx context.Context) (driver.Coordination, error) {
+	return call(s, ctx, s.Store.ReadCoordination)
 }
 
-func (s deadlined) ReadRelays(ctx context.Context) ([]outbox.RelayRecord, error) {
-	return call(s, ctx, s.DispatchStore.ReadRelays)
+func (s deadlined) ReadRelays(ctx context.Context) ([]driver.RelayRecord, error) {
+	return call(s, ctx, s.Store.ReadRelays)
 }
 
 func (s deadlined) Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int) (bool, error) {
 	return call(s, ctx, func(ctx context.Context) (bool, error) {
-		return s.DispatchStore.Heartbeat(ctx, relay, at, bucketCount)
+		return s.Store.Heartbeat(ctx, relay, at, bucketCount)
 	})
 }
 
 func (s deadlined) StopRelay(ctx context.Context, relay string, at time.Time) error {
-	return call0(s, ctx, func(ctx context.Context) error { return s.DispatchStore.StopRelay(ctx, relay, at) })
+	return call0(s, ctx, func(ctx context.Context) error { return s.Store.StopRelay(ctx, relay, at) })
 }
 
 func (s deadlined) DeleteRelay(ctx context.Context, relay string, lastSeen time.Time) (bool, error) {
-	return call(s, ctx, func(ctx context.Context) (bool, error) { return s.DispatchStore.DeleteRelay(ctx, relay, lastSeen) })
+	return call(s, ctx, func(ctx context.Context) (bool, error) { return s.Store.DeleteRelay(ctx, relay, lastSeen) })
 }
 
 func (s deadlined) Claim(ctx context.Context, bucket int, owner string, now, expiresAt time.Time) (bool, error) {
 	return call(s, ctx, func(ctx context.Context) (bool, error) {
-		return s.DispatchStore.Claim(ctx, bucket, owner, now, expiresAt)
+		return s.Store.Claim(ctx, bucket, owner, now, expiresAt)
 	})
 }
 
-func (s deadlined) Renew(ctx context.Context, held outbox.Lease, now, expiresAt time.Time) (bool, error) {
-	return call(s, ctx, func(ctx context.Context) (bool, error) { return s.DispatchStore.Renew(ctx, held, now, expiresAt) })
+func (s deadlined) Renew(ctx context.Context, held driver.Lease, now, expiresAt time.Time) (bool, error) {
+	return call(s, ctx, func(ctx context.Context) (bool, error) { return s.Store.Renew(ctx, held, now, expiresAt) })
 }
 
-func (s deadlined) Release(ctx context.Context, held outbox.Lease) (bool, error) {
-	return call(s, ctx, func(ctx context.Context) (bool, error) { return s.DispatchStore.Release(ctx, held) })
+func (s deadlined) Release(ctx context.Context, held driver.Lease) (bool, error) {
+	return call(s, ctx, func(ctx context.Context) (bool, error) { return s.Store.Release(ctx, held) })
 }
 
 // The optional capabilities, each bounded the same way.
 
 type deadlinedFinder struct {
 	deadlined
-	f outbox.Finder
+	f driver.Finder
 }
 
-func (s deadlinedFinder) Find(ctx context.Context, id uuid.UUID) (*outbox.Envelope, error) {
-	return call(s.deadlined, ctx, func(ctx context.Context) (*outbox.Envelope, error) { return s.f.Find(ctx, id) })
+func (s deadlinedFinder) Find(ctx context.Context, id uuid.UUID) (*driver.Envelope, error) {
+	return call(s.deadlined, ctx, func(ctx context.Context) (*driver.Envelope, error) { return s.f.Find(ctx, id) })
 }
 
 type deadlinedProber struct {
 	deadlined
-	p outbox.Prober
+	p driver.Prober
 }
 
 func (s deadlinedProber) HasPending(ctx context.Context, bucket int) (bool, error) {
@@ -123,10 +127,10 @@ func (s deadlinedProber) HasPending(ctx context.Context, bucket int) (bool, erro
 
 type deadlinedRetainer struct {
 	deadlined
-	r outbox.Retainer
+	r driver.Retainer
 }
 
-func (s deadlinedRetainer) MarkDispatched(ctx context.Context, envs []*outbox.Envelope, at time.Time) error {
+func (s deadlinedRetainer) MarkDispatched(ctx context.Context, envs []*driver.Envelope, at time.Time) error {
 	return call0(s.deadlined, ctx, func(ctx context.Context) error { return s.r.MarkDispatched(ctx, envs, at) })
 }
 

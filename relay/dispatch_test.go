@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/store/memstore"
 )
@@ -34,7 +35,7 @@ func TestRunOnceDrainsAndReleases(t *testing.T) {
 	require.Zero(t, pending(t, store))
 	requireKeyOrder(t, rec)
 
-	view, err := store.ReadCoordination(ctx)
+	view, err := store.Driver().ReadCoordination(ctx)
 	require.NoError(t, err)
 	for _, l := range view.Leases {
 		require.Empty(t, l.Owner, "RunOnce releases every lease")
@@ -63,26 +64,29 @@ func TestBatchesAreOnePublishAndOneComplete(t *testing.T) {
 
 // countingCompletes counts Complete calls and the envelopes they carry.
 type countingCompletes struct {
-	*memstore.Store
+	memDriver
 	mu        sync.Mutex
 	calls     int
 	envelopes int
 }
 
-func (c *countingCompletes) Complete(ctx context.Context, envs []*outbox.Envelope) error {
+func (c *countingCompletes) Complete(ctx context.Context, envs []*driver.Envelope) error {
 	c.mu.Lock()
 	c.calls++
 	c.envelopes += len(envs)
 	c.mu.Unlock()
-	return c.Store.Complete(ctx, envs)
+	return c.memDriver.Complete(ctx, envs)
 }
+
+func (c *countingCompletes) Driver() driver.Store { return c }
 
 // Waves of one key's messages (a transport that does not keep key order gets at most
 // one message per key per Publish) still cost one Complete per drain pass.
 func TestWavesShareOneCompletePerPass(t *testing.T) {
 	t.Parallel()
 	c := newClock()
-	store := &countingCompletes{Store: newStore(t, 1)}
+	mem := newStore(t, 1)
+	store := &countingCompletes{memDriver: relaySide(mem)}
 	rec := outboxtest.NewRecorder()
 	d := newDispatcher(t, store, rec, testConfig(c, "r"))
 	for _, key := range []string{"a", "b", "c"} {
@@ -95,7 +99,7 @@ func TestWavesShareOneCompletePerPass(t *testing.T) {
 	requireKeyOrder(t, rec)
 	require.Equal(t, 1, store.calls, "one Complete for the whole pass")
 	require.Equal(t, 12, store.envelopes)
-	require.Zero(t, pending(t, store.Store))
+	require.Zero(t, pending(t, mem))
 }
 
 func TestPerKeyOrderHoldsUnderFailures(t *testing.T) {
@@ -116,7 +120,7 @@ func TestPerKeyOrderHoldsUnderFailures(t *testing.T) {
 	require.Empty(t, got["a"], "a's later messages wait for its failed head")
 	require.Equal(t, idsOf(b), idsOf(got["b"]), "the failure does not block other keys")
 
-	env, err := store.Find(ctx, a[0].ID)
+	env, err := find(ctx, store, a[0].ID)
 	require.NoError(t, err)
 	require.Equal(t, 1, env.Attempts)
 	require.Equal(t, errBroker.Error(), env.LastError)
@@ -140,7 +144,7 @@ func TestPerKeyOrderUnderRandomFailures(t *testing.T) {
 		cfg.BatchSize = 16
 		d := newDispatcher(t, store, rec, cfg)
 		rng := rand.New(rand.NewPCG(seed, 7))
-		rec.FailWhen(func(*outbox.Envelope) error { // runs under the Recorder's lock
+		rec.FailWhen(func(*driver.Envelope) error { // runs under the Recorder's lock
 			if rng.IntN(3) == 0 {
 				return errBroker
 			}
@@ -186,9 +190,9 @@ func TestParkAfterMaxAttempts(t *testing.T) {
 		}
 		c.Advance(time.Hour)
 	}
-	env, err := store.Find(ctx, a[0].ID)
+	env, err := find(ctx, store, a[0].ID)
 	require.NoError(t, err)
-	require.Equal(t, outbox.Parked, env.Status)
+	require.Equal(t, driver.Parked, env.Status)
 	require.Equal(t, 3, env.Attempts)
 	require.EqualValues(t, 1, d.Stats().Parked)
 
@@ -203,14 +207,14 @@ func TestPermanentFailureParksAtOnce(t *testing.T) {
 	ctx, _, store, rec, d := relay(t, 1, "r", nil)
 
 	a := enqueue(t, store, []byte("a"), 2)
-	rec.FailID(a[0].ID, outbox.Permanent(errors.New("message too large")), -1)
+	rec.FailID(a[0].ID, driver.Permanent(errors.New("message too large")), -1)
 	res, err := d.RunOnce(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 1, res.Parked)
 	require.Zero(t, res.Retried)
-	env, err := store.Find(ctx, a[0].ID)
+	env, err := find(ctx, store, a[0].ID)
 	require.NoError(t, err)
-	require.Equal(t, outbox.Parked, env.Status)
+	require.Equal(t, driver.Parked, env.Status)
 	require.Equal(t, 1, env.Attempts)
 	require.Contains(t, env.LastError, "too large")
 }
@@ -275,7 +279,7 @@ func TestBackoffGrowsAndIsCapped(t *testing.T) {
 		start := c.Now()
 		_, err := ds.RunOnce(ctx)
 		require.NoError(t, err)
-		env, err := store.Find(ctx, a[0].ID)
+		env, err := find(ctx, store, a[0].ID)
 		require.NoError(t, err)
 		require.Equal(t, attempt+1, env.Attempts)
 		require.Equal(t, start.Add(want), env.NextAttemptAt, "attempt %d", attempt+1)
@@ -294,9 +298,9 @@ func TestRetentionKeepsThenCleans(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 20, res.Published)
 	for _, e := range envs {
-		got, err := store.Find(ctx, e.ID)
+		got, err := find(ctx, store, e.ID)
 		require.NoError(t, err)
-		require.Equal(t, outbox.Dispatched, got.Status)
+		require.Equal(t, driver.Dispatched, got.Status)
 		require.Equal(t, epoch, got.DispatchedAt)
 	}
 	require.Zero(t, pending(t, store))
@@ -311,19 +315,21 @@ func TestRetentionKeepsThenCleans(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 20, res.Deleted)
 	for _, e := range envs {
-		_, err := store.Find(ctx, e.ID)
-		require.ErrorIs(t, err, outbox.ErrNotFound)
+		_, err := find(ctx, store, e.ID)
+		require.ErrorIs(t, err, driver.ErrNotFound)
 	}
 	require.Equal(t, 20, rec.Len(), "nothing published twice")
 }
 
 // noRetainer hides every optional capability of a store.
-type noRetainer struct{ outbox.DispatchStore }
+type noRetainer struct{ driver.Store }
+
+func (s noRetainer) Driver() driver.Store { return s }
 
 func TestRetentionNeedsARetainer(t *testing.T) {
 	t.Parallel()
 	store := newStore(t, 8)
-	_, err := New(noRetainer{store}, outboxtest.NewRecorder(), Config{Retention: time.Hour, Logger: quietLogger()})
+	_, err := New(noRetainer{store.Driver()}, outboxtest.NewRecorder(), Config{Retention: time.Hour, Logger: quietLogger()})
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
 	require.ErrorContains(t, err, "Retention")
 }
@@ -382,7 +388,7 @@ func TestDispatchOneDrainsTheBucketUpToTheMessage(t *testing.T) {
 	require.Equal(t, 2, res.Published)
 	require.Equal(t, idsOf(a[:2]), idsOf(rec.Messages()), "earlier messages first, nothing after the target")
 
-	view, err := store.ReadCoordination(ctx)
+	view, err := store.Driver().ReadCoordination(ctx)
 	require.NoError(t, err)
 	for _, l := range view.Leases {
 		require.Empty(t, l.Owner, "the bucket claimed for one dispatch is released")
@@ -394,7 +400,7 @@ func TestDispatchOneDrainsTheBucketUpToTheMessage(t *testing.T) {
 	require.Zero(t, res.Published)
 
 	// A bucket another relay holds is left to it.
-	ok, err := store.Claim(ctx, 0, "owner", c.Now(), c.Now().Add(time.Minute))
+	ok, err := store.Driver().Claim(ctx, 0, "owner", c.Now(), c.Now().Add(time.Minute))
 	require.NoError(t, err)
 	require.True(t, ok)
 	res, err = d.DispatchOne(ctx, b[0].ID)
@@ -406,7 +412,7 @@ func TestDispatchOneDrainsTheBucketUpToTheMessage(t *testing.T) {
 	require.NoError(t, err, "an unknown id was published and deleted already")
 	require.Zero(t, res.Published)
 
-	dn := newDispatcher(t, noRetainer{store}, rec, testConfig(c, "x"))
+	dn := newDispatcher(t, noRetainer{store.Driver()}, rec, testConfig(c, "x"))
 	_, err = dn.DispatchOne(ctx, a[2].ID)
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
 }
@@ -496,9 +502,9 @@ func TestHeldBackMessagesCostNoAttempts(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, rec.Batches(), "the key's messages went out in one call")
 	for i, e := range a {
-		env, err := store.Find(ctx, e.ID)
+		env, err := find(ctx, store, e.ID)
 		require.NoError(t, err)
-		require.Equal(t, outbox.Pending, env.Status)
+		require.Equal(t, driver.Pending, env.Status)
 		if i == 0 {
 			require.Equal(t, 1, env.Attempts, "the head's failure is an attempt")
 		} else {

@@ -22,7 +22,7 @@ func TestDispatchAtDrainsTheBucketUpToTheSeq(t *testing.T) {
 	require.Equal(t, 2, res.Published)
 	require.Equal(t, 1, res.Buckets)
 	require.Equal(t, idsOf(a[:2]), idsOf(rec.Messages()), "earlier messages first, nothing after the target")
-	view, err := store.ReadCoordination(ctx)
+	view, err := store.Driver().ReadCoordination(ctx)
 	require.NoError(t, err)
 	for _, l := range view.Leases {
 		require.Empty(t, l.Owner, "the bucket claimed for one dispatch is released")
@@ -43,7 +43,7 @@ func TestDispatchAtDrainsTheBucketUpToTheSeq(t *testing.T) {
 
 	// A bucket another relay holds is left to it.
 	more := enqueue(t, store, []byte("a"), 1)
-	ok, err := store.Claim(ctx, 0, "owner", c.Now(), c.Now().Add(time.Minute))
+	ok, err := store.Driver().Claim(ctx, 0, "owner", c.Now(), c.Now().Add(time.Minute))
 	require.NoError(t, err)
 	require.True(t, ok)
 	res, err = d.DispatchAt(ctx, more[0].Bucket, more[0].Seq)

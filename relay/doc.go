@@ -1,17 +1,21 @@
-// Package dispatcher relays captured envelopes from an outbox store to a broker.
+// Package relay publishes the messages an outbox store holds to a broker.
 //
-// A [Relay] runs in every relay process. Relays share a store's buckets through
+// A [Relay] runs in every relay process; an application builds one with [New] on
+// its store and a transport and runs it with [Relay.Run] (or Start and Stop). Relays share a store's buckets through
 // leases: each round a relay writes its heartbeat, reads every lease and heartbeat in
 // one consistent read, computes the fleet's fair-share split with a pure function of
 // that read, and carries out only its own part of it (renew what it keeps, hand back
 // what exceeds its share, claim what the split gives it). For each bucket it holds it
 // fetches the head in Seq order, publishes the due envelopes in one
-// [outbox.Transport.Publish] call, and completes the acknowledged ones in one store
+// [driver.Transport.Publish] call, and completes the acknowledged ones in one store
 // call; failures are retried with exponential backoff and jitter, then parked.
 //
-// Three entry points share this engine: the worker ([Relay.Start],
-// [Relay.Stop]) for long-running processes, [Relay.RunOnce] for a scheduled
-// function, and [Relay.DispatchOne] for a change-stream trigger.
+// Three entry points share this engine: the worker ([Relay.Run], or [Relay.Start]
+// and [Relay.Stop]) for long-running processes, [Relay.RunOnce] for a scheduled
+// function, and [Relay.DispatchOne] for a change-stream trigger. Start (and so Run)
+// fails on a store that cannot be relayed from, such as one never migrated, with an
+// error wrapping [outbox.ErrMisconfigured]; an error that stops the worker later is
+// what Run returns ([Relay.Err]).
 // [Relay.Kill] stops the worker as a crash would, for tests.
 //
 // # Semantics
@@ -27,13 +31,13 @@
 //     keys of the bucket keep flowing. Keyless envelopes never hold each other back.
 //     One Publish call carries at most one envelope per key, so a failure cannot be
 //     overtaken inside a batch — unless the transport implements
-//     [outbox.KeyOrderKeeper] (it fails a key's whole tail, as the Kafka transport
+//     [driver.KeyOrderKeeper] (it fails a key's whole tail, as the Kafka transport
 //     does), and then a call carries a key's envelopes together. With
 //     [Config.Unordered] failures retry without holding their key.
 //   - A parked envelope is skipped: later envelopes of its key flow on. Parked
 //     envelopes are never deleted automatically.
 //   - Retries: the n-th failure waits BackoffBase·2^(n-1), capped at BackoffMax, less
-//     up to Jitter of it. A failure marked [outbox.Permanent] parks at once; the
+//     up to Jitter of it. A failure marked [driver.Permanent] parks at once; the
 //     MaxAttempts-th failure parks.
 //   - Leases, event by event. Steady state: each relay renews its own leases once per
 //     LeaseRenewInterval, conditionally on the expiry it read; nothing is refused. A
@@ -63,10 +67,10 @@
 //     backlog every [Config.BacklogInterval] ([Stats.Backlog]); [Relay.Ready]
 //     tells a readiness probe whether the relay holds its share.
 //   - An envelope stamped with another bucket count stops the worker with an error
-//     wrapping [outbox.ErrMisconfigured] ([Relay.Err]).
-//   - Wake-ups: with a store that implements [outbox.Notifier] the worker drains a
+//     wrapping [outbox.ErrMisconfigured] ([Relay.Err], returned by [Relay.Run]).
+//   - Wake-ups: with a store that implements [driver.Notifier] the worker drains a
 //     bucket it holds as soon as a commit is announced; otherwise it polls every
-//     PollInterval. A poll first asks a store that implements [outbox.Prober]
+//     PollInterval. A poll first asks a store that implements [driver.Prober]
 //     whether the bucket may hold anything, so an idle bucket costs one minimal read.
 //     Store errors back the worker off (up to LeaseRenewInterval) and it recovers by
 //     itself.
@@ -83,17 +87,16 @@
 //   - Ordering holds within the fetched window: if a blocked key's envelopes fill a
 //     whole batch, later keys of that bucket wait until the blocked envelope is
 //     retried or parked. Raise BatchSize if a few keys dominate a bucket.
-//   - Through a transport that does not implement [outbox.KeyOrderKeeper], a key
+//   - Through a transport that does not implement [driver.KeyOrderKeeper], a key
 //     sends at most one envelope per Publish call, so a backlog concentrated on a
 //     single key drains at one round trip per envelope.
 //   - Lease expiry compares host clocks: keep relay hosts synchronised to well within
 //     LeaseDuration − LeaseRenewInterval.
-//   - The worker renews its leases between drain passes, not during one. A publish
-//     never outlives its bucket's lease (it is abandoned, uncharged, when the lease
-//     lapses), but a pass slowed by a broker that takes its full timeout on every
-//     bucket can delay the renewal until leases lapse and move to peers. Keep the
-//     transport's timeout (the Kafka transport's AckTimeout, for one) well under
-//     LeaseDuration − LeaseRenewInterval.
+//   - Rounds run on their own clock beside the drains, so a slow publish does not delay
+//     a renewal; but a publish never outlives its bucket's lease (it is abandoned,
+//     uncharged, when the lease lapses). A transport whose timeout (the Kafka
+//     transport's AckTimeout, for one) is near LeaseDuration can have its publishes
+//     abandoned over and over: keep it well under LeaseDuration − LeaseRenewInterval.
 //   - DispatchOne without a running worker claims a free bucket outside the
 //     fair-share plan for the length of one drain; racing a peer's round this can
 //     cost a refused write. It does nothing for a bucket another relay holds, so a

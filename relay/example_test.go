@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/memstore"
 )
 
@@ -22,8 +22,7 @@ func ExampleRelay_RunOnce() {
 	broker := outboxtest.NewRecorder()
 
 	for _, id := range []string{"order-1", "order-2", "order-1"} {
-		env, _ := outbox.NewEnvelope(outbox.Message{Topic: "orders", Key: []byte(id), Payload: []byte("placed")}, store.BucketCount())
-		_ = store.Enqueue(ctx, env)
+		_ = store.Enqueue(ctx, outbox.Message{Topic: "orders", Key: []byte(id), Payload: []byte("placed")})
 	}
 
 	d, err := relay.New(store, broker, relay.Config{
@@ -61,8 +60,7 @@ func ExampleRelay_Start() {
 		fmt.Println(err)
 		return
 	}
-	env, _ := outbox.NewEnvelope(outbox.Message{Topic: "orders", Key: []byte("order-1"), Payload: []byte("placed")}, store.BucketCount())
-	_ = store.Enqueue(ctx, env)
+	_ = store.Enqueue(ctx, outbox.Message{Topic: "orders", Key: []byte("order-1"), Payload: []byte("placed")})
 	waitCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	_ = broker.WaitFor(waitCtx, 1) // the commit wakes the worker up

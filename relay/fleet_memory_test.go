@@ -5,7 +5,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/outboxtest/fleet"
 	"github.com/outboxkit/outbox/store/memstore"
@@ -13,7 +12,7 @@ import (
 
 func TestFleetOnTheMemoryStore(t *testing.T) {
 	t.Parallel()
-	fleet.Run(t, outboxtest.StoreHarness{New: func(t *testing.T, buckets int) outbox.DispatchStore {
+	fleet.Run(t, outboxtest.StoreHarness{New: func(t *testing.T, buckets int) outboxtest.Store {
 		s, err := memstore.New(memstore.Config{BucketCount: buckets})
 		require.NoError(t, err)
 		return s

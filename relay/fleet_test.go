@@ -10,14 +10,13 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
-	"github.com/outboxkit/outbox/store/memstore"
 )
 
 // inFlight measures how many lease writes run at once.
 type inFlight struct {
-	*memstore.Store
+	memDriver
 	mu       sync.Mutex
 	now, max int
 }
@@ -37,18 +36,20 @@ func (s *inFlight) write() func() {
 
 func (s *inFlight) Claim(ctx context.Context, bucket int, owner string, now, exp time.Time) (bool, error) {
 	defer s.write()()
-	return s.Store.Claim(ctx, bucket, owner, now, exp)
+	return s.memDriver.Claim(ctx, bucket, owner, now, exp)
 }
 
-func (s *inFlight) Renew(ctx context.Context, held outbox.Lease, now, exp time.Time) (bool, error) {
+func (s *inFlight) Renew(ctx context.Context, held driver.Lease, now, exp time.Time) (bool, error) {
 	defer s.write()()
-	return s.Store.Renew(ctx, held, now, exp)
+	return s.memDriver.Renew(ctx, held, now, exp)
 }
+
+func (s *inFlight) Driver() driver.Store { return s }
 
 func TestLeaseWritesRunConcurrently(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, 16)
-	store := &inFlight{Store: f.store}
+	store := &inFlight{memDriver: relaySide(f.store)}
 	cfg := Config{RelayID: "a", LeaseDuration: testLD, LeaseRenewInterval: testRI, MaxConcurrency: 4,
 		Logger: quietLogger(), Now: f.clock.Now}
 	a, err := New(store, outboxtest.NewRecorder(), cfg)
@@ -67,7 +68,7 @@ func TestLeaseWritesRunConcurrently(t *testing.T) {
 // crashAfter makes relay "a" die after its n-th store write of a round: the write
 // and every later call of "a" fail.
 type crashAfter struct {
-	*memstore.Store
+	memDriver
 	mu        sync.Mutex
 	n, writes int
 	dead      bool
@@ -93,15 +94,17 @@ func (c *crashAfter) Heartbeat(ctx context.Context, relay string, at time.Time, 
 	if err := c.write(relay); err != nil {
 		return false, err
 	}
-	return c.Store.Heartbeat(ctx, relay, at, n)
+	return c.memDriver.Heartbeat(ctx, relay, at, n)
 }
 
-func (c *crashAfter) Renew(ctx context.Context, held outbox.Lease, now, exp time.Time) (bool, error) {
+func (c *crashAfter) Renew(ctx context.Context, held driver.Lease, now, exp time.Time) (bool, error) {
 	if err := c.write(held.Owner); err != nil {
 		return false, err
 	}
-	return c.Store.Renew(ctx, held, now, exp)
+	return c.memDriver.Renew(ctx, held, now, exp)
 }
+
+func (c *crashAfter) Driver() driver.Store { return c }
 
 // A relay that dies at any point of a round (before, between or after its renewals,
 // before or after its heartbeat) loses each bucket to a peer within 1.05 ×
@@ -113,7 +116,7 @@ func TestCrashAtAnyPointOfARoundHandsOverWithinTheLease(t *testing.T) {
 	for n := 0; n <= renewals+1; n++ {
 		t.Run(fmt.Sprintf("dies after %d writes", n), func(t *testing.T) {
 			f := newFleet(t, 8)
-			crash := &crashAfter{Store: f.store, n: 1 << 30}
+			crash := &crashAfter{memDriver: relaySide(f.store), n: 1 << 30}
 			mk := func(id string) *Relay {
 				d, err := New(crash, outboxtest.NewRecorder(), Config{RelayID: id, LeaseDuration: testLD,
 					LeaseRenewInterval: testRI, Logger: quietLogger(), Now: f.clock.Now})
@@ -140,7 +143,7 @@ func TestCrashAtAnyPointOfARoundHandsOverWithinTheLease(t *testing.T) {
 			} else {
 				require.NoError(t, err, "dies right after its heartbeat")
 			}
-			view, err := f.store.ReadCoordination(ctx)
+			view, err := f.store.Driver().ReadCoordination(ctx)
 			require.NoError(t, err)
 			deadline := map[int]time.Time{}
 			for _, l := range view.Leases {

@@ -5,11 +5,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // brokerHealth tracks whether this relay can reach its broker, for transports that
-// implement [outbox.Pinger]. Without one the relay cannot tell a broker it cannot
+// implement [driver.Pinger]. Without one the relay cannot tell a broker it cannot
 // reach from messages the broker refuses, and tracks nothing.
 //
 // A publish call that the broker acknowledged nothing of, with no permanent failure,
@@ -21,7 +21,7 @@ import (
 // MaxAttempts is rescheduled, not parked: a relay cut off from its broker parks
 // nothing that a peer could deliver.
 type brokerHealth struct {
-	pinger outbox.Pinger
+	pinger driver.Pinger
 	// cache bounds pings to one per cache interval; timeout bounds one ping.
 	cache, timeout time.Duration
 
@@ -86,17 +86,17 @@ func (h *brokerHealth) ping(ctx context.Context) error {
 // and waits, pinging every PollInterval, until it can. It reports false if the worker
 // was asked to stop meanwhile.
 func (d *Relay) stepAside(ctx context.Context) bool {
-	d.log.Warn("dispatcher: the broker has been unreachable for longer than a lease; handing this relay's buckets to peers until it answers",
+	d.log.Warn("relay: the broker has been unreachable for longer than a lease; handing this relay's buckets to peers until it answers",
 		"lease_duration", d.cfg.LeaseDuration)
 	if err := d.resign(ctx); err != nil && ctx.Err() == nil {
-		d.log.Warn("dispatcher: handing buckets back failed; they lapse after LeaseDuration", "error", err)
+		d.log.Warn("relay: handing buckets back failed; they lapse after LeaseDuration", "error", err)
 	}
 	for {
 		if !d.sleep(ctx, d.cfg.PollInterval) {
 			return false
 		}
 		if d.health.ping(ctx) == nil {
-			d.log.Info("dispatcher: the broker answers again; rejoining the fleet")
+			d.log.Info("relay: the broker answers again; rejoining the fleet")
 			return true
 		}
 	}

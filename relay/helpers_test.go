@@ -11,9 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/store/memstore"
 )
@@ -57,6 +59,24 @@ func newStore(t *testing.T, buckets int) *memstore.Store {
 	return s
 }
 
+// memDriver is the memory store's relay side with the optional capabilities it
+// offers, for test wrappers that override some calls and keep the rest.
+type memDriver interface {
+	driver.Store
+	driver.Admin
+	driver.Finder
+	driver.Retainer
+	driver.Notifier
+}
+
+// relaySide returns s's relay side with its optional capabilities.
+func relaySide(s *memstore.Store) memDriver { return s.Driver().(memDriver) }
+
+// find looks id up on s's relay side.
+func find(ctx context.Context, s *memstore.Store, id uuid.UUID) (*driver.Envelope, error) {
+	return relaySide(s).Find(ctx, id)
+}
+
 // testConfig is a config on the fake clock with jitter off.
 func testConfig(c *clock, id string) Config {
 	return Config{
@@ -69,7 +89,7 @@ func testConfig(c *clock, id string) Config {
 	}
 }
 
-func newDispatcher(t *testing.T, store outbox.DispatchStore, tr outbox.Transport, cfg Config) *Relay {
+func newDispatcher(t *testing.T, store driver.Handle, tr driver.Transport, cfg Config) *Relay {
 	t.Helper()
 	d, err := New(store, tr, cfg)
 	require.NoError(t, err)
@@ -77,11 +97,12 @@ func newDispatcher(t *testing.T, store outbox.DispatchStore, tr outbox.Transport
 }
 
 // enqueue writes n messages with key (nil for keyless) and returns them in order.
-func enqueue(t *testing.T, store outbox.Store, key []byte, n int) []*outbox.Envelope {
+func enqueue(t *testing.T, handle driver.Handle, key []byte, n int) []*driver.Envelope {
 	t.Helper()
-	envs := make([]*outbox.Envelope, n)
+	store := handle.Driver()
+	envs := make([]*driver.Envelope, n)
 	for i := range envs {
-		env, err := outbox.NewEnvelope(outbox.Message{
+		env, err := driver.NewEnvelope(outbox.Message{
 			Topic:   "orders",
 			Key:     key,
 			Payload: fmt.Appendf(nil, "%s-%d", key, i),
@@ -95,7 +116,7 @@ func enqueue(t *testing.T, store outbox.Store, key []byte, n int) []*outbox.Enve
 
 func pending(t *testing.T, s *memstore.Store) int {
 	t.Helper()
-	st, err := s.Stats(context.Background())
+	st, err := relaySide(s).Stats(context.Background())
 	require.NoError(t, err)
 	total := 0
 	for _, n := range st.Pending {
@@ -105,7 +126,7 @@ func pending(t *testing.T, s *memstore.Store) int {
 }
 
 // idsOf returns the IDs of envs.
-func idsOf(envs []*outbox.Envelope) []string {
+func idsOf(envs []*driver.Envelope) []string {
 	out := make([]string, len(envs))
 	for i, e := range envs {
 		out[i] = e.ID.String()

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // deadRelayFactor: a relay record that has not been seen for this many lease
@@ -24,7 +25,7 @@ func storeErr(ctx context.Context, err error, format string, args ...any) error 
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		return ctxErr
 	}
-	return fmt.Errorf("dispatcher: "+format+": %w", append(args, err)...)
+	return fmt.Errorf("relay: "+format+": %w", append(args, err)...)
 }
 
 func (d *Relay) params() planParams {
@@ -71,9 +72,9 @@ func (d *Relay) coordinate(ctx context.Context) (leasePlan, error) {
 		// Stop, but leave a heartbeat with this relay's count first, so the peer
 		// stops as well whichever of the two sorts first.
 		if _, err := d.store.Heartbeat(ctx, self, start, d.cfg.BucketCount); err != nil {
-			d.log.Warn("dispatcher: could not record this relay's bucket count for its peers", "error", err)
+			d.log.Warn("relay: could not record this relay's bucket count for its peers", "error", err)
 		}
-		return plan, countMismatch{fmt.Errorf("%w: dispatcher: relay %q runs with %d buckets and this relay %q with %d buckets; every writer, store and relay must use one count",
+		return plan, countMismatch{fmt.Errorf("%w: relay: relay %q runs with %d buckets and this relay %q with %d buckets; every writer, store and relay must use one count",
 			outbox.ErrMisconfigured, m.ID, m.BucketCount, self, d.cfg.BucketCount)}
 	}
 
@@ -86,7 +87,7 @@ func (d *Relay) coordinate(ctx context.Context) (leasePlan, error) {
 		}
 	}
 	for b := range d.handing {
-		if !slices.ContainsFunc(plan.Release, func(l outbox.Lease) bool { return l.Bucket == b }) {
+		if !slices.ContainsFunc(plan.Release, func(l driver.Lease) bool { return l.Bucket == b }) {
 			delete(d.handing, b)
 		}
 	}
@@ -95,7 +96,7 @@ func (d *Relay) coordinate(ctx context.Context) (leasePlan, error) {
 		d.mu.Lock()
 		delete(d.leases, l.Bucket)
 		d.mu.Unlock()
-		d.log.Warn("dispatcher: not renewing a lease whose stored expiry is later than this host's clock allows (clock set back?); publishing nothing from it until the clock passes the expiry",
+		d.log.Warn("relay: not renewing a lease whose stored expiry is later than this host's clock allows (clock set back?); publishing nothing from it until the clock passes the expiry",
 			"bucket", l.Bucket, "expires", l.ExpiresAt, "now", start)
 	}
 
@@ -133,7 +134,7 @@ func (d *Relay) heartbeat(ctx context.Context, at time.Time) error {
 		return nil
 	}
 	d.refuse(ctx, "heartbeat")
-	d.log.Warn("dispatcher: heartbeat refused: the stored heartbeat is later than this host's clock (clock set back?); claiming nothing until the clock catches up")
+	d.log.Warn("relay: heartbeat refused: the stored heartbeat is later than this host's clock (clock set back?); claiming nothing until the clock catches up")
 	return nil
 }
 
@@ -162,7 +163,7 @@ func (d *Relay) concurrently(ctx context.Context, writes []func(context.Context)
 // renew extends a lease this relay keeps. The write reads the clock as it is sent: a
 // round slowed past a lease's expiry must not revive that lease with a renewal dated
 // at the round's start.
-func (d *Relay) renew(ctx context.Context, l outbox.Lease) error {
+func (d *Relay) renew(ctx context.Context, l driver.Lease) error {
 	at := d.now()
 	exp := at.Add(d.cfg.LeaseDuration)
 	ok, err := d.store.Renew(ctx, l, at, exp)
@@ -171,7 +172,7 @@ func (d *Relay) renew(ctx context.Context, l outbox.Lease) error {
 	}
 	d.mu.Lock()
 	if ok {
-		d.leases[l.Bucket] = outbox.Lease{Bucket: l.Bucket, Owner: l.Owner, ExpiresAt: exp}
+		d.leases[l.Bucket] = driver.Lease{Bucket: l.Bucket, Owner: l.Owner, ExpiresAt: exp}
 	} else {
 		delete(d.leases, l.Bucket)
 		delete(d.handing, l.Bucket)
@@ -179,7 +180,7 @@ func (d *Relay) renew(ctx context.Context, l outbox.Lease) error {
 	d.mu.Unlock()
 	if !ok {
 		d.refuse(ctx, "renew")
-		d.log.Warn("dispatcher: lease renewal refused; the bucket moved to a peer", "bucket", l.Bucket)
+		d.log.Warn("relay: lease renewal refused; the bucket moved to a peer", "bucket", l.Bucket)
 	}
 	return nil
 }
@@ -188,7 +189,7 @@ func (d *Relay) renew(ctx context.Context, l outbox.Lease) error {
 // flight is not waited for: it publishes nothing new, is renewed meanwhile, and is
 // released by a round soon after the drain ends, so a slow publish never delays the
 // round's other writes.
-func (d *Relay) handBack(ctx context.Context, l outbox.Lease) error {
+func (d *Relay) handBack(ctx context.Context, l driver.Lease) error {
 	select {
 	case d.bucketLocks[l.Bucket] <- struct{}{}:
 	default:
@@ -209,7 +210,7 @@ func (d *Relay) handBack(ctx context.Context, l outbox.Lease) error {
 	if !ok {
 		d.refuse(ctx, "release")
 	}
-	d.log.Debug("dispatcher: handed back a bucket above fair share", "bucket", l.Bucket)
+	d.log.Debug("relay: handed back a bucket above fair share", "bucket", l.Bucket)
 	return nil
 }
 
@@ -224,26 +225,26 @@ func (d *Relay) claim(ctx context.Context, b int) error {
 	}
 	if !ok {
 		d.refuse(ctx, "claim")
-		d.log.Info("dispatcher: claim refused; a peer took the bucket first", "bucket", b)
+		d.log.Info("relay: claim refused; a peer took the bucket first", "bucket", b)
 		return nil
 	}
 	d.mu.Lock()
-	d.leases[b] = outbox.Lease{Bucket: b, Owner: d.cfg.RelayID, ExpiresAt: exp}
+	d.leases[b] = driver.Lease{Bucket: b, Owner: d.cfg.RelayID, ExpiresAt: exp}
 	d.mu.Unlock()
 	return nil
 }
 
 // heldInView reports whether view still shows l as this relay's lease with the same
 // expiry.
-func heldInView(view outbox.Coordination, l outbox.Lease) bool {
-	i, ok := slices.BinarySearchFunc(view.Leases, l.Bucket, func(x outbox.Lease, b int) int { return x.Bucket - b })
+func heldInView(view driver.Coordination, l driver.Lease) bool {
+	i, ok := slices.BinarySearchFunc(view.Leases, l.Bucket, func(x driver.Lease, b int) int { return x.Bucket - b })
 	return ok && view.Leases[i].Owner == l.Owner && view.Leases[i].ExpiresAt.Equal(l.ExpiresAt)
 }
 
 // removeStaleRelays deletes relay records stopped more than one LeaseDuration ago,
 // and records unseen for ten. Only the active relay with the smallest ID does it, so
 // peers do not race for the same conditional deletes.
-func (d *Relay) removeStaleRelays(ctx context.Context, view outbox.Coordination, now time.Time) error {
+func (d *Relay) removeStaleRelays(ctx context.Context, view driver.Coordination, now time.Time) error {
 	self := d.cfg.RelayID
 	for _, r := range view.Relays {
 		if !r.Stopped() && now.Sub(r.LastSeen) < d.cfg.LeaseDuration {
@@ -326,5 +327,5 @@ func (d *Relay) resign(ctx context.Context) error {
 			return err
 		}
 	}
-	return fmt.Errorf("dispatcher: leases still name relay %q after %d releases; they will lapse", self, resignRereads)
+	return fmt.Errorf("relay: leases still name relay %q after %d releases; they will lapse", self, resignRereads)
 }

@@ -11,7 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/store/memstore"
 )
@@ -38,7 +38,7 @@ func (f *fleet) add(id string) *Relay {
 }
 
 // addWith adds a relay that publishes through tr.
-func (f *fleet) addWith(id string, tr outbox.Transport) *Relay {
+func (f *fleet) addWith(id string, tr driver.Transport) *Relay {
 	f.t.Helper()
 	skew := new(time.Duration)
 	f.skew[id] = skew
@@ -103,7 +103,7 @@ func (f *fleet) refused(ids ...string) int64 {
 }
 
 func (f *fleet) owners() map[int]string {
-	view, err := f.store.ReadCoordination(context.Background())
+	view, err := f.store.Driver().ReadCoordination(context.Background())
 	require.NoError(f.t, err)
 	out := map[int]string{}
 	for _, l := range view.Leases {
@@ -183,7 +183,7 @@ func TestGracefulStopHandsBucketsOverNextRound(t *testing.T) {
 	// The stopped record goes one lease duration later.
 	f.clock.Advance(testLD)
 	f.round("a", "b")
-	view, err := f.store.ReadCoordination(context.Background())
+	view, err := f.store.Driver().ReadCoordination(context.Background())
 	require.NoError(t, err)
 	for _, r := range view.Relays {
 		require.NotEqual(t, "c", r.ID)
@@ -231,7 +231,7 @@ func TestCrashedRelayLosesBucketsOnlyAfterTheLease(t *testing.T) {
 		f.clock.Advance(testLD)
 		f.round("a", "b")
 	}
-	view, err := f.store.ReadCoordination(context.Background())
+	view, err := f.store.Driver().ReadCoordination(context.Background())
 	require.NoError(t, err)
 	require.Len(t, view.Relays, 2)
 }
@@ -407,17 +407,17 @@ func TestStandbysWhenRelaysOutnumberBuckets(t *testing.T) {
 	require.False(t, far.skipRound())
 }
 
-var _ outbox.Leaser = (*memstore.Store)(nil)
+var _ driver.Handle = (*stallingStore)(nil)
 
 // stallingStore runs a hook after a read, as if the relay stalled between reading
 // the leases and sending its renewals.
 type stallingStore struct {
-	*memstore.Store
+	memDriver
 	afterRead func()
 }
 
-func (s *stallingStore) ReadCoordination(ctx context.Context) (outbox.Coordination, error) {
-	view, err := s.Store.ReadCoordination(ctx)
+func (s *stallingStore) ReadCoordination(ctx context.Context) (driver.Coordination, error) {
+	view, err := s.memDriver.ReadCoordination(ctx)
 	if s.afterRead != nil {
 		hook := s.afterRead
 		s.afterRead = nil
@@ -426,12 +426,14 @@ func (s *stallingStore) ReadCoordination(ctx context.Context) (outbox.Coordinati
 	return view, err
 }
 
+func (s *stallingStore) Driver() driver.Store { return s }
+
 func TestInFlightRenewalAfterAStallIsRefused(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	f := newFleet(t, 4)
 	f.add("b")
-	stalling := &stallingStore{Store: f.store}
+	stalling := &stallingStore{memDriver: relaySide(f.store)}
 	cfg := Config{RelayID: "a", LeaseDuration: testLD, LeaseRenewInterval: testRI,
 		Logger: quietLogger(), Now: f.clock.Now}
 	a, err := New(stalling, outboxtest.NewRecorder(), cfg)
@@ -463,7 +465,7 @@ func TestRenewalOfALeaseThatLapsedDuringTheRoundIsRefused(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	f := newFleet(t, 2)
-	stalling := &stallingStore{Store: f.store}
+	stalling := &stallingStore{memDriver: relaySide(f.store)}
 	cfg := Config{RelayID: "a", LeaseDuration: testLD, LeaseRenewInterval: testRI,
 		Logger: quietLogger(), Now: f.clock.Now}
 	a, err := New(stalling, outboxtest.NewRecorder(), cfg)
@@ -471,7 +473,7 @@ func TestRenewalOfALeaseThatLapsedDuringTheRoundIsRefused(t *testing.T) {
 	f.relays["a"] = a
 	f.round("a")
 	require.Equal(t, []int{0, 1}, a.Owned())
-	before, err := f.store.ReadCoordination(ctx)
+	before, err := f.store.Driver().ReadCoordination(ctx)
 	require.NoError(t, err)
 
 	// A round later "a" reads, then stalls past its leases before renewing; nobody
@@ -482,7 +484,7 @@ func TestRenewalOfALeaseThatLapsedDuringTheRoundIsRefused(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 2, a.Stats().RefusedWrites, "both renewals of lapsed leases are refused")
 	require.Empty(t, a.Owned(), "a relay publishes nothing from a lease that lapsed")
-	after, err := f.store.ReadCoordination(ctx)
+	after, err := f.store.Driver().ReadCoordination(ctx)
 	require.NoError(t, err)
 	require.Equal(t, before.Leases, after.Leases, "the lapsed leases were not revived")
 

@@ -10,12 +10,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/store/memstore"
 )
 
 // logged is a relay on the fake clock over a store of two buckets, logging into a
 // sink, publishing through a recorder.
-func logged(t *testing.T, tune func(*Config)) (*clock, outbox.Store, *outboxtest.Recorder, *logSink, *Relay) {
+func logged(t *testing.T, tune func(*Config)) (*clock, *memstore.Store, *outboxtest.Recorder, *logSink, *Relay) {
 	t.Helper()
 	c := newClock()
 	store := newStore(t, 2)
@@ -30,10 +32,11 @@ func logged(t *testing.T, tune func(*Config)) (*clock, outbox.Store, *outboxtest
 }
 
 // enqueueIn writes one message whose key, named after name, lands in bucket b.
-func enqueueIn(t *testing.T, store outbox.Store, name string, b int) *outbox.Envelope {
+func enqueueIn(t *testing.T, handle driver.Handle, name string, b int) *driver.Envelope {
 	t.Helper()
+	store := handle.Driver()
 	for i := 0; ; i++ {
-		env, err := outbox.NewEnvelope(outbox.Message{Topic: "orders", Key: fmt.Appendf(nil, "%s-%d", name, i), Payload: []byte("x")}, store.BucketCount())
+		env, err := driver.NewEnvelope(outbox.Message{Topic: "orders", Key: fmt.Appendf(nil, "%s-%d", name, i), Payload: []byte("x")}, store.BucketCount())
 		require.NoError(t, err)
 		if env.Bucket == b {
 			require.NoError(t, store.Enqueue(context.Background(), env))
@@ -128,9 +131,9 @@ func TestPermanentFailureParksWithAWarning(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	_, store, rec, sink, d := logged(t, nil)
-	envs := []*outbox.Envelope{enqueueIn(t, store, "a", 0), enqueueIn(t, store, "b", 0)}
+	envs := []*driver.Envelope{enqueueIn(t, store, "a", 0), enqueueIn(t, store, "b", 0)}
 	for _, e := range envs {
-		rec.FailID(e.ID, outbox.Permanent(errBroker), 1)
+		rec.FailID(e.ID, driver.Permanent(errBroker), 1)
 	}
 
 	res, err := d.RunOnce(ctx)

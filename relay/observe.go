@@ -4,17 +4,17 @@ import (
 	"context"
 	"time"
 
-	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
-// Observer receives the dispatcher's measurements as they happen, for metrics. Set
-// one in [Config.Observer]; without one the dispatcher measures nothing beyond its
+// Observer receives the relay's measurements as they happen, for metrics. Set
+// one in [Config.Observer]; without one the relay measures nothing beyond its
 // own counters ([Relay.Stats]) and pays nothing for it.
 //
-// The dispatcher calls the observer synchronously from its drains and rounds, often
+// The relay calls the observer synchronously from its drains and rounds, often
 // from several goroutines at once: methods must be safe for concurrent use, return
 // quickly and never block (record into instruments; do not do I/O). The envelopes
-// passed in belong to the dispatcher: read them during the call, never keep or change
+// passed in belong to the relay: read them during the call, never keep or change
 // them. An observer that turns topics into metric attributes must bound their number
 // itself (the OpenTelemetry observer in package outboxotel does).
 //
@@ -27,16 +27,16 @@ type Observer interface {
 	// message's end-to-end lag, capture to broker acknowledgement. A call abandoned
 	// because the relay stops or its lease ran out is reported with acked empty and
 	// err set.
-	Published(ctx context.Context, batch, acked []*outbox.Envelope, start time.Time, took time.Duration, err error)
+	Published(ctx context.Context, batch, acked []*driver.Envelope, start time.Time, took time.Duration, err error)
 	// Completed reports envelopes the store forgot (deleted, or marked dispatched with
 	// retention) after the broker acknowledged them: [Stats.Published] counts them.
-	Completed(ctx context.Context, envs []*outbox.Envelope)
+	Completed(ctx context.Context, envs []*driver.Envelope)
 	// Retried reports an envelope rescheduled after a failed attempt (its attempts
 	// count after the failure, and the cause).
-	Retried(ctx context.Context, env *outbox.Envelope, attempts int, cause string)
+	Retried(ctx context.Context, env *driver.Envelope, attempts int, cause string)
 	// Parked reports an envelope parked: permanent if its failure was marked
-	// [outbox.Permanent], otherwise it ran out of attempts.
-	Parked(ctx context.Context, env *outbox.Envelope, permanent bool, cause string)
+	// [driver.Permanent], otherwise it ran out of attempts.
+	Parked(ctx context.Context, env *driver.Envelope, permanent bool, cause string)
 	// RetentionDeleted reports n dispatched envelopes deleted by retention cleanup.
 	RetentionDeleted(ctx context.Context, n int)
 	// RefusedWrite reports one conditional write the store refused; op is one of
@@ -49,22 +49,22 @@ type Observer interface {
 	Round(ctx context.Context, owned int, standby bool, err error)
 	// Backlog reports a backlog sample, taken by the relay that holds bucket 0 every
 	// [Config.BacklogInterval]: see [Stats.Backlog].
-	Backlog(ctx context.Context, sample outbox.Stats, at time.Time)
+	Backlog(ctx context.Context, sample driver.Backlog, at time.Time)
 }
 
 // NopObserver implements [Observer] and does nothing. Embed it in an observer that
 // implements only some methods.
 type NopObserver struct{}
 
-func (NopObserver) Published(context.Context, []*outbox.Envelope, []*outbox.Envelope, time.Time, time.Duration, error) {
+func (NopObserver) Published(context.Context, []*driver.Envelope, []*driver.Envelope, time.Time, time.Duration, error) {
 }
-func (NopObserver) Completed(context.Context, []*outbox.Envelope)          {}
-func (NopObserver) Retried(context.Context, *outbox.Envelope, int, string) {}
-func (NopObserver) Parked(context.Context, *outbox.Envelope, bool, string) {}
+func (NopObserver) Completed(context.Context, []*driver.Envelope)          {}
+func (NopObserver) Retried(context.Context, *driver.Envelope, int, string) {}
+func (NopObserver) Parked(context.Context, *driver.Envelope, bool, string) {}
 func (NopObserver) RetentionDeleted(context.Context, int)                  {}
 func (NopObserver) RefusedWrite(context.Context, string)                   {}
 func (NopObserver) Round(context.Context, int, bool, error)                {}
-func (NopObserver) Backlog(context.Context, outbox.Stats, time.Time)       {}
+func (NopObserver) Backlog(context.Context, driver.Backlog, time.Time)     {}
 
 var _ Observer = NopObserver{}
 
@@ -78,7 +78,7 @@ func (d *Relay) refuse(ctx context.Context, op string) {
 
 // observeAbandoned reports a publish abandoned because the relay stops or the
 // bucket's lease ran out.
-func (d *Relay) observeAbandoned(ctx context.Context, batch []*outbox.Envelope, start time.Time, took time.Duration, err error) {
+func (d *Relay) observeAbandoned(ctx context.Context, batch []*driver.Envelope, start time.Time, took time.Duration, err error) {
 	if d.obs != nil {
 		d.obs.Published(ctx, batch, nil, start, took, err)
 	}

@@ -8,8 +8,9 @@ import (
 	"sync"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/memstore"
 )
 
@@ -21,7 +22,7 @@ type topicCounter struct {
 	counts map[string]int
 }
 
-func (c *topicCounter) Completed(_ context.Context, envs []*outbox.Envelope) {
+func (c *topicCounter) Completed(_ context.Context, envs []*driver.Envelope) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, e := range envs {
@@ -34,8 +35,7 @@ func ExampleObserver() {
 	store, _ := memstore.New(memstore.Config{})
 	defer store.Close()
 	for _, topic := range []string{"orders", "invoices", "orders"} {
-		env, _ := outbox.NewEnvelope(outbox.Message{Topic: topic, Payload: []byte("x")}, store.BucketCount())
-		_ = store.Enqueue(ctx, env)
+		_ = store.Enqueue(ctx, outbox.Message{Topic: topic, Payload: []byte("x")})
 	}
 
 	counter := &topicCounter{counts: map[string]int{}}

@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
 )
 
@@ -20,11 +20,11 @@ type countingObserver struct {
 	publishCalls, acked, completed     int
 	retried, parked, permanent, rounds int
 	lags                               []time.Duration
-	samples                            []outbox.Stats
+	samples                            []driver.Backlog
 	lastOwned                          int
 }
 
-func (o *countingObserver) Published(_ context.Context, batch, acked []*outbox.Envelope, start time.Time, took time.Duration, _ error) {
+func (o *countingObserver) Published(_ context.Context, batch, acked []*driver.Envelope, start time.Time, took time.Duration, _ error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.publishCalls++
@@ -34,19 +34,19 @@ func (o *countingObserver) Published(_ context.Context, batch, acked []*outbox.E
 	}
 }
 
-func (o *countingObserver) Completed(_ context.Context, envs []*outbox.Envelope) {
+func (o *countingObserver) Completed(_ context.Context, envs []*driver.Envelope) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.completed += len(envs)
 }
 
-func (o *countingObserver) Retried(context.Context, *outbox.Envelope, int, string) {
+func (o *countingObserver) Retried(context.Context, *driver.Envelope, int, string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.retried++
 }
 
-func (o *countingObserver) Parked(_ context.Context, _ *outbox.Envelope, permanent bool, _ string) {
+func (o *countingObserver) Parked(_ context.Context, _ *driver.Envelope, permanent bool, _ string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.parked++
@@ -64,7 +64,7 @@ func (o *countingObserver) Round(_ context.Context, owned int, _ bool, err error
 	}
 }
 
-func (o *countingObserver) Backlog(_ context.Context, st outbox.Stats, _ time.Time) {
+func (o *countingObserver) Backlog(_ context.Context, st driver.Backlog, _ time.Time) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.samples = append(o.samples, st)
@@ -76,7 +76,7 @@ func (o *countingObserver) snapshot() countingObserver {
 	return countingObserver{
 		publishCalls: o.publishCalls, acked: o.acked, completed: o.completed,
 		retried: o.retried, parked: o.parked, permanent: o.permanent, rounds: o.rounds,
-		lags: append([]time.Duration(nil), o.lags...), samples: append([]outbox.Stats(nil), o.samples...),
+		lags: append([]time.Duration(nil), o.lags...), samples: append([]driver.Backlog(nil), o.samples...),
 		lastOwned: o.lastOwned,
 	}
 }
@@ -95,7 +95,7 @@ func TestObserverSeesEveryOutcome(t *testing.T) {
 	failing := enqueue(t, store, []byte("bad"), 1)
 	permanent := enqueue(t, store, []byte("worse"), 1)
 	rec.FailID(failing[0].ID, errors.New("broker said no"), -1)
-	rec.FailID(permanent[0].ID, outbox.Permanent(errors.New("too large")), -1)
+	rec.FailID(permanent[0].ID, driver.Permanent(errors.New("too large")), -1)
 
 	require.NoError(t, d.Start(ctx))
 	waitFor(t, "everything published or parked", func() bool {
@@ -127,7 +127,7 @@ func TestBacklogSampledByTheOwnerOfBucketZero(t *testing.T) {
 	store := newStore(t, 4)
 	rec := outboxtest.NewRecorder()
 	// Hold every publish back, so the backlog stays where it is.
-	rec.FailWhen(func(*outbox.Envelope) error { return errors.New("broker down") })
+	rec.FailWhen(func(*driver.Envelope) error { return errors.New("broker down") })
 	obs := &countingObserver{}
 	cfg := workerConfig("sampler")
 	cfg.Observer = obs
@@ -161,10 +161,10 @@ func TestBacklogNotSampledWithoutBucketZero(t *testing.T) {
 	store := newStore(t, 2)
 	// A peer holds bucket 0 for the whole test.
 	now := time.Now()
-	ok, err := store.Claim(ctx, 0, "peer", now, now.Add(time.Hour))
+	ok, err := store.Driver().Claim(ctx, 0, "peer", now, now.Add(time.Hour))
 	require.NoError(t, err)
 	require.True(t, ok)
-	_, err = store.Heartbeat(ctx, "peer", now.Add(time.Hour), 2)
+	_, err = store.Driver().Heartbeat(ctx, "peer", now.Add(time.Hour), 2)
 	require.NoError(t, err)
 
 	obs := &countingObserver{}

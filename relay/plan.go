@@ -5,7 +5,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // planParams are the settings every relay of a fleet must share for their plans to
@@ -25,14 +25,14 @@ type planParams struct {
 type leasePlan struct {
 	// Renew lists the leases the relay holds and keeps; it extends each under the
 	// expiry it read.
-	Renew []outbox.Lease
+	Renew []driver.Lease
 	// Hold lists leases the relay holds and keeps but cannot renew, because its clock
 	// is behind their stored expiry (a renewal would move the expiry backwards). It
 	// publishes nothing from them until its clock passes the stored expiry.
-	Hold []outbox.Lease
+	Hold []driver.Lease
 	// Release lists the leases the relay hands back because it holds more than its
 	// share, buckets outside its assigned range first.
-	Release []outbox.Lease
+	Release []driver.Lease
 	// Claim lists the free buckets the relay takes, in bucket order.
 	Claim []int
 	// Share is the relay's fair share of the buckets.
@@ -57,7 +57,7 @@ type leasePlan struct {
 	// peer's lease or heartbeat lapses, or a stopping peer's hold ends. Zero: none.
 	NextChange time.Time
 	// Mismatch names an active peer that runs with another bucket count, if any.
-	Mismatch *outbox.RelayRecord
+	Mismatch *driver.RelayRecord
 }
 
 // owns reports whether the plan leaves the relay holding bucket after the round, if
@@ -103,7 +103,7 @@ func (p leasePlan) owns(bucket int) bool {
 //   - A relay whose stored heartbeat is later than now (its clock was set back)
 //     claims nothing, and does not renew a lease whose expiry is later than
 //     now+LeaseDuration.
-func planRound(view outbox.Coordination, self string, now time.Time, p planParams) leasePlan {
+func planRound(view driver.Coordination, self string, now time.Time, p planParams) leasePlan {
 	n := p.BucketCount
 	plan := leasePlan{StandbyRank: -1}
 	if n < 1 {
@@ -146,7 +146,7 @@ func planRound(view outbox.Coordination, self string, now time.Time, p planParam
 	plan.Active = len(active)
 
 	// Per bucket: who validly holds it, and which buckets are free.
-	leases := make([]outbox.Lease, n)
+	leases := make([]driver.Lease, n)
 	leased := make([]bool, n)
 	for _, l := range view.Leases {
 		if l.Bucket < 0 || l.Bucket >= n {
@@ -157,7 +157,7 @@ func planRound(view outbox.Coordination, self string, now time.Time, p planParam
 	}
 	held := make(map[string][]int, len(active))
 	var free []int
-	var selfHeld []outbox.Lease
+	var selfHeld []driver.Lease
 	hold := false
 	for b := range n {
 		l := leases[b]

@@ -10,7 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 const (
@@ -22,15 +22,15 @@ var epoch = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 
 // randomView builds a random membership and lease state: relays active, stopped or
 // dead; leases absent, free, held (validly or lapsed) by known or unknown relays.
-func randomView(rng *rand.Rand, now time.Time) (outbox.Coordination, int) {
+func randomView(rng *rand.Rand, now time.Time) (driver.Coordination, int) {
 	n := 1 + rng.IntN(16)
 	k := rng.IntN(20)
-	var view outbox.Coordination
+	var view driver.Coordination
 	var ids []string
 	for i := range k {
 		id := fmt.Sprintf("relay-%02d", i)
 		ids = append(ids, id)
-		r := outbox.RelayRecord{ID: id}
+		r := driver.RelayRecord{ID: id}
 		switch rng.IntN(6) {
 		case 0: // stopped
 			r.LastSeen = now.Add(-time.Duration(rng.Int64N(int64(2 * testLD))))
@@ -47,7 +47,7 @@ func randomView(rng *rand.Rand, now time.Time) (outbox.Coordination, int) {
 		case 0: // never leased
 			continue
 		case 1:
-			view.Leases = append(view.Leases, outbox.Lease{Bucket: b, ExpiresAt: now.Add(-time.Second)})
+			view.Leases = append(view.Leases, driver.Lease{Bucket: b, ExpiresAt: now.Add(-time.Second)})
 		default:
 			owner := "ghost"
 			if len(ids) > 0 && rng.IntN(6) > 0 {
@@ -57,13 +57,13 @@ func randomView(rng *rand.Rand, now time.Time) (outbox.Coordination, int) {
 			if rng.IntN(4) == 0 {
 				exp = now.Add(-time.Duration(rng.Int64N(int64(testLD))))
 			}
-			view.Leases = append(view.Leases, outbox.Lease{Bucket: b, Owner: owner, ExpiresAt: exp})
+			view.Leases = append(view.Leases, driver.Lease{Bucket: b, Owner: owner, ExpiresAt: exp})
 		}
 	}
 	return view, n
 }
 
-func relayIDs(view outbox.Coordination) []string {
+func relayIDs(view driver.Coordination) []string {
 	var ids []string
 	for _, r := range view.Relays {
 		ids = append(ids, r.ID)
@@ -80,13 +80,13 @@ func params(n int) planParams {
 	return planParams{BucketCount: n, LeaseDuration: testLD, StopHold: testRI}
 }
 
-func leaseOf(view outbox.Coordination, b int) (outbox.Lease, bool) {
+func leaseOf(view driver.Coordination, b int) (driver.Lease, bool) {
 	for _, l := range view.Leases {
 		if l.Bucket == b {
 			return l, true
 		}
 	}
-	return outbox.Lease{}, false
+	return driver.Lease{}, false
 }
 
 func TestPlanEveryBucketAtMostOneOwner(t *testing.T) {
@@ -128,7 +128,7 @@ func TestPlanIsDeterministic(t *testing.T) {
 		for _, id := range relayIDs(view) {
 			a := planRound(view, id, now, params(n))
 			// The same view in another order is the same input.
-			shuffled := outbox.Coordination{Leases: slices.Clone(view.Leases), Relays: slices.Clone(view.Relays)}
+			shuffled := driver.Coordination{Leases: slices.Clone(view.Leases), Relays: slices.Clone(view.Relays)}
 			rng.Shuffle(len(shuffled.Relays), func(i, j int) {
 				shuffled.Relays[i], shuffled.Relays[j] = shuffled.Relays[j], shuffled.Relays[i]
 			})
@@ -199,7 +199,7 @@ func TestPlanClockSetBackClaimsNothing(t *testing.T) {
 		self := "relay-self"
 		// The stored heartbeat is ahead of this relay's clock.
 		ahead := time.Duration(1+rng.Int64N(int64(testLD))) * time.Nanosecond
-		view.Relays = append(view.Relays, outbox.RelayRecord{ID: self, LastSeen: now.Add(ahead)})
+		view.Relays = append(view.Relays, driver.RelayRecord{ID: self, LastSeen: now.Add(ahead)})
 		// Some of its leases were renewed before the clock went back.
 		for i := range view.Leases {
 			if rng.IntN(3) == 0 {
@@ -219,13 +219,13 @@ func TestPlanClockSetBackClaimsNothing(t *testing.T) {
 // model applies plans to leases as a store would, conditionally, and counts refusals.
 type model struct {
 	n       int
-	leases  map[int]outbox.Lease
-	relays  map[string]outbox.RelayRecord
+	leases  map[int]driver.Lease
+	relays  map[string]driver.RelayRecord
 	refused int
 }
 
-func (m *model) view() outbox.Coordination {
-	var v outbox.Coordination
+func (m *model) view() driver.Coordination {
+	var v driver.Coordination
 	for b := range m.n {
 		if l, ok := m.leases[b]; ok {
 			v.Leases = append(v.Leases, l)
@@ -234,7 +234,7 @@ func (m *model) view() outbox.Coordination {
 	for _, r := range m.relays {
 		v.Relays = append(v.Relays, r)
 	}
-	slices.SortFunc(v.Relays, func(a, b outbox.RelayRecord) int {
+	slices.SortFunc(v.Relays, func(a, b driver.RelayRecord) int {
 		if a.ID < b.ID {
 			return -1
 		}
@@ -254,7 +254,7 @@ func (m *model) apply(id string, p leasePlan, now time.Time) {
 			m.refused++
 			continue
 		}
-		m.leases[l.Bucket] = outbox.Lease{Bucket: l.Bucket, Owner: id, ExpiresAt: exp}
+		m.leases[l.Bucket] = driver.Lease{Bucket: l.Bucket, Owner: id, ExpiresAt: exp}
 	}
 	for _, l := range p.Release {
 		s := m.leases[l.Bucket]
@@ -262,14 +262,14 @@ func (m *model) apply(id string, p leasePlan, now time.Time) {
 			m.refused++
 			continue
 		}
-		m.leases[l.Bucket] = outbox.Lease{Bucket: l.Bucket, ExpiresAt: s.ExpiresAt}
+		m.leases[l.Bucket] = driver.Lease{Bucket: l.Bucket, ExpiresAt: s.ExpiresAt}
 	}
 	for _, b := range p.Claim {
 		if s, ok := m.leases[b]; ok && !s.Free(now) {
 			m.refused++
 			continue
 		}
-		m.leases[b] = outbox.Lease{Bucket: b, Owner: id, ExpiresAt: exp}
+		m.leases[b] = driver.Lease{Bucket: b, Owner: id, ExpiresAt: exp}
 	}
 }
 
@@ -280,7 +280,7 @@ func TestPlanConvergesToFairShares(t *testing.T) {
 		now := epoch
 		n := 1 + rng.IntN(16)
 		k := 1 + rng.IntN(12)
-		m := &model{n: n, leases: map[int]outbox.Lease{}, relays: map[string]outbox.RelayRecord{}}
+		m := &model{n: n, leases: map[int]driver.Lease{}, relays: map[string]driver.RelayRecord{}}
 		var ids []string
 		for i := range k {
 			ids = append(ids, fmt.Sprintf("r%02d", i))
@@ -288,13 +288,13 @@ func TestPlanConvergesToFairShares(t *testing.T) {
 		// Random starting holdings among the relays.
 		for b := range n {
 			if rng.IntN(3) > 0 {
-				m.leases[b] = outbox.Lease{Bucket: b, Owner: ids[rng.IntN(k)], ExpiresAt: now.Add(testLD / 2)}
+				m.leases[b] = driver.Lease{Bucket: b, Owner: ids[rng.IntN(k)], ExpiresAt: now.Add(testLD / 2)}
 			}
 		}
 		for round := range 6 {
 			now = now.Add(testRI)
 			for _, id := range ids {
-				m.relays[id] = outbox.RelayRecord{ID: id, LastSeen: now}
+				m.relays[id] = driver.RelayRecord{ID: id, LastSeen: now}
 			}
 			view := m.view()
 			before := maps(m.leases)
@@ -321,15 +321,15 @@ func TestPlanConvergesToFairShares(t *testing.T) {
 	}
 }
 
-func maps(m map[int]outbox.Lease) map[int]outbox.Lease {
-	out := make(map[int]outbox.Lease, len(m))
+func maps(m map[int]driver.Lease) map[int]driver.Lease {
+	out := make(map[int]driver.Lease, len(m))
 	for k, v := range m {
 		out[k] = v
 	}
 	return out
 }
 
-func owners(m map[int]outbox.Lease) map[int]string {
+func owners(m map[int]driver.Lease) map[int]string {
 	out := make(map[int]string, len(m))
 	for k, v := range m {
 		out[k] = v.Owner
@@ -340,12 +340,12 @@ func owners(m map[int]outbox.Lease) map[int]string {
 func TestPlanStandbysWhenRelaysOutnumberBuckets(t *testing.T) {
 	t.Parallel()
 	now := epoch
-	view := outbox.Coordination{}
+	view := driver.Coordination{}
 	for i := range 6 {
-		view.Relays = append(view.Relays, outbox.RelayRecord{ID: fmt.Sprintf("r%d", i), LastSeen: now})
+		view.Relays = append(view.Relays, driver.RelayRecord{ID: fmt.Sprintf("r%d", i), LastSeen: now})
 	}
 	// r5 (sorting last) holds bucket 0: it keeps it although r0 sorts first.
-	view.Leases = []outbox.Lease{{Bucket: 0, Owner: "r5", ExpiresAt: now.Add(testLD)}}
+	view.Leases = []driver.Lease{{Bucket: 0, Owner: "r5", ExpiresAt: now.Add(testLD)}}
 	p := planRound(view, "r5", now, params(2))
 	require.Equal(t, 1, p.Share)
 	require.Len(t, p.Renew, 1)
@@ -364,9 +364,9 @@ func TestPlanStandbysWhenRelaysOutnumberBuckets(t *testing.T) {
 func TestPlanLeavesADeadRelaysLeasesUntilTheyLapse(t *testing.T) {
 	t.Parallel()
 	now := epoch
-	view := outbox.Coordination{
-		Relays: []outbox.RelayRecord{{ID: "a", LastSeen: now}, {ID: "dead", LastSeen: now.Add(-testLD)}},
-		Leases: []outbox.Lease{{Bucket: 0, Owner: "dead", ExpiresAt: now.Add(time.Second)}},
+	view := driver.Coordination{
+		Relays: []driver.RelayRecord{{ID: "a", LastSeen: now}, {ID: "dead", LastSeen: now.Add(-testLD)}},
+		Leases: []driver.Lease{{Bucket: 0, Owner: "dead", ExpiresAt: now.Add(time.Second)}},
 	}
 	p := planRound(view, "a", now, params(2))
 	require.Equal(t, []int{1}, p.Claim, "the dead relay's valid lease is reserved")
@@ -378,12 +378,12 @@ func TestPlanLeavesADeadRelaysLeasesUntilTheyLapse(t *testing.T) {
 // the model and the time of its last round.
 func settled(t *testing.T, n int, ids []string) (*model, time.Time) {
 	t.Helper()
-	m := &model{n: n, leases: map[int]outbox.Lease{}, relays: map[string]outbox.RelayRecord{}}
+	m := &model{n: n, leases: map[int]driver.Lease{}, relays: map[string]driver.RelayRecord{}}
 	now := epoch
 	for range 10 {
 		now = now.Add(testRI)
 		for _, id := range ids {
-			m.relays[id] = outbox.RelayRecord{ID: id, LastSeen: now}
+			m.relays[id] = driver.RelayRecord{ID: id, LastSeen: now}
 		}
 		view := m.view()
 		for _, id := range ids {
@@ -398,27 +398,27 @@ func settled(t *testing.T, n int, ids []string) (*model, time.Time) {
 // its stop stamp, after it, after every subset of its releases that concurrent
 // writes can leave (all of them when s holds few buckets; otherwise every prefix in
 // ascending and descending order and random subsets), and after the last release.
-func stopViews(m *model, s string, at time.Time, rng *rand.Rand) []outbox.Coordination {
+func stopViews(m *model, s string, at time.Time, rng *rand.Rand) []driver.Coordination {
 	before := m.view()
-	stamped := &model{n: m.n, leases: maps(m.leases), relays: map[string]outbox.RelayRecord{}}
+	stamped := &model{n: m.n, leases: maps(m.leases), relays: map[string]driver.RelayRecord{}}
 	for id, r := range m.relays {
 		stamped.relays[id] = r
 	}
-	stamped.relays[s] = outbox.RelayRecord{ID: s, LastSeen: at, StoppedAt: at}
+	stamped.relays[s] = driver.RelayRecord{ID: s, LastSeen: at, StoppedAt: at}
 	var held []int
 	for b := range m.n {
 		if l, ok := m.leases[b]; ok && l.Owner == s {
 			held = append(held, b)
 		}
 	}
-	releasing := func(bs []int) outbox.Coordination {
+	releasing := func(bs []int) driver.Coordination {
 		c := &model{n: m.n, leases: maps(stamped.leases), relays: stamped.relays}
 		for _, b := range bs {
-			c.leases[b] = outbox.Lease{Bucket: b, ExpiresAt: c.leases[b].ExpiresAt}
+			c.leases[b] = driver.Lease{Bucket: b, ExpiresAt: c.leases[b].ExpiresAt}
 		}
 		return c.view()
 	}
-	views := []outbox.Coordination{before}
+	views := []driver.Coordination{before}
 	if len(held) <= 6 {
 		for mask := range 1 << len(held) {
 			var bs []int

@@ -8,14 +8,14 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
 )
 
 // probingStore answers the idle probe with a switch and counts probes and fetches.
 // Embedding the interface hides the memory store's notifier: only polls drain.
 type probingStore struct {
-	outbox.DispatchStore
+	driver.Store
 	pending         atomic.Bool
 	probes, fetches atomic.Int64
 }
@@ -25,15 +25,17 @@ func (s *probingStore) HasPending(ctx context.Context, bucket int) (bool, error)
 	return s.pending.Load(), nil
 }
 
-func (s *probingStore) Fetch(ctx context.Context, bucket, limit int) ([]*outbox.Envelope, error) {
+func (s *probingStore) Fetch(ctx context.Context, bucket, limit int) ([]*driver.Envelope, error) {
 	s.fetches.Add(1)
-	return s.DispatchStore.Fetch(ctx, bucket, limit)
+	return s.Store.Fetch(ctx, bucket, limit)
 }
+
+func (s *probingStore) Driver() driver.Store { return s }
 
 func TestPollAsksTheIdleProbeBeforeFetching(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	store := &probingStore{DispatchStore: newStore(t, 4)}
+	store := &probingStore{Store: newStore(t, 4).Driver()}
 	enqueue(t, store, []byte("k"), 3)
 	rec := outboxtest.NewRecorder()
 	d := newDispatcher(t, store, rec, workerConfig("w"))

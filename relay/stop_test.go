@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
 )
 
@@ -19,7 +20,7 @@ type stopping struct {
 	a, b   *Relay
 	ctx    context.Context
 	cancel context.CancelFunc
-	env    *outbox.Envelope
+	env    *driver.Envelope
 }
 
 func newStopping(t *testing.T) *stopping {
@@ -39,13 +40,13 @@ func newStopping(t *testing.T) *stopping {
 		mine[b] = true
 	}
 	for i := 0; s.env == nil; i++ {
-		env, err := outbox.NewEnvelope(outbox.Message{Topic: "orders", Key: []byte{byte(i)}, Payload: []byte("x")}, f.store.BucketCount())
+		env, err := driver.NewEnvelope(outbox.Message{Topic: "orders", Key: []byte{byte(i)}, Payload: []byte("x")}, f.store.Driver().BucketCount())
 		require.NoError(t, err)
 		if mine[env.Bucket] {
 			s.env = env
 		}
 	}
-	require.NoError(t, f.store.Enqueue(context.Background(), s.env))
+	require.NoError(t, f.store.Driver().Enqueue(context.Background(), s.env))
 
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	t.Cleanup(s.cancel)
@@ -62,7 +63,7 @@ func newStopping(t *testing.T) *stopping {
 // leasesOf returns the buckets whose stored lease names relay, lapsed or not.
 func (s *stopping) leasesOf(relay string) []int {
 	s.t.Helper()
-	view, err := s.store.ReadCoordination(context.Background())
+	view, err := s.store.Driver().ReadCoordination(context.Background())
 	require.NoError(s.t, err)
 	var out []int
 	for _, l := range view.Leases {
@@ -75,7 +76,7 @@ func (s *stopping) leasesOf(relay string) []int {
 
 func (s *stopping) relayStopped(relay string) bool {
 	s.t.Helper()
-	view, err := s.store.ReadCoordination(context.Background())
+	view, err := s.store.Driver().ReadCoordination(context.Background())
 	require.NoError(s.t, err)
 	for _, r := range view.Relays {
 		if r.ID == relay {
@@ -109,9 +110,9 @@ func TestStopWithCancelledContextStillHandsTheBucketsOver(t *testing.T) {
 	require.Subset(t, s.b.Owned(), held)
 	require.Zero(t, s.b.Stats().RefusedWrites)
 
-	env, err := s.store.Find(context.Background(), s.env.ID)
+	env, err := find(context.Background(), s.store, s.env.ID)
 	require.NoError(t, err)
-	require.Equal(t, outbox.Pending, env.Status)
+	require.Equal(t, driver.Pending, env.Status)
 	require.Zero(t, env.Attempts, "a batch cut short by Stop costs no attempt")
 
 	require.NoError(t, s.a.Stop(context.Background()), "stopping twice is a no-op")
@@ -158,14 +159,14 @@ func TestStopRetriesAFailedRelease(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	store := newStore(t, 2)
-	flaky := &flakyStore{Store: store}
+	flaky := &flakyStore{memDriver: relaySide(store)}
 	d := newDispatcher(t, flaky, outboxtest.NewRecorder(), workerConfig("w"))
 	require.NoError(t, d.Start(ctx))
 	waitFor(t, "buckets", func() bool { return len(d.Owned()) == 2 })
 
 	flaky.down.Store(true)
 	require.ErrorIs(t, d.Stop(ctx), errStoreDown)
-	view, err := store.ReadCoordination(ctx)
+	view, err := store.Driver().ReadCoordination(ctx)
 	require.NoError(t, err)
 	for _, l := range view.Leases {
 		require.Equal(t, "w", l.Owner, "the failed release left the leases")
@@ -173,7 +174,7 @@ func TestStopRetriesAFailedRelease(t *testing.T) {
 
 	flaky.down.Store(false)
 	require.NoError(t, d.Stop(ctx), "a retried Stop releases")
-	view, err = store.ReadCoordination(ctx)
+	view, err = store.Driver().ReadCoordination(ctx)
 	require.NoError(t, err)
 	for _, l := range view.Leases {
 		require.Empty(t, l.Owner)
@@ -184,7 +185,7 @@ func TestStopRetriesAFailedRelease(t *testing.T) {
 // scheduler's deadline would.
 type cancellingTransport struct{ cancel context.CancelFunc }
 
-func (c cancellingTransport) Publish(ctx context.Context, batch []*outbox.Envelope) error {
+func (c cancellingTransport) Publish(ctx context.Context, batch []*driver.Envelope) error {
 	c.cancel()
 	return ctx.Err()
 }
@@ -200,7 +201,7 @@ func TestRunOnceCutShortStillReleases(t *testing.T) {
 
 	_, err := d.RunOnce(ctx)
 	require.ErrorIs(t, err, context.Canceled)
-	view, err := store.ReadCoordination(context.Background())
+	view, err := store.Driver().ReadCoordination(context.Background())
 	require.NoError(t, err)
 	for _, l := range view.Leases {
 		require.Empty(t, l.Owner, "a sweep cut short still releases")

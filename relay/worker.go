@@ -9,11 +9,12 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // ErrRunning is returned by calls that cannot run while the worker runs:
 // [Relay.RunOnce], and a second [Relay.Start].
-var ErrRunning = errors.New("dispatcher: the worker is running")
+var ErrRunning = errors.New("relay: the worker is running")
 
 // releaseTimeout bounds handing the leases back once the context of the call that
 // stops the relay has ended: see [Relay.releaseBound].
@@ -29,12 +30,18 @@ func (d *Relay) releaseBound() time.Duration {
 // Start runs the worker in the background and returns once it runs. The worker
 // coordinates leases every LeaseRenewInterval, drains its buckets every PollInterval
 // and at once when the store announces a commit (if it implements
-// [outbox.Notifier]). ctx's values reach every store and transport call; cancelling
+// [driver.Notifier]). ctx's values reach every store and transport call; cancelling
 // ctx stops the worker gracefully, as [Relay.Stop] with a live context would:
 // in-flight batches finish, then the worker hands its leases back.
 //
-// A dispatcher starts once: Start while the worker runs returns an error wrapping
+// Start first checks that the store can be relayed from ([driver.Store]'s Check):
+// on a store that was never migrated, or whose settings disagree, it returns an error
+// wrapping [outbox.ErrMisconfigured] that names the fix, and starts nothing; a store
+// it cannot reach fails Start too. A relay that Start refused may be started again.
+//
+// A relay starts once: Start while the worker runs returns an error wrapping
 // [ErrRunning], and after it stopped (or was killed) one wrapping [outbox.ErrClosed].
+// [Relay.Run] is Start, a wait and a graceful stop in one call.
 func (d *Relay) Start(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -49,7 +56,13 @@ func (d *Relay) Start(ctx context.Context) error {
 				return fmt.Errorf("%w; Start called twice", ErrRunning)
 			}
 		}
-		return fmt.Errorf("dispatcher: %w: Start after the worker stopped; build a new dispatcher to run again", outbox.ErrClosed)
+		return fmt.Errorf("relay: %w: Start after the worker stopped; build a new relay to run again", outbox.ErrClosed)
+	}
+	if err := d.store.Check(ctx); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("relay: the store cannot be relayed from: %w", err)
 	}
 	d.started = true
 	// hard ends everything, the final release included (Kill); work ends the drains
@@ -68,7 +81,7 @@ func (d *Relay) Start(ctx context.Context) error {
 			d.life.Lock()
 			d.err = err
 			d.life.Unlock()
-			d.log.Error("dispatcher: worker stopped on its own", "error", err)
+			d.log.Error("relay: worker stopped on its own", "error", err)
 		}
 		if d.isKilled() {
 			return // as after a crash: the leases lapse
@@ -81,10 +94,26 @@ func (d *Relay) Start(ctx context.Context) error {
 		cleanup, cancelCleanup := context.WithTimeout(hard, d.releaseBound())
 		defer cancelCleanup()
 		if err := d.finish(cleanup); err != nil && !d.isKilled() {
-			d.log.Warn("dispatcher: could not release leases on stop; they lapse after LeaseDuration", "error", err)
+			d.log.Warn("relay: could not release leases on stop; they lapse after LeaseDuration", "error", err)
 		}
 	}()
 	return nil
+}
+
+// Run runs the relay until ctx ends or the worker stops on its own, and returns once
+// every goroutine of the worker has ended: it is [Relay.Start], a wait, and the
+// graceful stop that a cancelled ctx starts (in-flight batches finish, the leases are
+// handed back). It returns Start's error if the relay cannot start (an unmigrated
+// store: [outbox.ErrMisconfigured]), the error that stopped the worker on its own (see
+// [Relay.Err]), or nil after ctx ended. It fits an errgroup:
+//
+//	g.Go(func() error { return r.Run(ctx) })
+func (d *Relay) Run(ctx context.Context) error {
+	if err := d.Start(ctx); err != nil {
+		return err
+	}
+	<-d.stopped // a done ctx asks the worker to stop gracefully (Start)
+	return d.Err()
 }
 
 // Stop stops the worker gracefully: it lets in-flight batches finish, stamps the relay
@@ -135,7 +164,7 @@ func (d *Relay) Stop(ctx context.Context) error {
 // has ended; [Relay.Stop] after it does nothing and [Relay.Start] fails.
 //
 // Kill is for tests and crash drills: in production use Stop, which hands the
-// buckets over at once. Kill on a dispatcher that was never started only keeps it
+// buckets over at once. Kill on a relay that was never started only keeps it
 // from starting.
 func (d *Relay) Kill() {
 	d.life.Lock()
@@ -161,9 +190,10 @@ func (d *Relay) isKilled() bool {
 // When it closes after a graceful stop, the release of the leases has been tried.
 func (d *Relay) Stopped() <-chan struct{} { return d.stopped }
 
-// Err reports why the worker stopped on its own: an envelope written with another
-// bucket count ([outbox.ErrMisconfigured]) or a closed store ([outbox.ErrClosed]). It
-// is nil while the worker runs and after a Stop or Kill.
+// Err reports why the worker stopped on its own: settings that disagree, such as
+// relays or envelopes with another bucket count or a table that went missing
+// ([outbox.ErrMisconfigured]), or a closed store ([outbox.ErrClosed]). It is nil
+// while the worker runs and after a Stop or Kill. [Relay.Run] returns it.
 func (d *Relay) Err() error {
 	d.life.Lock()
 	defer d.life.Unlock()
@@ -310,7 +340,7 @@ func (d *Relay) coordinateLoop(ctx context.Context, rounds chan<- struct{}) erro
 				return err
 			}
 			errDelay = min(max(2*errDelay, 50*time.Millisecond), d.cfg.LeaseRenewInterval)
-			d.log.Warn("dispatcher: coordination round failed; retrying", "error", err, "retry_in", errDelay)
+			d.log.Warn("relay: coordination round failed; retrying", "error", err, "retry_in", errDelay)
 			next = time.Now().Add(errDelay)
 			continue
 		}
@@ -344,7 +374,7 @@ func (d *Relay) membershipChanged(ctx context.Context) (bool, error) {
 	relays, err := d.store.ReadRelays(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
-			d.log.Debug("dispatcher: reading the relay records failed", "error", err)
+			d.log.Debug("relay: reading the relay records failed", "error", err)
 		}
 		return false, err
 	}
@@ -364,7 +394,7 @@ type member struct {
 
 // membership lists the peers that count at now (and their bucket counts), or that
 // are stopping and may hold leases.
-func (d *Relay) membership(relays []outbox.RelayRecord, now time.Time) []member {
+func (d *Relay) membership(relays []driver.RelayRecord, now time.Time) []member {
 	var out []member
 	for _, r := range relays {
 		if r.ID == d.cfg.RelayID {
@@ -428,7 +458,7 @@ func (d *Relay) drainLoop(ctx context.Context, rounds <-chan struct{}) error {
 	}
 	failed := func(err error) bool {
 		errDelay = min(max(2*errDelay, 50*time.Millisecond), d.cfg.LeaseRenewInterval)
-		d.log.Warn("dispatcher: store or transport error; backing off", "error", err, "retry_in", errDelay)
+		d.log.Warn("relay: store or transport error; backing off", "error", err, "retry_in", errDelay)
 		return pause(errDelay, false)
 	}
 
@@ -452,7 +482,7 @@ func (d *Relay) drainLoop(ctx context.Context, rounds <-chan struct{}) error {
 		if cleanup {
 			cleanup = false
 			if _, err := d.cleanupRetention(ctx); err != nil && ctx.Err() == nil {
-				d.log.Warn("dispatcher: retention cleanup failed", "error", err)
+				d.log.Warn("relay: retention cleanup failed", "error", err)
 			}
 		}
 		var buckets []int

@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
-	"github.com/outboxkit/outbox/store/memstore"
 )
 
 // workerConfig runs on the real clock with short timings.
@@ -64,7 +64,7 @@ func TestWorkerStartStop(t *testing.T) {
 	require.NoError(t, d.Err())
 	require.ErrorIs(t, d.Start(ctx), outbox.ErrClosed, "a dispatcher starts once")
 
-	view, err := store.ReadCoordination(ctx)
+	view, err := store.Driver().ReadCoordination(ctx)
 	require.NoError(t, err)
 	for _, l := range view.Leases {
 		require.Empty(t, l.Owner, "Stop releases every lease")
@@ -96,9 +96,9 @@ func TestWorkerWakesUpOnCommit(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 
 	for i := range 5 {
-		env, err := outbox.NewEnvelope(outbox.Message{Topic: "t", Key: []byte{byte(i)}, Payload: []byte("x")}, store.BucketCount())
+		env, err := driver.NewEnvelope(outbox.Message{Topic: "t", Key: []byte{byte(i)}, Payload: []byte("x")}, store.Driver().BucketCount())
 		require.NoError(t, err)
-		require.NoError(t, store.Enqueue(ctx, env))
+		require.NoError(t, store.Driver().Enqueue(ctx, env))
 		waitCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		require.NoError(t, rec.WaitFor(waitCtx, i+1), "commit %d not delivered without a poll", i)
 		cancel()
@@ -107,22 +107,24 @@ func TestWorkerWakesUpOnCommit(t *testing.T) {
 
 // mismatchedStore stamps another bucket count on what it fetches, as if a writer
 // used another count.
-type mismatchedStore struct{ *memstore.Store }
+type mismatchedStore struct{ memDriver }
 
-func (s mismatchedStore) Fetch(ctx context.Context, bucket, limit int) ([]*outbox.Envelope, error) {
-	envs, err := s.Store.Fetch(ctx, bucket, limit)
+func (s mismatchedStore) Fetch(ctx context.Context, bucket, limit int) ([]*driver.Envelope, error) {
+	envs, err := s.memDriver.Fetch(ctx, bucket, limit)
 	for _, e := range envs {
 		e.BucketCount = 16
 	}
 	return envs, err
 }
 
+func (s mismatchedStore) Driver() driver.Store { return s }
+
 func TestMisconfiguredEnvelopeStopsTheWorker(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	store := newStore(t, 8)
 	rec := outboxtest.NewRecorder()
-	d := newDispatcher(t, mismatchedStore{store}, rec, workerConfig("w"))
+	d := newDispatcher(t, mismatchedStore{relaySide(store)}, rec, workerConfig("w"))
 	enqueue(t, store, []byte("k"), 1)
 	require.NoError(t, d.Start(ctx))
 	select {
@@ -134,7 +136,7 @@ func TestMisconfiguredEnvelopeStopsTheWorker(t *testing.T) {
 	require.ErrorContains(t, d.Err(), "bucket count 16")
 	require.Zero(t, rec.Len())
 	require.NoError(t, d.Stop(ctx))
-	view, err := store.ReadCoordination(ctx)
+	view, err := store.Driver().ReadCoordination(ctx)
 	require.NoError(t, err)
 	for _, l := range view.Leases {
 		require.Empty(t, l.Owner, "a worker that stops on its own releases its leases")
@@ -143,7 +145,7 @@ func TestMisconfiguredEnvelopeStopsTheWorker(t *testing.T) {
 
 // flakyStore fails every call while down is set, counting the calls.
 type flakyStore struct {
-	*memstore.Store
+	memDriver
 	down  atomic.Bool
 	calls atomic.Int64
 }
@@ -158,11 +160,13 @@ func (s *flakyStore) fail() error {
 	return nil
 }
 
-func (s *flakyStore) Fetch(ctx context.Context, bucket, limit int) ([]*outbox.Envelope, error) {
+func (s *flakyStore) Driver() driver.Store { return s }
+
+func (s *flakyStore) Fetch(ctx context.Context, bucket, limit int) ([]*driver.Envelope, error) {
 	if err := s.fail(); err != nil {
 		return nil, err
 	}
-	envs, err := s.Store.Fetch(ctx, bucket, limit)
+	envs, err := s.memDriver.Fetch(ctx, bucket, limit)
 	// A fetch that began before the store went down fails too if it ends after: it
 	// may have read what was written since.
 	if ferr := s.fail(); ferr != nil {
@@ -175,21 +179,21 @@ func (s *flakyStore) StopRelay(ctx context.Context, relay string, at time.Time) 
 	if err := s.fail(); err != nil {
 		return err
 	}
-	return s.Store.StopRelay(ctx, relay, at)
+	return s.memDriver.StopRelay(ctx, relay, at)
 }
 
 func (s *flakyStore) Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int) (bool, error) {
 	if err := s.fail(); err != nil {
 		return false, err
 	}
-	return s.Store.Heartbeat(ctx, relay, at, bucketCount)
+	return s.memDriver.Heartbeat(ctx, relay, at, bucketCount)
 }
 
 func TestWorkerBacksOffOnStoreErrorsAndRecovers(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	store := newStore(t, 2)
-	flaky := &flakyStore{Store: store}
+	flaky := &flakyStore{memDriver: relaySide(store)}
 	rec := outboxtest.NewRecorder()
 	cfg := workerConfig("w")
 	cfg.PollInterval = time.Millisecond
@@ -215,7 +219,7 @@ func TestWorkerBacksOffOnStoreErrorsAndRecovers(t *testing.T) {
 // stuckTransport blocks every publish until its context ends.
 type stuckTransport struct{ entered chan struct{} }
 
-func (s stuckTransport) Publish(ctx context.Context, batch []*outbox.Envelope) error {
+func (s stuckTransport) Publish(ctx context.Context, batch []*driver.Envelope) error {
 	select {
 	case s.entered <- struct{}{}:
 	default:
@@ -238,7 +242,7 @@ func TestCancellingStartContextStopsTheWorker(t *testing.T) {
 		t.Fatal("cancelling Start's context did not stop the worker")
 	}
 	require.NoError(t, d.Err())
-	view, err := store.ReadCoordination(context.Background())
+	view, err := store.Driver().ReadCoordination(context.Background())
 	require.NoError(t, err)
 	for _, l := range view.Leases {
 		require.Empty(t, l.Owner)
@@ -398,7 +402,7 @@ func TestWakeUpsDoNotCutTheErrorBackoffShort(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	store := newStore(t, 2)
-	flaky := &flakyStore{Store: store}
+	flaky := &flakyStore{memDriver: relaySide(store)}
 	rec := outboxtest.NewRecorder()
 	d := newDispatcher(t, flaky, rec, workerConfig("w"))
 	require.NoError(t, d.Start(ctx))
@@ -433,8 +437,8 @@ func TestPublishIsAbandonedWhenTheLeaseRunsOut(t *testing.T) {
 	res, err := d.RunOnce(ctx) // would block for good if the publish were not cut
 	require.NoError(t, err)
 	require.Zero(t, res.Published+res.Retried+res.Parked)
-	env, err := store.Find(ctx, envs[0].ID)
+	env, err := find(ctx, store, envs[0].ID)
 	require.NoError(t, err)
-	require.Equal(t, outbox.Pending, env.Status)
+	require.Equal(t, driver.Pending, env.Status)
 	require.Zero(t, env.Attempts, "an abandoned publish is not an attempt")
 }

@@ -4,14 +4,16 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // broker is where the relay publishes, and where the walkthrough reads the messages
 // back as a consumer would.
 type broker interface {
 	// Transport is what the relay publishes through: transport/kafkatransport or transport/sqstransport.
-	outbox.Transport
+	driver.Transport
+	// SizeLimiter is the transport's per-message limit, which senders check.
+	driver.SizeLimiter
 	// Name says in a few words which broker this is.
 	Name() string
 	// Received returns every message published since the broker was opened.

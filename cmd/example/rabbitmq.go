@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/transport/rabbitmqtransport"
 )
 
@@ -53,7 +54,7 @@ func openRabbitMQ(ctx context.Context, url string) (_ *rabbitBroker, err error) 
 		return nil, fmt.Errorf("rabbitmq: bind queue %s: %w", b.name, err)
 	}
 	// The topic travels in a header, so Decode still names it.
-	route := func(*outbox.Envelope) (string, string) { return b.name, "" }
+	route := func(*driver.Envelope) (string, string) { return b.name, "" }
 	if b.Transport, err = rabbitmqtransport.New(dial, rabbitmqtransport.Config{Route: route}); err != nil {
 		return nil, err
 	}

@@ -10,8 +10,9 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/middleware"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/sqlstore"
 )
 
@@ -152,7 +153,7 @@ func immediateMode(ctx context.Context, n *narrator, db *database, br broker) er
 
 	n.say("   Its relay publishes. The broker acknowledges, and the process crashes again\n")
 	n.say("   before the relay can delete the message from the outbox. It restarts.\n")
-	relay, err := newRelay(&crashAfterPublish{DispatchStore: db.store}, br)
+	relay, err := newRelay(&crashAfterPublish{Store: db.store.Driver()}, br)
 	if err != nil {
 		return err
 	}
@@ -230,7 +231,7 @@ func transactionalMode(ctx context.Context, n *narrator, db *database, br broker
 	// error rolls back both.
 	placeOrder := func(ctx context.Context, id string, fail error) error {
 		return db.store.Transact(ctx, func(ctx context.Context) error {
-			tx, _ := sqlstore.Tx(ctx)
+			tx, _ := sqlstore.SQLTx(ctx)
 			if _, err := tx.ExecContext(ctx, db.insertOrder(), id); err != nil {
 				return err
 			}
@@ -312,20 +313,25 @@ func orderPlaced(id string) outbox.Message {
 	}
 }
 
-// newRelay builds the dispatcher the stories run one sweep at a time.
-func newRelay(store outbox.DispatchStore, broker outbox.Transport) (*relay.Relay, error) {
+// newRelay builds the relay the stories run one sweep at a time.
+func newRelay(store driver.Handle, broker driver.Transport) (*relay.Relay, error) {
 	return relay.New(store, broker, relay.Config{
 		RelayID: relayID,
 		Logger:  slog.New(slog.DiscardHandler), // the story is told on w
 	})
 }
 
-// pending counts the messages waiting in the outbox.
-func pending(ctx context.Context, s outbox.Admin) (int, error) {
+// pending counts the messages waiting in the outbox, through the store's operator
+// surface.
+func pending(ctx context.Context, store driver.Handle) (int, error) {
+	s, ok := store.Driver().(driver.Admin)
+	if !ok {
+		return 0, errors.New("the store does not implement driver.Admin")
+	}
 	total := 0
-	after := outbox.Cursor{}
+	after := driver.Cursor{}
 	for {
-		envs, err := s.List(ctx, outbox.Pending, after, 100)
+		envs, err := s.List(ctx, driver.Pending, after, 100)
 		if err != nil {
 			return 0, err
 		}
@@ -333,7 +339,7 @@ func pending(ctx context.Context, s outbox.Admin) (int, error) {
 		if len(envs) < 100 {
 			return total, nil
 		}
-		after = outbox.After(envs[len(envs)-1])
+		after = driver.After(envs[len(envs)-1])
 	}
 }
 
@@ -360,27 +366,30 @@ func showDeliveries(n *narrator, received []delivery) {
 // the broker acknowledged a batch: the Complete that would delete the batch never
 // happens, and nothing the dead process tries afterwards reaches the store.
 type crashAfterPublish struct {
-	outbox.DispatchStore
+	driver.Store
 	dead atomic.Bool // buckets drain in parallel
 }
 
-func (c *crashAfterPublish) Complete(context.Context, []*outbox.Envelope) error {
+// Driver hands the relay the wrapped store.
+func (c *crashAfterPublish) Driver() driver.Store { return c }
+
+func (c *crashAfterPublish) Complete(context.Context, []*driver.Envelope) error {
 	c.dead.Store(true)
 	return errCrash
 }
 
-func (c *crashAfterPublish) Release(ctx context.Context, held outbox.Lease) (bool, error) {
+func (c *crashAfterPublish) Release(ctx context.Context, held driver.Lease) (bool, error) {
 	if c.dead.Load() {
 		return false, errCrash
 	}
-	return c.DispatchStore.Release(ctx, held)
+	return c.Store.Release(ctx, held)
 }
 
 func (c *crashAfterPublish) StopRelay(ctx context.Context, relay string, at time.Time) error {
 	if c.dead.Load() {
 		return errCrash
 	}
-	return c.DispatchStore.StopRelay(ctx, relay, at)
+	return c.Store.StopRelay(ctx, relay, at)
 }
 
 // narrator writes the story and keeps the first write error.

@@ -13,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/transport/watermilltransport"
 )
 
@@ -53,7 +54,7 @@ func openWatermillAMQP(_ context.Context, url string) (_ *watermillBroker, err e
 	}
 	b.Transport, err = watermilltransport.New(b.pub, watermilltransport.Config{
 		// The Watermill topic is the queue; the outbox topic travels in the metadata.
-		Topic: func(*outbox.Envelope) string { return b.queue },
+		Topic: func(*driver.Envelope) string { return b.queue },
 		Ping: func(context.Context) error {
 			if !b.pub.IsConnected() {
 				return errors.New("not connected")

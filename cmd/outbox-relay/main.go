@@ -1,5 +1,5 @@
 // Command outbox-relay is a production relay process: it drains an outbox store to a
-// broker with the dispatcher, serves health, readiness and Prometheus metrics, logs
+// broker with a relay (package relay), serves health, readiness and Prometheus metrics, logs
 // JSON through log/slog, and on SIGTERM (or SIGINT) stops gracefully, handing its
 // bucket leases back so that its peers take over at once.
 //
@@ -48,8 +48,9 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/driver"
 	outboxotel "github.com/outboxkit/outbox/outboxotel"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/transport/kafkatransport"
 	"github.com/outboxkit/outbox/transport/sqstransport"
 )
@@ -96,7 +97,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.store.DSN, "store", "", "the store: postgres://USER@HOST/DB?sslmode=…, mysql://USER@tcp(HOST:3306)/DB?parseTime=true, sqlite:PATH, or dynamodb://TABLE (required)")
 	fs.StringVar(&o.store.Table, "table", "", "SQL stores: the messages table (the lease and relay tables are named after it); default outbox_messages")
-	fs.IntVar(&o.store.Buckets, "buckets", 0, "the store's bucket count; it must equal every writer's; default 8 (outbox.DefaultBucketCount)")
+	fs.IntVar(&o.store.Buckets, "buckets", 0, "the store's bucket count; it must equal every writer's; default 8 (driver.DefaultBucketCount)")
 	fs.StringVar(&o.store.Region, "aws-region", "", "DynamoDB and SQS: the AWS region; default the SDK's (AWS_REGION, shared config)")
 	fs.StringVar(&o.store.Endpoint, "aws-endpoint", "", "DynamoDB and SQS: an endpoint URL instead of AWS's (a local emulator); default none")
 	fs.BoolVar(&o.migrate, "migrate", false, "apply the SQL migrations, or create the DynamoDB table, before starting; default false")
@@ -250,7 +251,7 @@ func runRelay(ctx context.Context, o options, log *slog.Logger) error {
 	defer func() { _ = provider.Shutdown(context.WithoutCancel(ctx)) }()
 
 	if cfg.RelayID == "" {
-		// Settled here, as the dispatcher would, because the metrics name it too.
+		// Settled here, as the relay would, because the metrics name it too.
 		if cfg.RelayID, err = defaultRelayID(); err != nil {
 			return err
 		}
@@ -261,8 +262,8 @@ func runRelay(ctx context.Context, o options, log *slog.Logger) error {
 	}
 	defer func() { _ = obs.Close() }()
 	cfg.Observer = obs
-	// The concrete store, so the dispatcher finds its optional capabilities.
-	d, err := relay.New(st.DispatchStore, transport, cfg)
+	// The store's own relay side, so the relay finds its optional capabilities.
+	d, err := relay.New(st, transport, cfg)
 	if err != nil {
 		return err
 	}
@@ -339,7 +340,7 @@ func migrate(ctx context.Context, st *openedStore) error {
 }
 
 // openTransport builds the broker client and the transport.
-func openTransport(ctx context.Context, o options) (outbox.Transport, string, func(), error) {
+func openTransport(ctx context.Context, o options) (driver.Transport, string, func(), error) {
 	if o.kafkaBrokers != "" {
 		opts := []kgo.Opt{kgo.SeedBrokers(strings.Split(o.kafkaBrokers, ",")...), kgo.RecordPartitioner(kafkatransport.Partitioner(nil))}
 		if o.kafkaAllowAutoCreate {

@@ -24,14 +24,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/internal/testenv"
-	"github.com/outboxkit/outbox/store/dynamostore"
 	"github.com/outboxkit/outbox/store/sqlstore"
 )
-
-// The DynamoDB store's SampleBacklog is the optional capability the dispatcher
-// samples the backlog through.
-var _ outbox.BacklogSampler = (*dynamostore.Store)(nil)
 
 // childEnv makes the test binary run the relay's main instead of the tests, so the
 // relay runs as a real child process.
@@ -185,16 +181,17 @@ func TestRelayDrainsServesAndHandsBack(t *testing.T) {
 		_ = store.DropTables(context.Background())
 		_ = store.Close()
 	})
+	ds := store.Driver()
 	const n = 200
 	ids := map[string]bool{}
-	var envs []*outbox.Envelope
+	var envs []*driver.Envelope
 	for i := range n {
-		env, err := outbox.NewEnvelope(outbox.Message{Topic: "orders", Key: fmt.Appendf(nil, "order-%d", i%37), Payload: fmt.Appendf(nil, "payload %d", i)}, store.BucketCount())
+		env, err := driver.NewEnvelope(outbox.Message{Topic: "orders", Key: fmt.Appendf(nil, "order-%d", i%37), Payload: fmt.Appendf(nil, "payload %d", i)}, ds.BucketCount())
 		require.NoError(t, err)
 		envs = append(envs, env)
 		ids[env.ID.String()] = true
 	}
-	require.NoError(t, store.Enqueue(ctx, envs...))
+	require.NoError(t, ds.Enqueue(ctx, envs...))
 
 	relayID := "relay-under-test"
 	p := startRelay(t,
@@ -251,7 +248,7 @@ func TestRelayDrainsServesAndHandsBack(t *testing.T) {
 		})
 	}
 	eventually(t, 30*time.Second, "an empty outbox", func() bool {
-		st, err := store.Stats(ctx)
+		st, err := ds.(driver.Admin).Stats(ctx)
 		require.NoError(t, err)
 		for _, c := range st.Pending {
 			if c != 0 {
@@ -289,7 +286,7 @@ func TestRelayDrainsServesAndHandsBack(t *testing.T) {
 	}
 	require.NoError(t, p.exitErr, "exit code 0 after a graceful stop")
 	require.True(t, p.logged("outbox-relay: stopped; leases handed back"))
-	view, err := store.ReadCoordination(ctx)
+	view, err := ds.ReadCoordination(ctx)
 	require.NoError(t, err)
 	for _, l := range view.Leases {
 		require.Empty(t, l.Owner, "bucket %d still leased after SIGTERM", l.Bucket)
@@ -300,6 +297,19 @@ func TestRelayDrainsServesAndHandsBack(t *testing.T) {
 	p.mu.Lock()
 	require.Empty(t, p.badLines, "every log line is JSON")
 	p.mu.Unlock()
+}
+
+// The DynamoDB store's SampleBacklog is the optional capability the relay samples
+// the backlog through.
+func TestDynamoDBStoreSamplesTheBacklog(t *testing.T) {
+	t.Setenv("AWS_ACCESS_KEY_ID", "test")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "test")
+	// Opening a DynamoDB store makes no request.
+	st, err := openStore(context.Background(), storeOptions{DSN: "dynamodb://outbox", Region: "us-east-1", Endpoint: "http://127.0.0.1:1"})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = st.Close() })
+	_, ok := st.Driver().(driver.BacklogSampler)
+	require.True(t, ok, "the DynamoDB store's relay side implements driver.BacklogSampler")
 }
 
 func TestRelayBadFlags(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/internal/sqsemulator"
 )
 
@@ -32,9 +33,9 @@ func TestRelayFromSQLiteToSQS(t *testing.T) {
 	t.Cleanup(func() { _ = st.Close() })
 	require.NoError(t, st.SQL.Migrate(ctx))
 	const n = 50
-	var envs []*outbox.Envelope
+	var envs []*driver.Envelope
 	for i := range n {
-		env, err := outbox.NewEnvelope(outbox.Message{Topic: "orders", Key: fmt.Appendf(nil, "k%d", i%7), Payload: fmt.Appendf(nil, "payload %d", i)}, st.BucketCount())
+		env, err := driver.NewEnvelope(outbox.Message{Topic: "orders", Key: fmt.Appendf(nil, "k%d", i%7), Payload: fmt.Appendf(nil, "payload %d", i)}, st.BucketCount())
 		require.NoError(t, err)
 		envs = append(envs, env)
 	}

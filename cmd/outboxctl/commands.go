@@ -16,7 +16,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // envPrefix starts the environment variable of every flag.
@@ -34,7 +34,7 @@ func (c *cli) flags(name, args string) *flag.FlagSet {
 	fs.SetOutput(c.stderr)
 	fs.StringVar(&c.store.DSN, "store", "", "the store: postgres://…, mysql://…, sqlite:PATH or dynamodb://TABLE (required)")
 	fs.StringVar(&c.store.Table, "table", "", "SQL stores: the messages table; default outbox_messages")
-	fs.IntVar(&c.store.Buckets, "buckets", 0, "the store's bucket count; default 8 (outbox.DefaultBucketCount)")
+	fs.IntVar(&c.store.Buckets, "buckets", 0, "the store's bucket count; default 8 (driver.DefaultBucketCount)")
 	fs.StringVar(&c.store.Region, "aws-region", "", "DynamoDB: the AWS region; default the SDK's (AWS_REGION)")
 	fs.StringVar(&c.store.Endpoint, "aws-endpoint", "", "DynamoDB: an endpoint URL instead of AWS's; default none")
 	fs.Usage = func() {
@@ -83,10 +83,10 @@ func (c *cli) open(ctx context.Context) (*openedStore, error) {
 }
 
 // admin returns the store's operator surface.
-func admin(st *openedStore) (outbox.Admin, error) {
-	a, ok := st.DispatchStore.(outbox.Admin)
+func admin(st *openedStore) (driver.Admin, error) {
+	a, ok := st.Store.(driver.Admin)
 	if !ok {
-		return nil, fmt.Errorf("the %s store does not implement outbox.Admin", st.Kind)
+		return nil, fmt.Errorf("the %s store does not implement driver.Admin", st.Kind)
 	}
 	return a, nil
 }
@@ -121,7 +121,7 @@ type statsView struct {
 	OldestPendingAge float64   `json:"oldest_pending_age_seconds"`
 }
 
-func newStatsView(st outbox.Stats, now time.Time) statsView {
+func newStatsView(st driver.Backlog, now time.Time) statsView {
 	v := statsView{Pending: st.Pending, PendingLimit: st.PendingLimit, Parked: st.Parked, OldestPending: st.OldestPending}
 	for _, n := range st.Pending {
 		v.PendingTotal += n
@@ -173,14 +173,14 @@ func cmdStats(ctx context.Context, c *cli, args []string) error {
 	})
 }
 
-func parseStatus(s string) (outbox.Status, error) {
+func parseStatus(s string) (driver.Status, error) {
 	switch strings.ToLower(s) {
 	case "pending":
-		return outbox.Pending, nil
+		return driver.Pending, nil
 	case "parked":
-		return outbox.Parked, nil
+		return driver.Parked, nil
 	case "dispatched":
-		return outbox.Dispatched, nil
+		return driver.Dispatched, nil
 	}
 	return 0, fmt.Errorf("%w: -status %q: use pending, parked or dispatched", errUsage, s)
 }
@@ -191,17 +191,17 @@ type filter struct {
 	bucket int // -1: any
 }
 
-func (f filter) match(e *outbox.Envelope) bool {
+func (f filter) match(e *driver.Envelope) bool {
 	return (f.topic == "" || e.Topic == f.topic) && (f.bucket < 0 || e.Bucket == f.bucket)
 }
 
 // scan pages through the messages with status that match f, calling fn for each,
 // until fn returns false or limit (if > 0) matched.
-func scan(ctx context.Context, a outbox.Admin, status outbox.Status, f filter, limit int, fn func(*outbox.Envelope) bool) error {
+func scan(ctx context.Context, a driver.Admin, status driver.Status, f filter, limit int, fn func(*driver.Envelope) bool) error {
 	const page = 500
-	var cur outbox.Cursor
+	var cur driver.Cursor
 	if f.bucket >= 0 {
-		cur = outbox.Cursor{Bucket: f.bucket} // Seqs start at 1
+		cur = driver.Cursor{Bucket: f.bucket} // Seqs start at 1
 	}
 	matched := 0
 	for {
@@ -224,7 +224,7 @@ func scan(ctx context.Context, a outbox.Admin, status outbox.Status, f filter, l
 		if len(envs) < page {
 			return nil
 		}
-		cur = outbox.After(envs[len(envs)-1])
+		cur = driver.After(envs[len(envs)-1])
 		if err := ctx.Err(); err != nil {
 			return err
 		}
@@ -265,7 +265,7 @@ func text(b []byte) (string, bool) {
 	return base64.StdEncoding.EncodeToString(b), true
 }
 
-func newMessageView(e *outbox.Envelope, full bool) messageView {
+func newMessageView(e *driver.Envelope, full bool) messageView {
 	v := messageView{ID: e.ID.String(), Topic: e.Topic, Bucket: e.Bucket, Seq: e.Seq, Status: e.Status.String(),
 		CreatedAt: e.CreatedAt, Attempts: e.Attempts, NextAttemptAt: e.NextAttemptAt, LastError: e.LastError,
 		DispatchedAt: e.DispatchedAt, Size: e.Size()}
@@ -303,7 +303,7 @@ func cmdList(ctx context.Context, c *cli, args []string) error {
 			return err
 		}
 		views := []messageView{}
-		err = scan(ctx, a, s, filter{topic: *topic, bucket: *bucket}, *limit, func(e *outbox.Envelope) bool {
+		err = scan(ctx, a, s, filter{topic: *topic, bucket: *bucket}, *limit, func(e *driver.Envelope) bool {
 			views = append(views, newMessageView(e, false))
 			return true
 		})
@@ -332,12 +332,12 @@ func oneLine(s string, n int) string {
 	return s
 }
 
-// find looks a message up by ID: through outbox.Finder when the store has it,
+// find looks a message up by ID: through driver.Finder when the store has it,
 // otherwise by reading every status (the DynamoDB store has no index by ID).
-func find(ctx context.Context, st *openedStore, id uuid.UUID) (*outbox.Envelope, error) {
-	if f, ok := st.DispatchStore.(outbox.Finder); ok {
+func find(ctx context.Context, st *openedStore, id uuid.UUID) (*driver.Envelope, error) {
+	if f, ok := st.Store.(driver.Finder); ok {
 		e, err := f.Find(ctx, id)
-		if errors.Is(err, outbox.ErrNotFound) {
+		if errors.Is(err, driver.ErrNotFound) {
 			return nil, fmt.Errorf("%w: no message has ID %s", errNotFound, id)
 		}
 		return e, err
@@ -346,9 +346,9 @@ func find(ctx context.Context, st *openedStore, id uuid.UUID) (*outbox.Envelope,
 	if err != nil {
 		return nil, err
 	}
-	var found *outbox.Envelope
-	for _, s := range []outbox.Status{outbox.Parked, outbox.Pending, outbox.Dispatched} {
-		err := scan(ctx, a, s, filter{bucket: -1}, 0, func(e *outbox.Envelope) bool {
+	var found *driver.Envelope
+	for _, s := range []driver.Status{driver.Parked, driver.Pending, driver.Dispatched} {
+		err := scan(ctx, a, s, filter{bucket: -1}, 0, func(e *driver.Envelope) bool {
 			if e.ID == id {
 				found = e
 				return false
@@ -458,11 +458,11 @@ const batchSize = 100
 // apply runs op on the selection in batches and reports progress. A run cut short
 // (ctx ended) returns errInterrupted after the batch in flight; running it again
 // finishes the rest, since requeued and purged messages are no longer parked.
-func (c *cli) apply(ctx context.Context, a outbox.Admin, verb string, sel selection, dry, quiet bool,
+func (c *cli) apply(ctx context.Context, a driver.Admin, verb string, sel selection, dry, quiet bool,
 	op func(ctx context.Context, ids ...uuid.UUID) (int, error)) error {
 	ids := sel.ids
 	if len(ids) == 0 {
-		err := scan(ctx, a, outbox.Parked, filter{topic: sel.topic, bucket: -1}, 0, func(e *outbox.Envelope) bool {
+		err := scan(ctx, a, driver.Parked, filter{topic: sel.topic, bucket: -1}, 0, func(e *driver.Envelope) bool {
 			ids = append(ids, e.ID)
 			return true
 		})
@@ -587,9 +587,9 @@ type relayView struct {
 	Owned       int       `json:"owned"`
 }
 
-func newLeasesView(view outbox.Coordination, buckets int, now time.Time) leasesView {
+func newLeasesView(view driver.Coordination, buckets int, now time.Time) leasesView {
 	v := leasesView{Leases: []leaseView{}, Relays: []relayView{}}
-	byBucket := map[int]outbox.Lease{}
+	byBucket := map[int]driver.Lease{}
 	for _, l := range view.Leases {
 		byBucket[l.Bucket] = l
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/truora/minidyn/server"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/internal/testenv"
 )
 
@@ -93,19 +94,19 @@ func ok(t *testing.T, b backend, args ...string) string {
 }
 
 // seed writes pending messages through the store and parks some of them, as a
-// dispatcher would; it returns the parked envelopes.
-func seed(t *testing.T, st *openedStore, topic string, n, park int) []*outbox.Envelope {
+// relay would; it returns the parked envelopes.
+func seed(t *testing.T, st *openedStore, topic string, n, park int) []*driver.Envelope {
 	t.Helper()
 	ctx := context.Background()
-	var envs []*outbox.Envelope
+	var envs []*driver.Envelope
 	for i := range n {
-		env, err := outbox.NewEnvelope(outbox.Message{Topic: topic, Key: fmt.Appendf(nil, "%s-key-%d", topic, i),
+		env, err := driver.NewEnvelope(outbox.Message{Topic: topic, Key: fmt.Appendf(nil, "%s-key-%d", topic, i),
 			Payload: fmt.Appendf(nil, `{"n":%d}`, i), Headers: []outbox.Header{{Key: "trace", Value: []byte("t1")}}}, st.BucketCount())
 		require.NoError(t, err)
 		envs = append(envs, env)
 	}
 	require.NoError(t, st.Enqueue(ctx, envs...))
-	var parked []*outbox.Envelope
+	var parked []*driver.Envelope
 	for _, e := range envs[:park] {
 		fetched, err := st.Fetch(ctx, e.Bucket, 1000)
 		require.NoError(t, err)

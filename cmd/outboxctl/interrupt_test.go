@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // interruptingWriter cancels a context the first time something is written to it,
@@ -45,9 +46,9 @@ func TestRequeueShowsProgressAndSurvivesAnInterrupt(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = st.Close() })
 	const n = 250
-	var envs []*outbox.Envelope
+	var envs []*driver.Envelope
 	for i := range n {
-		env, err := outbox.NewEnvelope(outbox.Message{Topic: "orders", Key: fmt.Appendf(nil, "k%d", i), Payload: []byte("x")}, st.BucketCount())
+		env, err := driver.NewEnvelope(outbox.Message{Topic: "orders", Key: fmt.Appendf(nil, "k%d", i), Payload: []byte("x")}, st.BucketCount())
 		require.NoError(t, err)
 		envs = append(envs, env)
 	}
@@ -71,7 +72,7 @@ func TestRequeueShowsProgressAndSurvivesAnInterrupt(t *testing.T) {
 	require.Contains(t, errOut.String(), "[############..................] 100/250 (100 changed)", "a progress bar")
 	require.Contains(t, errOut.String(), "run the same command again to finish")
 
-	stats, err := st.SQL.Stats(ctx)
+	stats, err := st.Store.(driver.Admin).Stats(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 150, stats.Parked, "exactly the first batch was requeued")
 
@@ -80,7 +81,7 @@ func TestRequeueShowsProgressAndSurvivesAnInterrupt(t *testing.T) {
 	require.Equal(t, exitOK, run(ctx, append([]string{"requeue"}, append(b.args, "-all")...), &out2, &errOut2))
 	require.Contains(t, out2.String(), "requeued 150 of 150")
 	require.Contains(t, errOut2.String(), "150/150 (150 changed)")
-	stats, err = st.SQL.Stats(ctx)
+	stats, err = st.Store.(driver.Admin).Stats(ctx)
 	require.NoError(t, err)
 	require.Zero(t, stats.Parked)
 

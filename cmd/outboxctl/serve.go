@@ -20,7 +20,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 //go:embed web
@@ -46,7 +46,7 @@ type adminOptions struct {
 // adminServer serves the admin page over one store.
 type adminServer struct {
 	st   *openedStore
-	adm  outbox.Admin
+	adm  driver.Admin
 	opts adminOptions
 	csrf string
 	mux  *http.ServeMux
@@ -151,7 +151,7 @@ type pageData struct {
 	Chart        chart
 	Leases       leasesView
 	ActiveRelays int
-	Parked       []*outbox.Envelope
+	Parked       []*driver.Envelope
 	MoreParked   bool
 	Topic        string
 	Writes       bool
@@ -186,7 +186,7 @@ func (s *adminServer) page(w http.ResponseWriter, r *http.Request) {
 			d.ActiveRelays++
 		}
 	}
-	err = scan(ctx, s.adm, outbox.Parked, filter{topic: d.Topic, bucket: -1}, s.opts.ParkedLimit+1, func(e *outbox.Envelope) bool {
+	err = scan(ctx, s.adm, driver.Parked, filter{topic: d.Topic, bucket: -1}, s.opts.ParkedLimit+1, func(e *driver.Envelope) bool {
 		d.Parked = append(d.Parked, e)
 		return true
 	})
@@ -241,7 +241,7 @@ func (s *adminServer) write(verb string, op func(context.Context, ...uuid.UUID) 
 		}
 		topic := r.PostForm.Get("topic")
 		if r.PostForm.Get("all") == "1" {
-			err := scan(ctx, s.adm, outbox.Parked, filter{topic: topic, bucket: -1}, 0, func(e *outbox.Envelope) bool {
+			err := scan(ctx, s.adm, driver.Parked, filter{topic: topic, bucket: -1}, 0, func(e *driver.Envelope) bool {
 				ids = append(ids, e.ID)
 				return true
 			})

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/internal/testenv"
 )
 
@@ -82,10 +83,10 @@ func seedPage(t *testing.T) *openedStore {
 	t.Cleanup(func() { _ = st.Close() })
 	require.NoError(t, st.SQL.Migrate(ctx))
 
-	var envs []*outbox.Envelope
+	var envs []*driver.Envelope
 	for i := range 240 {
 		topic := []string{"orders", "invoices", "shipments"}[i%3]
-		env, err := outbox.NewEnvelope(outbox.Message{Topic: topic, Key: fmt.Appendf(nil, "customer-%d", i%(7+i%23)), Payload: fmt.Appendf(nil, `{"n":%d}`, i)}, st.BucketCount())
+		env, err := driver.NewEnvelope(outbox.Message{Topic: topic, Key: fmt.Appendf(nil, "customer-%d", i%(7+i%23)), Payload: fmt.Appendf(nil, `{"n":%d}`, i)}, st.BucketCount())
 		require.NoError(t, err)
 		env.CreatedAt = env.CreatedAt.Add(-time.Duration(240-i) * time.Second)
 		envs = append(envs, env)
@@ -177,7 +178,7 @@ func TestAdminPageInChromium(t *testing.T) {
 
 	// With it: the page, whose numbers are the store's.
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/?token="+token), chromedp.WaitVisible(chromedp.CSS("#backlog-chart"))))
-	stats, err := st.SQL.Stats(context.Background())
+	stats, err := st.Store.(driver.Admin).Stats(context.Background())
 	require.NoError(t, err)
 	total := 0
 	for _, n := range stats.Pending {
@@ -221,10 +222,10 @@ func TestAdminPageInChromium(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS("#flash"))))
 	waitText(t, ctx, "#flash", "requeued 1 of 1")
 	require.Equal(t, "5", pageText(t, ctx, "#parked-total"))
-	var f outbox.Finder = st.SQL
+	f := st.Store.(driver.Finder)
 	env, err := f.Find(context.Background(), mustUUID(t, first))
 	require.NoError(t, err)
-	require.Equal(t, outbox.Pending, env.Status, "the store has it pending again")
+	require.Equal(t, driver.Pending, env.Status, "the store has it pending again")
 	require.Zero(t, env.Attempts)
 
 	// Purge one more.
@@ -234,7 +235,7 @@ func TestAdminPageInChromium(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS("#flash"))))
 	waitText(t, ctx, "#flash", "purged 1 of 1")
 	_, err = f.Find(context.Background(), mustUUID(t, second))
-	require.ErrorIs(t, err, outbox.ErrNotFound)
+	require.ErrorIs(t, err, driver.ErrNotFound)
 
 	// A POST without the form's CSRF token is refused, even with the bearer token.
 	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/requeue", strings.NewReader(url.Values{"all": {"1"}}.Encode()))
@@ -246,7 +247,7 @@ func TestAdminPageInChromium(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusForbidden, resp.StatusCode)
 	require.Contains(t, string(msg), "form token")
-	after, err := st.SQL.Stats(context.Background())
+	after, err := st.Store.(driver.Admin).Stats(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, 4, after.Parked, "nothing requeued by the refused POST")
 }
@@ -283,7 +284,7 @@ func TestAdminPageReadOnly(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	require.Contains(t, pageText(t, ctx, "body"), "read-only: start outboxctl serve with -allow-writes")
-	stats, err := st.SQL.Stats(context.Background())
+	stats, err := st.Store.(driver.Admin).Stats(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, 6, stats.Parked, "nothing requeued")
 }

@@ -20,9 +20,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/middleware"
 	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/dynamostore"
 	"github.com/outboxkit/outbox/store/memstore"
 	"github.com/outboxkit/outbox/store/sqlstore"
@@ -31,22 +32,23 @@ import (
 )
 
 // pendingCount counts what a store holds in any status.
-func pendingCount(t *testing.T, s outbox.DispatchStore) int {
+func pendingCount(t *testing.T, h driver.Handle) int {
 	t.Helper()
-	return len(stored(t, s))
+	return len(stored(t, h))
 }
 
 // stored returns every envelope a store holds, pending and parked.
-func stored(t *testing.T, s outbox.DispatchStore) []*outbox.Envelope {
+func stored(t *testing.T, h driver.Handle) []*driver.Envelope {
 	t.Helper()
-	var all []*outbox.Envelope
+	s := h.Driver()
+	var all []*driver.Envelope
 	for b := range s.BucketCount() {
 		envs, err := s.Fetch(context.Background(), b, 100_000)
 		require.NoError(t, err)
 		all = append(all, envs...)
 	}
-	if admin, ok := s.(outbox.Admin); ok {
-		parked, err := admin.List(context.Background(), outbox.Parked, outbox.Cursor{}, 100_000)
+	if admin, ok := s.(driver.Admin); ok {
+		parked, err := admin.List(context.Background(), driver.Parked, driver.Cursor{}, 100_000)
 		require.NoError(t, err)
 		all = append(all, parked...)
 	}
@@ -63,7 +65,7 @@ func sqliteStore(t *testing.T, cfg sqlstore.Config) *sqlstore.Store {
 }
 
 // newSender is a capture on s with cfg, failing the test if it cannot be built.
-func newSender(t *testing.T, s outbox.Store, cfg outbox.SenderConfig) *outbox.Capture {
+func newSender(t *testing.T, s outbox.Store, cfg outbox.SenderConfig) outbox.Sender {
 	t.Helper()
 	c, err := outbox.NewSender(s, cfg)
 	require.NoError(t, err)
@@ -134,17 +136,20 @@ func TestOversizedRejectedAtCapture(t *testing.T) {
 	})
 	t.Run("transport limit/sqs", func(t *testing.T) {
 		// The transport never dials at construction; its limit is what capture needs.
-		tr, err := sqstransport.New(awssqs.New(awssqs.Options{Region: "us-east-1"}), sqstransport.Config{MaxBytes: sqstransport.MinMaxBytes})
+		tr, err := sqstransport.New(awssqs.New(awssqs.Options{Region: "us-east-1"}), sqstransport.Config{QueueLimit: sqstransport.MinQueueLimit})
 		require.NoError(t, err)
-		require.Less(t, tr.MaxMessageSize(), sqstransport.MinMaxBytes, "the limit leaves room for the attributes the transport adds")
+		require.Less(t, tr.MaxMessageSize(), sqstransport.MinQueueLimit, "the limit leaves room for the attributes the transport adds")
 		s, err := memstore.New(memstore.Config{}) // the store alone would take it
 		require.NoError(t, err)
 		ob := newSender(t, s, outbox.SenderConfig{Mode: outbox.Immediate, Transport: tr})
-		require.Equal(t, tr.MaxMessageSize(), ob.MaxMessageSize(), "wiring the transport is the one step")
+		// Wiring the transport is the one step: its limit is the sender's.
+		requireTooLarge(t, ob.Send(ctx, sized(tr.MaxMessageSize()+1)))
 		over := outbox.Message{Topic: "t", Payload: bytes.Repeat([]byte{'a'}, tr.MaxMessageSize())}
 		requireTooLarge(t, ob.Send(ctx, over))
+		require.Zero(t, pendingCount(t, s))
+		require.NoError(t, ob.Send(ctx, sized(tr.MaxMessageSize())), "a message exactly at the transport's limit is accepted")
 		require.NoError(t, ob.Send(ctx, small))
-		require.Equal(t, 1, pendingCount(t, s))
+		require.Equal(t, 2, pendingCount(t, s))
 	})
 	t.Run("transport limit/kafka", func(t *testing.T) {
 		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "t"))
@@ -158,20 +163,30 @@ func TestOversizedRejectedAtCapture(t *testing.T) {
 		s, err := memstore.New(memstore.Config{}) // the store alone would take it
 		require.NoError(t, err)
 		ob := newSender(t, s, outbox.SenderConfig{Transport: tr})
-		require.Equal(t, 1500, ob.MaxMessageSize())
 		err = s.Transact(ctx, func(ctx context.Context) error {
 			require.NoError(t, ob.Send(ctx, small))
 			return ob.Send(ctx, big)
 		})
 		requireTooLarge(t, err)
 		require.Zero(t, pendingCount(t, s), "the unit of work must write nothing")
+		// The sender's limit is the transport's 1500 bytes, to the byte.
+		requireTooLarge(t, s.Transact(ctx, func(ctx context.Context) error { return ob.Send(ctx, sized(1501)) }))
+		require.Zero(t, pendingCount(t, s))
+		require.NoError(t, s.Transact(ctx, func(ctx context.Context) error { return ob.Send(ctx, sized(1500)) }))
 		require.NoError(t, s.Transact(ctx, func(ctx context.Context) error { return ob.Send(ctx, small) }))
-		require.Equal(t, 1, pendingCount(t, s))
+		require.Equal(t, 2, pendingCount(t, s))
 	})
 }
 
+// sized is a message of exactly size bytes ([outbox.Message.Size]).
+func sized(size int) outbox.Message {
+	m := outbox.Message{Topic: "t", Key: []byte("k")}
+	m.Payload = bytes.Repeat([]byte{'x'}, size-m.Size())
+	return m
+}
+
 // limitedTransport is a Recorder with a message-size limit, as a real transport
-// declares one through outbox.SizeLimiter.
+// declares one through driver.SizeLimiter.
 type limitedTransport struct {
 	*outboxtest.Recorder
 	max int
@@ -186,28 +201,21 @@ func (l limitedTransport) MaxMessageSize() int { return l.max }
 // work, and writes nothing; a message exactly at the limit is accepted.
 func TestOversizedForTransportRefusedOnEveryStore(t *testing.T) {
 	const limit = 1000
-	onEveryStore(t, func(t *testing.T, s outbox.DispatchStore) {
+	onEveryStore(t, func(t *testing.T, s outboxtest.Store) {
 		ctx := context.Background()
 		tr := limitedTransport{outboxtest.NewRecorder(), limit}
 		unit := newSender(t, s, outbox.SenderConfig{Transport: tr})
-		immediate, err := unit.WithMode(outbox.Immediate)
-		require.NoError(t, err)
-		require.Equal(t, limit, unit.MaxMessageSize(), "the transport's limit is the smallest")
+		immediate := newSender(t, s, outbox.SenderConfig{Mode: outbox.Immediate, Transport: tr})
 
-		msg := func(size int) outbox.Message {
-			m := outbox.Message{Topic: "t", Key: []byte("k")}
-			m.Payload = bytes.Repeat([]byte{'x'}, size-m.Size())
-			return m
-		}
-		requireTooLarge(t, immediate.Send(ctx, msg(limit+1)))
-		err = s.Transact(ctx, func(ctx context.Context) error {
-			require.NoError(t, unit.Send(ctx, msg(10)))
-			return unit.Send(ctx, msg(limit+1))
+		requireTooLarge(t, immediate.Send(ctx, sized(limit+1)))
+		err := s.Transact(ctx, func(ctx context.Context) error {
+			require.NoError(t, unit.Send(ctx, sized(10)))
+			return unit.Send(ctx, sized(limit+1))
 		})
 		requireTooLarge(t, err)
 		require.Zero(t, pendingCount(t, s), "nothing may be written")
 
-		require.NoError(t, s.Transact(ctx, func(ctx context.Context) error { return unit.Send(ctx, msg(limit)) }),
+		require.NoError(t, s.Transact(ctx, func(ctx context.Context) error { return unit.Send(ctx, sized(limit)) }),
 			"a message exactly at the limit is accepted")
 		require.Equal(t, 1, pendingCount(t, s))
 	})
@@ -225,7 +233,7 @@ func TestInvalidTopicAndRoute(t *testing.T) {
 	router.Handle("orders", ob)
 
 	err = router.Send(ctx, outbox.Message{Topic: "invoices", Payload: []byte("x")})
-	require.ErrorIs(t, err, outbox.ErrNoRoute)
+	require.ErrorIs(t, err, middleware.ErrNoRoute)
 	require.Contains(t, err.Error(), "invoices")
 	require.ErrorIs(t, ob.Send(ctx, outbox.Message{Payload: []byte("x")}), outbox.ErrInvalidMessage)
 	neg := int32(-1)
@@ -250,11 +258,10 @@ func TestInvalidTextRefusedOnEveryStore(t *testing.T) {
 		{Topic: "orders", Headers: []outbox.Header{{Key: "trace\x00", Value: []byte("v")}}},
 		{Topic: "orders", Headers: []outbox.Header{{Key: "ok", Value: []byte("v")}, {Key: "\xfe\xff", Value: []byte("v")}}},
 	}
-	onEveryStore(t, func(t *testing.T, s outbox.DispatchStore) {
+	onEveryStore(t, func(t *testing.T, s outboxtest.Store) {
 		ctx := context.Background()
 		unit := newSender(t, s, outbox.SenderConfig{})
-		immediate, err := unit.WithMode(outbox.Immediate)
-		require.NoError(t, err)
+		immediate := newSender(t, s, outbox.SenderConfig{Mode: outbox.Immediate})
 		for i, m := range bad {
 			m.Key, m.Payload = []byte("k"), []byte("p")
 			require.ErrorIs(t, immediate.Send(ctx, m), outbox.ErrInvalidMessage, "case %d, Immediate", i)
@@ -265,10 +272,10 @@ func TestInvalidTextRefusedOnEveryStore(t *testing.T) {
 			require.ErrorIs(t, err, outbox.ErrInvalidMessage, "case %d, unit of work", i)
 
 			// A writer that builds envelopes itself reaches the store's own check.
-			env, err := outbox.NewEnvelope(outbox.Message{Topic: "orders", Key: []byte("k")}, s.BucketCount())
+			env, err := driver.NewEnvelope(outbox.Message{Topic: "orders", Key: []byte("k")}, s.Driver().BucketCount())
 			require.NoError(t, err)
 			env.Topic, env.Headers = m.Topic, m.Headers
-			require.ErrorIs(t, s.Enqueue(ctx, env), outbox.ErrInvalidMessage, "case %d, Store.Enqueue", i)
+			require.ErrorIs(t, s.Driver().Enqueue(ctx, env), outbox.ErrInvalidMessage, "case %d, driver.Store.Enqueue", i)
 		}
 		require.Zero(t, pendingCount(t, s), "nothing may be written")
 
@@ -320,9 +327,9 @@ func TestBucketCountsThatDisagree(t *testing.T) {
 	s8, err := memstore.New(memstore.Config{BucketCount: 8})
 	require.NoError(t, err)
 
-	env4, err := outbox.NewEnvelope(outbox.Message{Topic: "t", Key: []byte("k")}, 4)
+	env4, err := driver.NewEnvelope(outbox.Message{Topic: "t", Key: []byte("k")}, 4)
 	require.NoError(t, err)
-	require.ErrorIs(t, s8.Enqueue(ctx, env4), outbox.ErrMisconfigured, "a store refuses another writer's count")
+	require.ErrorIs(t, s8.Driver().Enqueue(ctx, env4), outbox.ErrMisconfigured, "a store refuses another writer's count")
 	require.Zero(t, pendingCount(t, s8))
 
 	_, err = relay.New(s8, outboxtest.NewRecorder(), relay.Config{BucketCount: 4})
@@ -336,10 +343,10 @@ func TestBucketCountsThatDisagree(t *testing.T) {
 	writer = migrated(t, writer, err)
 	relayStore, err := sqlstore.NewDB(db, sqlstore.SQLite, sqlstore.Config{Table: table, BucketCount: 8})
 	require.NoError(t, err)
-	env, err := outbox.NewEnvelope(outbox.Message{Topic: "t", Key: []byte("k")}, 4)
+	env, err := driver.NewEnvelope(outbox.Message{Topic: "t", Key: []byte("k")}, 4)
 	require.NoError(t, err)
 	env.Bucket = 1 // a bucket both counts have
-	require.NoError(t, writer.Enqueue(ctx, env))
+	require.NoError(t, writer.Driver().Enqueue(ctx, env))
 
 	rec := outboxtest.NewRecorder()
 	d, err := relay.New(relayStore, rec, relay.Config{ // the relay takes its store's 8
@@ -357,19 +364,19 @@ func TestBucketCountsThatDisagree(t *testing.T) {
 	}
 	require.ErrorIs(t, d.Err(), outbox.ErrMisconfigured)
 	require.Zero(t, rec.Len(), "nothing may be published under the wrong count")
-	found, err := writer.Find(ctx, env.ID)
+	found, err := writer.Driver().(driver.Finder).Find(ctx, env.ID)
 	require.NoError(t, err, "the message must still be stored")
-	require.Equal(t, outbox.Pending, found.Status)
+	require.Equal(t, driver.Pending, found.Status)
 }
 
 // TestTransactionalSendOutsideUnitOfWork: on every store, a send with the default
 // (Transactional) sender and a ctx that is in no unit of work fails at Send with
 // ErrNoTransaction, whose text names the fix, and nothing is written.
 func TestTransactionalSendOutsideUnitOfWork(t *testing.T) {
-	onEveryStore(t, func(t *testing.T, s outbox.DispatchStore) {
+	onEveryStore(t, func(t *testing.T, s outboxtest.Store) {
 		ctx := context.Background()
 		ob := newSender(t, s, outbox.SenderConfig{})
-		require.Equal(t, outbox.Transactional, ob.Mode(), "Transactional is the default")
+		require.Equal(t, outbox.Transactional, outbox.SenderConfig{}.Mode, "Transactional is the default")
 		err := ob.Send(ctx, outbox.Message{Topic: "t", Payload: []byte("x")})
 		require.ErrorIs(t, err, outbox.ErrNoTransaction)
 		require.Contains(t, err.Error(), "the ctx that Transact passes to its function")
@@ -384,7 +391,7 @@ func TestTransactionalSendOutsideUnitOfWork(t *testing.T) {
 // to its function; a handler that returns that error rolls the unit back, so nothing
 // is written, not even the sends made with the right ctx.
 func TestSendWithOuterCtxInsideTransact(t *testing.T) {
-	onEveryStore(t, func(t *testing.T, s outbox.DispatchStore) {
+	onEveryStore(t, func(t *testing.T, s outboxtest.Store) {
 		outer := context.Background()
 		ob := newSender(t, s, outbox.SenderConfig{})
 		var sendErr error
@@ -426,8 +433,7 @@ func TestStoreUsedBeforeMigrate(t *testing.T) {
 			}
 
 			unit := newSender(t, s, outbox.SenderConfig{})
-			immediate, err := unit.WithMode(outbox.Immediate)
-			require.NoError(t, err)
+			immediate := newSender(t, s, outbox.SenderConfig{Mode: outbox.Immediate})
 			msg := outbox.Message{Topic: "t", Key: []byte("k"), Payload: []byte("p")}
 			requireMigrate(immediate.Send(ctx, msg), "an Immediate send")
 			order := func(id int) error {
@@ -497,10 +503,10 @@ func (c *countingDynamo) TransactWriteItems(ctx context.Context, in *ddb.Transac
 
 // TestDynamoDBUnitOfWorkOverItsLimits: a DynamoDB unit of work beyond one
 // TransactWriteItems request (more than 100 items, messages and application items
-// together) fails with ErrTooLarge, at AddItems when the unit is already full or at
-// commit otherwise, before anything is sent: neither the messages nor the
-// application's items are written. A unit with nothing in it returns nil and makes no
-// request; a unit at the limit commits.
+// together) fails with ErrTooLarge, at AddItems when the application's items alone
+// are too many or at commit otherwise, before anything is sent: neither the messages
+// nor the application's items are written. A unit with nothing in it returns nil and
+// makes no request; a unit at the limit commits.
 func TestDynamoDBUnitOfWorkOverItsLimits(t *testing.T) {
 	ctx := context.Background()
 	client := &countingDynamo{Client: dynamoClient(t)}
@@ -542,7 +548,19 @@ func TestDynamoDBUnitOfWorkOverItsLimits(t *testing.T) {
 		}
 		return dynamostore.AddItems(ctx, app)
 	})
-	require.ErrorIs(t, err, outbox.ErrTooLarge, "AddItems refuses an item the full unit cannot take")
+	require.ErrorIs(t, err, outbox.ErrTooLarge, "an item added to a unit already full of messages is refused at commit")
+	require.Contains(t, err.Error(), "nothing was written")
+	many := make([]ddbtypes.TransactWriteItem, dynamostore.MaxEnqueue+1)
+	for i := range many {
+		many[i] = ddbtypes.TransactWriteItem{Put: &ddbtypes.Put{TableName: aws.String("outbox"), Item: map[string]ddbtypes.AttributeValue{
+			"PK": &ddbtypes.AttributeValueMemberS{Value: fmt.Sprintf("APP#%d", i)}, "SK": &ddbtypes.AttributeValueMemberS{Value: "state"},
+		}}}
+	}
+	err = s.Transact(ctx, func(ctx context.Context) error {
+		require.NoError(t, ob.Send(ctx, outbox.Message{Topic: "t", Key: []byte("k")}))
+		return dynamostore.AddItems(ctx, many...)
+	})
+	require.ErrorIs(t, err, outbox.ErrTooLarge, "AddItems refuses more application items than one request takes")
 	require.Contains(t, err.Error(), "nothing was added")
 	require.Zero(t, pendingCount(t, s), "a refused unit of work writes nothing")
 	out, err := client.Client.GetItem(ctx, &ddb.GetItemInput{TableName: aws.String("outbox"), Key: app.Put.Item})
@@ -637,7 +655,7 @@ func TestHeadersOfEveryByteValue(t *testing.T) {
 	for i := range 256 {
 		headers = append(headers, outbox.Header{Key: fmt.Sprintf("b%03d", i), Value: []byte{byte(i), byte(255 - i)}})
 	}
-	onEveryStore(t, func(t *testing.T, s outbox.DispatchStore) {
+	onEveryStore(t, func(t *testing.T, s outboxtest.Store) {
 		ctx := context.Background()
 		ob := newSender(t, s, outbox.SenderConfig{})
 		require.NoError(t, s.Transact(ctx, func(ctx context.Context) error {

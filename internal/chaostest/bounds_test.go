@@ -16,22 +16,26 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/memstore"
 )
 
 // errStoreDown is what faultyStore returns while it is down.
 var errStoreDown = errors.New("store unreachable")
 
-// faultyStore wraps a real store, counts the calls a relay makes, and fails every
-// one of them while it is down. It exposes only outbox.DispatchStore, so the
-// dispatcher polls instead of waiting for wake-ups.
+// faultyStore wraps a real store's relay side, counts the calls a relay makes, and
+// fails every one of them while it is down. It exposes only driver.Store, so the
+// relay polls instead of waiting for wake-ups.
 type faultyStore struct {
-	outbox.DispatchStore
+	driver.Store
 	down  atomic.Bool
 	calls atomic.Int64
 }
+
+// Driver hands the relay the wrapper.
+func (f *faultyStore) Driver() driver.Store { return f }
 
 func (f *faultyStore) enter() error {
 	f.calls.Add(1)
@@ -41,109 +45,108 @@ func (f *faultyStore) enter() error {
 	return nil
 }
 
-func (f *faultyStore) Fetch(ctx context.Context, bucket, limit int) ([]*outbox.Envelope, error) {
+func (f *faultyStore) Fetch(ctx context.Context, bucket, limit int) ([]*driver.Envelope, error) {
 	if err := f.enter(); err != nil {
 		return nil, err
 	}
-	return f.DispatchStore.Fetch(ctx, bucket, limit)
+	return f.Store.Fetch(ctx, bucket, limit)
 }
 
-func (f *faultyStore) Complete(ctx context.Context, envs []*outbox.Envelope) error {
+func (f *faultyStore) Complete(ctx context.Context, envs []*driver.Envelope) error {
 	if err := f.enter(); err != nil {
 		return err
 	}
-	return f.DispatchStore.Complete(ctx, envs)
+	return f.Store.Complete(ctx, envs)
 }
 
-func (f *faultyStore) Reschedule(ctx context.Context, env *outbox.Envelope, next time.Time, cause string) error {
+func (f *faultyStore) Reschedule(ctx context.Context, env *driver.Envelope, next time.Time, cause string) error {
 	if err := f.enter(); err != nil {
 		return err
 	}
-	return f.DispatchStore.Reschedule(ctx, env, next, cause)
+	return f.Store.Reschedule(ctx, env, next, cause)
 }
 
-func (f *faultyStore) Park(ctx context.Context, env *outbox.Envelope, cause string) error {
+func (f *faultyStore) Park(ctx context.Context, env *driver.Envelope, cause string) error {
 	if err := f.enter(); err != nil {
 		return err
 	}
-	return f.DispatchStore.Park(ctx, env, cause)
+	return f.Store.Park(ctx, env, cause)
 }
 
-func (f *faultyStore) ReadCoordination(ctx context.Context) (outbox.Coordination, error) {
+func (f *faultyStore) ReadCoordination(ctx context.Context) (driver.Coordination, error) {
 	if err := f.enter(); err != nil {
-		return outbox.Coordination{}, err
+		return driver.Coordination{}, err
 	}
-	return f.DispatchStore.ReadCoordination(ctx)
+	return f.Store.ReadCoordination(ctx)
 }
 
-func (f *faultyStore) ReadRelays(ctx context.Context) ([]outbox.RelayRecord, error) {
+func (f *faultyStore) ReadRelays(ctx context.Context) ([]driver.RelayRecord, error) {
 	if err := f.enter(); err != nil {
 		return nil, err
 	}
-	return f.DispatchStore.ReadRelays(ctx)
+	return f.Store.ReadRelays(ctx)
 }
 
 func (f *faultyStore) Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int) (bool, error) {
 	if err := f.enter(); err != nil {
 		return false, err
 	}
-	return f.DispatchStore.Heartbeat(ctx, relay, at, bucketCount)
+	return f.Store.Heartbeat(ctx, relay, at, bucketCount)
 }
 
 func (f *faultyStore) Claim(ctx context.Context, bucket int, owner string, now, expiresAt time.Time) (bool, error) {
 	if err := f.enter(); err != nil {
 		return false, err
 	}
-	return f.DispatchStore.Claim(ctx, bucket, owner, now, expiresAt)
+	return f.Store.Claim(ctx, bucket, owner, now, expiresAt)
 }
 
-func (f *faultyStore) Renew(ctx context.Context, held outbox.Lease, now, expiresAt time.Time) (bool, error) {
+func (f *faultyStore) Renew(ctx context.Context, held driver.Lease, now, expiresAt time.Time) (bool, error) {
 	if err := f.enter(); err != nil {
 		return false, err
 	}
-	return f.DispatchStore.Renew(ctx, held, now, expiresAt)
+	return f.Store.Renew(ctx, held, now, expiresAt)
 }
 
-func (f *faultyStore) Release(ctx context.Context, held outbox.Lease) (bool, error) {
+func (f *faultyStore) Release(ctx context.Context, held driver.Lease) (bool, error) {
 	if err := f.enter(); err != nil {
 		return false, err
 	}
-	return f.DispatchStore.Release(ctx, held)
+	return f.Store.Release(ctx, held)
 }
 
 func (f *faultyStore) StopRelay(ctx context.Context, relay string, at time.Time) error {
 	if err := f.enter(); err != nil {
 		return err
 	}
-	return f.DispatchStore.StopRelay(ctx, relay, at)
+	return f.Store.StopRelay(ctx, relay, at)
 }
 
 func (f *faultyStore) DeleteRelay(ctx context.Context, relay string, lastSeen time.Time) (bool, error) {
 	if err := f.enter(); err != nil {
 		return false, err
 	}
-	return f.DispatchStore.DeleteRelay(ctx, relay, lastSeen)
+	return f.Store.DeleteRelay(ctx, relay, lastSeen)
 }
 
 func enqueueN(t testing.TB, s outbox.Store, n, from int) {
 	t.Helper()
-	envs := make([]*outbox.Envelope, 0, 1000)
+	msgs := make([]outbox.Message, 0, 1000)
 	flush := func() {
-		require.NoError(t, s.Enqueue(context.Background(), envs...))
-		envs = envs[:0]
+		require.NoError(t, s.Enqueue(context.Background(), msgs...))
+		msgs = msgs[:0]
 	}
 	for i := range n {
-		env, err := outbox.NewEnvelope(outbox.Message{
+		msgs = append(msgs, outbox.Message{
 			Topic:   "t",
 			Key:     fmt.Appendf(nil, "k%d", (from+i)%97),
 			Payload: fmt.Appendf(nil, "payload-%08d", from+i),
-		}, s.BucketCount())
-		require.NoError(t, err)
-		if envs = append(envs, env); len(envs) == cap(envs) {
+		})
+		if len(msgs) == cap(msgs) {
 			flush()
 		}
 	}
-	if len(envs) > 0 {
+	if len(msgs) > 0 {
 		flush()
 	}
 }
@@ -154,7 +157,7 @@ func enqueueN(t testing.TB, s outbox.Store, n, from int) {
 func TestStoreOutageBacksOffAndRecovers(t *testing.T) {
 	inner, err := memstore.New(memstore.Config{BucketCount: 4})
 	require.NoError(t, err)
-	store := &faultyStore{DispatchStore: inner}
+	store := &faultyStore{Store: inner.Driver()}
 	rec := outboxtest.NewRecorder()
 	const renew = 200 * time.Millisecond
 	d, err := relay.New(store, rec, relay.Config{

@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/outboxtest/chaos"
 	"github.com/outboxkit/outbox/store/memstore"
@@ -57,7 +56,7 @@ func verify(t *testing.T, rep chaos.Report, cfg chaos.Config) {
 
 func TestChaosMemory(t *testing.T) {
 	rep := chaos.Run(t, outboxtest.StoreHarness{
-		New: func(t *testing.T, bucketCount int) outbox.DispatchStore {
+		New: func(t *testing.T, bucketCount int) outboxtest.Store {
 			s, err := memstore.New(memstore.Config{BucketCount: bucketCount})
 			require.NoError(t, err)
 			return s
@@ -81,11 +80,11 @@ func TestChaosPostgresPgx(t *testing.T) {
 	cfg := chaosConfig()
 	cfg.Reopen = reopenSQL
 	rep := chaos.Run(t, outboxtest.StoreHarness{
-		New: func(t *testing.T, bucketCount int) outbox.DispatchStore {
+		New: func(t *testing.T, bucketCount int) outboxtest.Store {
 			s, err := sqlstore.NewPgx(pool, sqlstore.Config{Table: uniqueTable("chaos"), BucketCount: bucketCount})
 			return migrated(t, s, err)
 		},
-		Transact: func(ctx context.Context, s outbox.DispatchStore, fn func(ctx context.Context) error) error {
+		Transact: func(ctx context.Context, s outboxtest.Store, fn func(ctx context.Context) error) error {
 			return s.Transact(ctx, func(ctx context.Context) error {
 				// The application's own write, in the same transaction.
 				tx, ok := sqlstore.PgxTx(ctx)
@@ -104,7 +103,7 @@ func TestChaosPostgresPgx(t *testing.T) {
 
 // reopenSQL opens another store on the same client and tables, as a relay in another
 // process would.
-func reopenSQL(t *testing.T, s outbox.DispatchStore) outbox.DispatchStore {
+func reopenSQL(t *testing.T, s outboxtest.Store) outboxtest.Store {
 	st := s.(*sqlstore.Store)
 	cfg := st.Config()
 	var (
@@ -127,13 +126,13 @@ func reopenSQL(t *testing.T, s outbox.DispatchStore) outbox.DispatchStore {
 
 func sqlHarness(db func(t *testing.T) *sql.DB, dialect sqlstore.Dialect) outboxtest.StoreHarness {
 	return outboxtest.StoreHarness{
-		New: func(t *testing.T, bucketCount int) outbox.DispatchStore {
+		New: func(t *testing.T, bucketCount int) outboxtest.Store {
 			s, err := sqlstore.NewDB(db(t), dialect, sqlstore.Config{Table: uniqueTable("chaos"), BucketCount: bucketCount})
 			return migrated(t, s, err)
 		},
-		Transact: func(ctx context.Context, s outbox.DispatchStore, fn func(ctx context.Context) error) error {
+		Transact: func(ctx context.Context, s outboxtest.Store, fn func(ctx context.Context) error) error {
 			return s.Transact(ctx, func(ctx context.Context) error {
-				tx, ok := sqlstore.Tx(ctx)
+				tx, ok := sqlstore.SQLTx(ctx)
 				if !ok {
 					return errors.New("no *sql.Tx inside the unit of work")
 				}

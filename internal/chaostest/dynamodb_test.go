@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/truora/minidyn/server"
 
-	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/outboxtest/chaos"
 	"github.com/outboxkit/outbox/store/dynamostore"
@@ -48,7 +47,7 @@ func dynamoConfig() chaos.Config {
 
 func TestChaosDynamoDB(t *testing.T) {
 	cfg := dynamoConfig()
-	cfg.Reopen = func(t *testing.T, s outbox.DispatchStore) outbox.DispatchStore {
+	cfg.Reopen = func(t *testing.T, s outboxtest.Store) outboxtest.Store {
 		st := s.(*dynamostore.Store)
 		var client *ddb.Client
 		require.True(t, st.As(&client))
@@ -57,7 +56,7 @@ func TestChaosDynamoDB(t *testing.T) {
 		return other
 	}
 	rep := chaos.Run(t, outboxtest.StoreHarness{
-		New: func(t *testing.T, bucketCount int) outbox.DispatchStore {
+		New: func(t *testing.T, bucketCount int) outboxtest.Store {
 			client := dynamoClient(t)
 			cfg := dynamostore.Config{TableName: "outbox", BucketCount: bucketCount}
 			// The table exists before any concurrent work starts.

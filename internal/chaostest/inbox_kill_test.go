@@ -20,6 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/store/sqlstore"
 	"github.com/outboxkit/outbox/transport/kafkatransport"
 )
@@ -171,9 +172,9 @@ func (r *inboxRig) publish(t *testing.T, topic string, n int) map[string]bool {
 	tr, err := kafkatransport.New(cl, kafkatransport.Config{})
 	require.NoError(t, err)
 	ids := map[string]bool{}
-	var envs []*outbox.Envelope
+	var envs []*driver.Envelope
 	for i := range n {
-		env, err := outbox.NewEnvelope(outbox.Message{Topic: topic, Key: []byte(fmt.Sprint("key-", i%17)), Payload: []byte(fmt.Sprint(i))}, outbox.DefaultBucketCount)
+		env, err := driver.NewEnvelope(outbox.Message{Topic: topic, Key: []byte(fmt.Sprint("key-", i%17)), Payload: []byte(fmt.Sprint(i))}, driver.DefaultBucketCount)
 		require.NoError(t, err)
 		envs = append(envs, env)
 		ids[env.ID.String()] = true

@@ -18,6 +18,7 @@ import (
 	"github.com/truora/minidyn/server"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	emulator "github.com/outboxkit/outbox/internal/sqsemulator"
 	"github.com/outboxkit/outbox/store/dynamostore"
 	"github.com/outboxkit/outbox/transport/sqstransport"
@@ -146,9 +147,9 @@ func (r *sqsRig) publish(t *testing.T, n int, topics ...string) map[string]bool 
 	require.NoError(t, err)
 	ids := map[string]bool{}
 	for _, topic := range topics {
-		var envs []*outbox.Envelope
+		var envs []*driver.Envelope
 		for i := range n {
-			env, err := outbox.NewEnvelope(outbox.Message{Topic: topic, Key: []byte(fmt.Sprint("key-", i%13)), Payload: []byte(fmt.Sprint(i))}, outbox.DefaultBucketCount)
+			env, err := driver.NewEnvelope(outbox.Message{Topic: topic, Key: []byte(fmt.Sprint("key-", i%13)), Payload: []byte(fmt.Sprint(i))}, driver.DefaultBucketCount)
 			require.NoError(t, err)
 			// The same message on every queue: one id, so one key.
 			env.ID, _ = uuid.Parse(fmt.Sprintf("00000000-0000-7000-8000-%012d", i))

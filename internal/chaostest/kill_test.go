@@ -313,7 +313,7 @@ func TestKilledRelayProcessLosesNothing(t *testing.T) {
 	_, _, published := victim.snapshot()
 
 	// The dead relay's leases as it left them: they name it until they lapse.
-	view, err := store.ReadCoordination(ctx)
+	view, err := store.Driver().ReadCoordination(ctx)
 	require.NoError(t, err)
 	expiry := map[int]time.Time{}
 	var victimBuckets []int
@@ -409,7 +409,7 @@ func TestKilledRelayProcessLosesNothing(t *testing.T) {
 	// survivors stop gracefully.
 	require.Eventually(t, func() bool {
 		for b := range killBuckets {
-			envs, err := store.Fetch(ctx, b, 10)
+			envs, err := store.Driver().Fetch(ctx, b, 10)
 			if err != nil || len(envs) > 0 {
 				return false
 			}
@@ -443,7 +443,7 @@ func TestStoppedRelayProcessHandsBucketsOver(t *testing.T) {
 	a, b := f.start(t, "relay-a"), f.start(t, "relay-b")
 	waitSplit(t, []*relayProc{a, b}, 20*time.Second)
 
-	view, err := f.store.ReadCoordination(ctx)
+	view, err := f.store.Driver().ReadCoordination(ctx)
 	require.NoError(t, err)
 	var lapse time.Time // when the first of a's leases would lapse
 	for _, l := range view.Leases {
@@ -461,7 +461,7 @@ func TestStoppedRelayProcessHandsBucketsOver(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("relay-a did not stop after SIGTERM")
 	}
-	view, err = f.store.ReadCoordination(ctx)
+	view, err = f.store.Driver().ReadCoordination(ctx)
 	require.NoError(t, err)
 	for _, r := range view.Relays {
 		if r.ID == a.id {

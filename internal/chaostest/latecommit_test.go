@@ -7,8 +7,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/sqlstore"
 )
 
@@ -28,10 +28,8 @@ func TestLateCommitKeepsKeyOrderAcrossProcesses(t *testing.T) {
 	relayStore, err := sqlstore.NewPgx(pool, s.Config())
 	require.NoError(t, err)
 	defer func() { _ = relayStore.Close() }()
-	msg := func(key, payload string) *outbox.Envelope {
-		env, err := outbox.NewEnvelope(outbox.Message{Topic: "t", Key: []byte(key), Payload: []byte(payload)}, 1)
-		require.NoError(t, err)
-		return env
+	msg := func(key, payload string) outbox.Message {
+		return outbox.Message{Topic: "t", Key: []byte(key), Payload: []byte(payload)}
 	}
 
 	// Writer A's transaction takes its Seq for K1 and stays open.
@@ -58,7 +56,7 @@ func TestLateCommitKeepsKeyOrderAcrossProcesses(t *testing.T) {
 	require.NoError(t, s.Enqueue(ctx, msg("K", "K2")))
 
 	// The store's head must show K1 before K2, and the relay must publish them so.
-	head, err := relayStore.Fetch(ctx, 0, 10)
+	head, err := relayStore.Driver().Fetch(ctx, 0, 10)
 	require.NoError(t, err)
 	var got []string
 	for _, e := range head {

@@ -19,8 +19,8 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 
-	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/store/dynamostore"
 	"github.com/outboxkit/outbox/store/memstore"
 	"github.com/outboxkit/outbox/store/sqlstore"
@@ -147,23 +147,23 @@ func sqlKinds() []sqlKind {
 type storeKind struct {
 	name string
 	// open returns a fresh, empty store with the default bucket count, ready to use.
-	open func(t *testing.T) outbox.DispatchStore
+	open func(t *testing.T) outboxtest.Store
 }
 
 func everyStore() []storeKind {
-	kinds := []storeKind{{"memory", func(t *testing.T) outbox.DispatchStore {
+	kinds := []storeKind{{"memory", func(t *testing.T) outboxtest.Store {
 		s, err := memstore.New(memstore.Config{})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = s.Close() })
 		return s
 	}}}
 	for _, k := range sqlKinds() {
-		kinds = append(kinds, storeKind{k.name, func(t *testing.T) outbox.DispatchStore {
+		kinds = append(kinds, storeKind{k.name, func(t *testing.T) outboxtest.Store {
 			s, _ := k.open(t)
 			return migrated(t, s, nil)
 		}})
 	}
-	return append(kinds, storeKind{"dynamodb", func(t *testing.T) outbox.DispatchStore {
+	return append(kinds, storeKind{"dynamodb", func(t *testing.T) outboxtest.Store {
 		client := dynamoClient(t)
 		cfg := dynamostore.Config{TableName: "outbox"}
 		require.NoError(t, dynamostore.CreateIfNotExists(context.Background(), client, cfg))
@@ -175,7 +175,7 @@ func everyStore() []storeKind {
 }
 
 // onEveryStore runs test on a fresh store of every kind.
-func onEveryStore(t *testing.T, test func(t *testing.T, s outbox.DispatchStore)) {
+func onEveryStore(t *testing.T, test func(t *testing.T, s outboxtest.Store)) {
 	for _, k := range everyStore() {
 		t.Run(k.name, func(t *testing.T) { test(t, k.open(t)) })
 	}
@@ -191,7 +191,7 @@ func execInUnit(ctx context.Context, query string) error {
 	if tx, ok := gormstore.Tx(ctx); ok {
 		return tx.Exec(query).Error
 	}
-	if tx, ok := sqlstore.Tx(ctx); ok {
+	if tx, ok := sqlstore.SQLTx(ctx); ok {
 		_, err := tx.ExecContext(ctx, query)
 		return err
 	}

@@ -2,6 +2,7 @@ package quickstart_test
 
 import (
 	"context"
+	"errors"
 	"log"
 	"os"
 	"os/signal"
@@ -33,18 +34,23 @@ func Example() {
 	transport, err := kafkatransport.New(client, kafkatransport.Config{})
 	check(err)
 
-	// The relay: publishes what commits, with leases shared among every process.
-	relay, err := relay.New(store, transport, relay.Config{})
+	// The relay publishes what commits, sharing the work with every other process
+	// through leases. Run fails at once on a store that was never migrated, returns the
+	// error that stops it, and hands its leases back when ctx ends.
+	r, err := relay.New(store, transport, relay.Config{})
 	check(err)
-	check(relay.Start(ctx))
-	defer relay.Stop(ctx) // hands the leases back even after ctx is cancelled
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- r.Run(ctx) }()
 
-	// The sender: a send joins the transaction of the ctx it is made with.
+	// The sender: a send joins the unit of work of the ctx it is made with.
 	sender, err := outbox.NewSender(store, outbox.SenderConfig{Transport: transport})
 	check(err)
 
 	err = store.Transact(ctx, func(ctx context.Context) error {
-		tx, _ := sqlstore.PgxTx(ctx) // the unit's transaction
+		tx, ok := sqlstore.PgxTx(ctx) // the unit's transaction
+		if !ok {
+			return errors.New("not inside a pgx unit of work")
+		}
 		if _, err := tx.Exec(ctx, `INSERT INTO orders (id) VALUES ($1)`, "order-7"); err != nil {
 			return err // rolls back: no order, no message
 		}
@@ -55,7 +61,7 @@ func Example() {
 		})
 	})
 	check(err)
-	<-ctx.Done()
+	check(<-relayDone) // until SIGTERM, or the error that stopped the relay
 }
 
 func check(err error) {

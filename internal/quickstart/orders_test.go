@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/internal/quickstart"
 	"github.com/outboxkit/outbox/store/memstore"
 )
@@ -41,14 +42,15 @@ func TestPlaceOnTheMemoryStore(t *testing.T) {
 	orders := &memOrders{saved: map[string]quickstart.Order{}}
 	svc := quickstart.NewOrderService(store, sender, orders)
 
+	admin := store.Driver().(driver.Admin)
 	require.ErrorIs(t, svc.Place(ctx, quickstart.Order{ID: "declined", Amount: 0}), quickstart.ErrDeclined)
-	stats, err := store.Stats(ctx)
+	stats, err := admin.Stats(ctx)
 	require.NoError(t, err)
-	require.Equal(t, make([]int, store.BucketCount()), stats.Pending, "nothing in the store")
+	require.Equal(t, make([]int, store.Driver().BucketCount()), stats.Pending, "nothing in the store")
 	require.Empty(t, orders.saved, "no order saved")
 
 	require.NoError(t, svc.Place(ctx, quickstart.Order{ID: "order-7", Amount: 30}))
-	envs, err := store.List(ctx, outbox.Pending, outbox.Cursor{}, 10)
+	envs, err := admin.List(ctx, driver.Pending, driver.Cursor{}, 10)
 	require.NoError(t, err)
 	require.Len(t, envs, 1)
 	require.Equal(t, "order-7", string(envs[0].Key))

@@ -15,9 +15,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/internal/quickstart"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/sqlstore"
 	"github.com/outboxkit/outbox/transport/kafkatransport"
 )
@@ -107,7 +107,7 @@ func TestQuickStart(t *testing.T) {
 	// still the leases go back at once.
 	stopRelay()
 	_ = relay.Stop(relayCtx)
-	view, err := store.ReadCoordination(context.Background())
+	view, err := store.Driver().ReadCoordination(context.Background())
 	require.NoError(t, err)
 	for _, l := range view.Leases {
 		require.Empty(t, l.Owner, "bucket %d is handed back on Stop", l.Bucket)

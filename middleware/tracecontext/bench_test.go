@@ -7,6 +7,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/middleware"
 	"github.com/outboxkit/outbox/middleware/tracecontext"
 	"github.com/outboxkit/outbox/store/memstore"
@@ -34,7 +35,7 @@ func BenchmarkCaptureStamped(b *testing.B) {
 		TraceID: traceID, SpanID: spanID, TraceFlags: trace.FlagsSampled}))
 	ctx = middleware.WithCorrelationID(ctx, "req-1")
 	ctx, scope := outbox.NewScope(ctx)
-	defer func() { scope.Take(); scope.Release() }() // leftovers are not abandoned sends
+	defer func() { _, _ = driver.Take(ctx, 8); scope.Release() }() // leftovers are not abandoned sends
 	msg := outbox.Message{Topic: "orders", Key: []byte("order-123"), Payload: make([]byte, 256)}
 	b.ReportAllocs()
 	n := 0
@@ -43,7 +44,7 @@ func BenchmarkCaptureStamped(b *testing.B) {
 			b.Fatal(err)
 		}
 		if n++; n%100 == 0 {
-			scope.Take()
+			_, _ = driver.Take(ctx, 8)
 		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/middleware"
 	"github.com/outboxkit/outbox/middleware/tracecontext"
 	"github.com/outboxkit/outbox/store/memstore"
@@ -37,7 +38,7 @@ func ExampleStamp() {
 	})
 	fmt.Println("unit of work:", err)
 
-	envs, _ := store.List(ctx, outbox.Pending, outbox.Cursor{}, 10)
+	envs, _ := store.Driver().(driver.Admin).List(ctx, driver.Pending, driver.Cursor{}, 10)
 	tp, _ := envs[0].Header("traceparent")
 	fmt.Println("traceparent:", string(tp))
 	// Output:
@@ -75,7 +76,7 @@ func ExampleHTTP() {
 	rec := httptest.NewRecorder()
 	handler.ServeHTTP(rec, req)
 
-	envs, _ := store.List(context.Background(), outbox.Pending, outbox.Cursor{}, 10)
+	envs, _ := store.Driver().(driver.Admin).List(context.Background(), driver.Pending, driver.Cursor{}, 10)
 	tp, _ := envs[0].Header("traceparent")
 	cid, _ := envs[0].Header(outbox.HeaderCorrelationID)
 	fmt.Println(rec.Code)

@@ -7,6 +7,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/store/memstore"
 )
 
@@ -20,7 +21,7 @@ func newStore(t *testing.T) *memstore.Store {
 }
 
 // newSender returns the capture into store with cfg.
-func newSender(t *testing.T, store outbox.Store, cfg outbox.SenderConfig) *outbox.Capture {
+func newSender(t *testing.T, store outbox.Store, cfg outbox.SenderConfig) outbox.Sender {
 	t.Helper()
 	c, err := outbox.NewSender(store, cfg)
 	require.NoError(t, err)
@@ -28,15 +29,15 @@ func newSender(t *testing.T, store outbox.Store, cfg outbox.SenderConfig) *outbo
 }
 
 // stored returns every pending envelope in the store, by bucket then Seq.
-func stored(t *testing.T, s *memstore.Store) []*outbox.Envelope {
+func stored(t *testing.T, s *memstore.Store) []*driver.Envelope {
 	t.Helper()
-	envs, err := s.List(t.Context(), outbox.Pending, outbox.Cursor{}, 1000)
+	envs, err := s.Driver().(driver.Admin).List(t.Context(), driver.Pending, driver.Cursor{}, 1000)
 	require.NoError(t, err)
 	return envs
 }
 
 // headerCount counts the headers named key.
-func headerCount(env *outbox.Envelope, key string) int {
+func headerCount(env *driver.Envelope, key string) int {
 	n := 0
 	for _, h := range env.Headers {
 		if h.Key == key {

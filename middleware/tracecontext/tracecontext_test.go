@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/middleware"
 	"github.com/outboxkit/outbox/middleware/tracecontext"
 )
@@ -199,7 +200,7 @@ func TestHTTPCarriesTraceContextAndRequestID(t *testing.T) {
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/orders?id=bare", nil))
 	require.Equal(t, http.StatusCreated, rec.Code, rec.Body.String())
 
-	byKey := map[string]*outbox.Envelope{}
+	byKey := map[string]*driver.Envelope{}
 	for _, env := range stored(t, store) {
 		byKey[string(env.Key)] = env
 	}

@@ -2,13 +2,13 @@ package chaos_test
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/outboxtest/chaos"
 	"github.com/outboxkit/outbox/store/memstore"
@@ -17,7 +17,7 @@ import (
 // memoryHarness leaves Transact nil: the run uses the store's own.
 func memoryHarness() outboxtest.StoreHarness {
 	return outboxtest.StoreHarness{
-		New: func(t *testing.T, bucketCount int) outbox.DispatchStore {
+		New: func(t *testing.T, bucketCount int) outboxtest.Store {
 			s, err := memstore.New(memstore.Config{BucketCount: bucketCount})
 			require.NoError(t, err)
 			return s
@@ -27,7 +27,7 @@ func memoryHarness() outboxtest.StoreHarness {
 
 // wrapTransact returns a harness whose units of work run through wrap around the
 // store's own Transact.
-func wrapTransact(wrap func(ctx context.Context, s outbox.DispatchStore, fn func(ctx context.Context) error) error) outboxtest.StoreHarness {
+func wrapTransact(wrap func(ctx context.Context, s outboxtest.Store, fn func(ctx context.Context) error) error) outboxtest.StoreHarness {
 	h := memoryHarness()
 	h.Transact = wrap
 	return h
@@ -53,16 +53,25 @@ func TestRunWithoutFaults(t *testing.T) {
 // TestCheckerCatchesLoss proves the checker is not blind: a store that silently drops
 // a share of what it is asked to write must fail the run.
 func TestCheckerCatchesLoss(t *testing.T) {
+	errLost := errors.New("lost on purpose")
 	n := 0
-	h := wrapTransact(func(ctx context.Context, s outbox.DispatchStore, fn func(ctx context.Context) error) error {
+	h := wrapTransact(func(ctx context.Context, s outboxtest.Store, fn func(ctx context.Context) error) error {
 		return s.Transact(ctx, func(ctx context.Context) error {
-			if err := fn(ctx); err != nil {
-				return err
+			if n++; n%7 != 0 {
+				return fn(ctx)
 			}
-			if n++; n%7 == 0 {
-				outbox.ScopeFrom(ctx).Take() // lose this unit's staged messages; it commits nothing
+			// Lose this unit's staged messages: run it as a savepoint that is rolled
+			// back, and report success; the unit commits nothing.
+			err := s.Transact(ctx, func(ctx context.Context) error {
+				if err := fn(ctx); err != nil {
+					return err
+				}
+				return errLost
+			})
+			if errors.Is(err, errLost) {
+				return nil
 			}
-			return nil
+			return err
 		})
 	})
 	rep, err := chaos.Execute(t, h, chaos.Config{Messages: 300, Writers: 1, Faults: chaos.Schedule{None: true, Duration: 500 * time.Millisecond}, DrainTimeout: time.Second})
@@ -75,7 +84,7 @@ func TestCheckerCatchesLoss(t *testing.T) {
 // TestCheckerCatchesRolledBackDeliveries: a unit of work that reports a rollback but
 // commits anyway must fail the run.
 func TestCheckerCatchesRolledBackDeliveries(t *testing.T) {
-	h := wrapTransact(func(ctx context.Context, s outbox.DispatchStore, fn func(ctx context.Context) error) error {
+	h := wrapTransact(func(ctx context.Context, s outboxtest.Store, fn func(ctx context.Context) error) error {
 		var fnErr error
 		err := s.Transact(ctx, func(ctx context.Context) error {
 			fnErr = fn(ctx)
@@ -96,7 +105,7 @@ func TestCheckerCatchesRolledBackDeliveries(t *testing.T) {
 // A harness's Transact, when set, is what the writers use.
 func TestHarnessTransactIsUsed(t *testing.T) {
 	var units atomic.Int64
-	h := wrapTransact(func(ctx context.Context, s outbox.DispatchStore, fn func(ctx context.Context) error) error {
+	h := wrapTransact(func(ctx context.Context, s outboxtest.Store, fn func(ctx context.Context) error) error {
 		units.Add(1)
 		return s.Transact(ctx, fn)
 	})

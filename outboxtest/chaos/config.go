@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxtest"
 )
 
 // Config sizes a chaos run. The zero value of every field selects its default, which
@@ -59,7 +60,7 @@ type Config struct {
 	// keeps in memory (caches, wake-ups) is shared between writers and relays that a
 	// real deployment runs apart. The run closes the handles. Defaults to nil: every
 	// relay uses the harness's store, as for a store that lives in one process.
-	Reopen func(t *testing.T, s outbox.DispatchStore) outbox.DispatchStore
+	Reopen func(t *testing.T, s outboxtest.Store) outboxtest.Store
 	// Logger receives the dispatchers' and the capture's logs. Defaults to a logger
 	// that drops everything: faults make the dispatchers warn a lot.
 	Logger *slog.Logger
@@ -163,9 +164,16 @@ func (c Config) withDefaults() (Config, error) {
 	return c, c.validate()
 }
 
+// Validate reports the first setting that cannot work, naming its field, with an
+// error wrapping [outbox.ErrMisconfigured]. Zero values take their defaults.
+func (c Config) Validate() error {
+	_, err := c.withDefaults()
+	return err
+}
+
 func (c Config) validate() error {
 	bad := func(field, format string, args ...any) error {
-		return fmt.Errorf("chaos: Config.%s %s", field, fmt.Sprintf(format, args...))
+		return fmt.Errorf("%w: chaos: Config.%s %s", outbox.ErrMisconfigured, field, fmt.Sprintf(format, args...))
 	}
 	switch {
 	case c.Messages < 1:

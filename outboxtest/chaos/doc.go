@@ -32,11 +32,11 @@
 //     stopped on its own. Duplicates are counted and reported, never failed.
 //   - Commit order per key is well defined because each key has exactly one writer,
 //     which writes its units one after another.
-//   - A crash is simulated in process: [dispatcher.Dispatcher.Kill] cancels in-flight
+//   - A crash is simulated in process: [relay.Relay.Kill] cancels in-flight
 //     work and leaves the leases to lapse, as a killed process would. A publish in
 //     flight at that moment still reaches the broker but is never acknowledged to the
 //     relay, so the bucket's next owner publishes it again: that is a counted
-//     duplicate. A graceful stop is [dispatcher.Dispatcher.Stop], which hands the
+//     duplicate. A graceful stop is [relay.Relay.Stop], which hands the
 //     leases back.
 //   - Drain time is measured from the later of the end of the faults and the last
 //     writer's last commit, until every committed message was delivered once.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // Report is what a run did and what the checker found.
@@ -125,16 +126,17 @@ func (r *runner) check(ctx context.Context, rep *Report) {
 	}
 
 	// Nothing may stay behind: every bucket empty, nothing parked.
+	store := r.store.Driver()
 	for b := range r.cfg.BucketCount {
-		envs, err := r.store.Fetch(ctx, b, 100)
+		envs, err := store.Fetch(ctx, b, 100)
 		if err != nil {
 			r.problem("fetch bucket %d after the drain: %v", b, err)
 			continue
 		}
 		rep.Leftover += len(envs)
 	}
-	if admin, ok := r.store.(outbox.Admin); ok {
-		parked, err := admin.List(ctx, outbox.Parked, outbox.Cursor{}, 100)
+	if admin, ok := store.(driver.Admin); ok {
+		parked, err := admin.List(ctx, driver.Parked, driver.Cursor{}, 100)
 		if err != nil && !errors.Is(err, outbox.ErrClosed) {
 			r.problem("list parked after the drain: %v", err)
 		}

@@ -12,8 +12,9 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/relay"
 )
 
 // Topic is the topic every message of a run is sent to.
@@ -54,7 +55,7 @@ func Execute(t *testing.T, h outboxtest.StoreHarness, cfg Config) (Report, error
 		return Report{}, errors.New("chaos: the harness needs New (StoreHarness.New)")
 	}
 	if h.Transact == nil {
-		h.Transact = func(ctx context.Context, s outbox.DispatchStore, fn func(ctx context.Context) error) error {
+		h.Transact = func(ctx context.Context, s outboxtest.Store, fn func(ctx context.Context) error) error {
 			return s.Transact(ctx, fn)
 		}
 	}
@@ -68,7 +69,7 @@ func Execute(t *testing.T, h outboxtest.StoreHarness, cfg Config) (Report, error
 type runner struct {
 	t     *testing.T
 	cfg   Config
-	store outbox.DispatchStore
+	store outboxtest.Store
 	h     outboxtest.StoreHarness
 	rec   *outboxtest.Recorder
 
@@ -93,8 +94,8 @@ type runner struct {
 type slotRelay struct {
 	d        *relay.Relay
 	cancel   context.CancelFunc
-	inflight *atomic.Int32        // publishes under way
-	handle   outbox.DispatchStore // the relay's own store handle, if reopened
+	inflight *atomic.Int32    // publishes under way
+	handle   outboxtest.Store // the relay's own store handle, if reopened
 }
 
 // msgID identifies a message by key and sequence number, as its payload carries them.
@@ -294,7 +295,7 @@ func (r *runner) start(ctx context.Context, slot int) error {
 	if slot == 0 {
 		dcfg.Now = func() time.Time { return time.Now().Add(-time.Duration(r.skew.Load())) }
 	}
-	store, handle := r.store, outbox.DispatchStore(nil)
+	store, handle := r.store, outboxtest.Store(nil)
 	if r.cfg.Reopen != nil {
 		handle = r.cfg.Reopen(r.t, r.store)
 		store = handle
@@ -414,7 +415,7 @@ type switchTransport struct {
 	inflight *atomic.Int32
 }
 
-func (s *switchTransport) Publish(ctx context.Context, batch []*outbox.Envelope) error {
+func (s *switchTransport) Publish(ctx context.Context, batch []*driver.Envelope) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}

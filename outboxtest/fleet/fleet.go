@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -19,8 +18,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/relay"
 )
 
 // callTimeout bounds every store call the suite makes itself.
@@ -41,7 +41,7 @@ const callTimeout = 30 * time.Second
 //   - relays with different bucket counts on one store all stop with
 //     [outbox.ErrMisconfigured], whatever the order of their ids;
 //   - store calls that hang hit their deadline and the relay recovers by itself;
-//   - a relay cut off from its broker (an [outbox.Pinger] that fails) hands its buckets
+//   - a relay cut off from its broker (an [driver.Pinger] that fails) hands its buckets
 //     to a peer, parks nothing, and takes its share back once the broker answers.
 //
 // Every subtest gets its own store from h.New. The suite takes about a minute; its
@@ -78,17 +78,17 @@ type fleetSuite struct{ h outboxtest.StoreHarness }
 // fleetWithin bounds every wait of the suite: generous, so a busy machine passes.
 const fleetWithin = 2 * time.Minute
 
-func (f fleetSuite) store(t *testing.T, buckets int) outbox.DispatchStore {
+func (f fleetSuite) store(t *testing.T, buckets int) outboxtest.Store {
 	s := f.h.New(t, buckets)
 	t.Cleanup(func() { _ = s.Close() })
 	return s
 }
 
 // relay starts a worker that is killed at cleanup.
-func (fleetSuite) relay(t *testing.T, s outbox.DispatchStore, tr outbox.Transport, cfg relay.Config) *relay.Relay {
+func (fleetSuite) relay(t *testing.T, s driver.Handle, tr driver.Transport, cfg relay.Config) *relay.Relay {
 	t.Helper()
 	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	d, err := relay.New(s, tr, cfg)
 	require.NoError(t, err)
@@ -130,11 +130,12 @@ func refused(ds ...*relay.Relay) (n int64) {
 	return n
 }
 
-func fill(t *testing.T, s outbox.Store, n int) {
+func fill(t *testing.T, h driver.Handle, n int) {
 	t.Helper()
-	envs := make([]*outbox.Envelope, 0, n)
+	s := h.Driver()
+	envs := make([]*driver.Envelope, 0, n)
 	for i := range n {
-		env, err := outbox.NewEnvelope(outbox.Message{Topic: "fleet", Key: fmt.Appendf(nil, "k%d", i%13), Payload: fmt.Appendf(nil, "m%d", i)}, s.BucketCount())
+		env, err := driver.NewEnvelope(outbox.Message{Topic: "fleet", Key: fmt.Appendf(nil, "k%d", i%13), Payload: fmt.Appendf(nil, "m%d", i)}, s.BucketCount())
 		require.NoError(t, err)
 		envs = append(envs, env)
 	}
@@ -176,7 +177,7 @@ func (f fleetSuite) crash(t *testing.T) {
 	a.Kill()
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
-	view, err := s.ReadCoordination(ctx)
+	view, err := s.Driver().ReadCoordination(ctx)
 	require.NoError(t, err)
 	expiry := map[int]time.Time{}
 	for _, l := range view.Leases {
@@ -212,7 +213,7 @@ type blocking struct {
 	hold time.Duration
 }
 
-func (b blocking) Publish(ctx context.Context, batch []*outbox.Envelope) error {
+func (b blocking) Publish(ctx context.Context, batch []*driver.Envelope) error {
 	select {
 	case <-time.After(b.hold):
 		return b.Recorder.Publish(ctx, batch)
@@ -223,17 +224,19 @@ func (b blocking) Publish(ctx context.Context, batch []*outbox.Envelope) error {
 
 // claims counts lease claims.
 type claims struct {
-	outbox.DispatchStore
+	driver.Store
 	n atomic.Int64
 }
 
 func (c *claims) Claim(ctx context.Context, bucket int, owner string, now, exp time.Time) (bool, error) {
 	c.n.Add(1)
-	return c.DispatchStore.Claim(ctx, bucket, owner, now, exp)
+	return c.Store.Claim(ctx, bucket, owner, now, exp)
 }
 
+func (c *claims) Driver() driver.Store { return c }
+
 func (f fleetSuite) blockingPublish(t *testing.T) {
-	s := &claims{DispatchStore: f.store(t, 4)}
+	s := &claims{Store: f.store(t, 4).Driver()}
 	cfg := func(id string) relay.Config {
 		c := quick(id)
 		c.BatchSize = 2 // each bucket drains in several calls one after the other: over a lease
@@ -252,7 +255,7 @@ func (f fleetSuite) blockingPublish(t *testing.T) {
 
 // overlapping measures how many lease writes run at once; each takes 20 ms more.
 type overlapping struct {
-	outbox.DispatchStore
+	driver.Store
 	mu       sync.Mutex
 	now, max int
 }
@@ -272,16 +275,18 @@ func (s *overlapping) enter() func() {
 
 func (s *overlapping) Claim(ctx context.Context, bucket int, owner string, now, exp time.Time) (bool, error) {
 	defer s.enter()()
-	return s.DispatchStore.Claim(ctx, bucket, owner, now, exp)
+	return s.Store.Claim(ctx, bucket, owner, now, exp)
 }
 
-func (s *overlapping) Renew(ctx context.Context, held outbox.Lease, now, exp time.Time) (bool, error) {
+func (s *overlapping) Renew(ctx context.Context, held driver.Lease, now, exp time.Time) (bool, error) {
 	defer s.enter()()
-	return s.DispatchStore.Renew(ctx, held, now, exp)
+	return s.Store.Renew(ctx, held, now, exp)
 }
+
+func (s *overlapping) Driver() driver.Store { return s }
 
 func (f fleetSuite) concurrentWrites(t *testing.T) {
-	s := &overlapping{DispatchStore: f.store(t, 16)}
+	s := &overlapping{Store: f.store(t, 16).Driver()}
 	cfg := quick("a")
 	cfg.MaxConcurrency = 4
 	d := f.relay(t, s, outboxtest.NewRecorder(), cfg)
@@ -307,7 +312,7 @@ func (f fleetSuite) concurrentWrites(t *testing.T) {
 // stalling makes the relay's clock jump by jump right after its next coordination
 // read, once armed: the round then sends its renewals after its leases lapsed.
 type stalling struct {
-	outbox.DispatchStore
+	driver.Store
 	armed  atomic.Bool
 	offset atomic.Int64
 	jump   time.Duration
@@ -315,17 +320,19 @@ type stalling struct {
 
 func (s *stalling) now() time.Time { return time.Now().Add(time.Duration(s.offset.Load())) }
 
-func (s *stalling) ReadCoordination(ctx context.Context) (outbox.Coordination, error) {
-	c, err := s.DispatchStore.ReadCoordination(ctx)
+func (s *stalling) ReadCoordination(ctx context.Context) (driver.Coordination, error) {
+	c, err := s.Store.ReadCoordination(ctx)
 	if s.armed.CompareAndSwap(true, false) {
 		s.offset.Add(int64(s.jump))
 	}
 	return c, err
 }
 
+func (s *stalling) Driver() driver.Store { return s }
+
 func (f fleetSuite) lateRenewal(t *testing.T) {
 	cfg := quick("a")
-	s := &stalling{DispatchStore: f.store(t, 2), jump: cfg.LeaseDuration + time.Second}
+	s := &stalling{Store: f.store(t, 2).Driver(), jump: cfg.LeaseDuration + time.Second}
 	cfg.Now = s.now
 	d := f.relay(t, s, outboxtest.NewRecorder(), cfg)
 	waitFor(t, "a holds every bucket", func() bool { return len(d.Owned()) == 2 })
@@ -339,11 +346,13 @@ func (f fleetSuite) lateRenewal(t *testing.T) {
 // countAs reports another bucket count, as a relay configured for another count
 // would see the store.
 type countAs struct {
-	outbox.DispatchStore
+	driver.Store
 	n int
 }
 
 func (c countAs) BucketCount() int { return c.n }
+
+func (c countAs) Driver() driver.Store { return c }
 
 func (f fleetSuite) mixedCounts(t *testing.T) {
 	for _, ids := range [][2]string{{"a", "b"}, {"b", "a"}} {
@@ -351,7 +360,7 @@ func (f fleetSuite) mixedCounts(t *testing.T) {
 			s := f.store(t, 8)
 			eight := f.relay(t, s, outboxtest.NewRecorder(), quick(ids[0]))
 			waitFor(t, "the 8-bucket relay runs", func() bool { return len(eight.Owned()) == 8 })
-			sixteen := f.relay(t, countAs{s, 16}, outboxtest.NewRecorder(), quick(ids[1]))
+			sixteen := f.relay(t, countAs{s.Driver(), 16}, outboxtest.NewRecorder(), quick(ids[1]))
 			for _, d := range []*relay.Relay{eight, sixteen} {
 				select {
 				case <-d.Stopped():
@@ -369,7 +378,7 @@ func (f fleetSuite) mixedCounts(t *testing.T) {
 // hanging makes the relay's reads hang until their context ends while open, as a
 // connection whose packets are dropped does.
 type hanging struct {
-	outbox.DispatchStore
+	driver.Store
 	open     atomic.Bool
 	timedOut atomic.Int64
 }
@@ -383,30 +392,32 @@ func (h *hanging) hang(ctx context.Context) error {
 	return ctx.Err()
 }
 
-func (h *hanging) Fetch(ctx context.Context, bucket, limit int) ([]*outbox.Envelope, error) {
+func (h *hanging) Fetch(ctx context.Context, bucket, limit int) ([]*driver.Envelope, error) {
 	if err := h.hang(ctx); err != nil {
 		return nil, err
 	}
-	return h.DispatchStore.Fetch(ctx, bucket, limit)
+	return h.Store.Fetch(ctx, bucket, limit)
 }
 
-func (h *hanging) ReadCoordination(ctx context.Context) (outbox.Coordination, error) {
+func (h *hanging) ReadCoordination(ctx context.Context) (driver.Coordination, error) {
 	if err := h.hang(ctx); err != nil {
-		return outbox.Coordination{}, err
+		return driver.Coordination{}, err
 	}
-	return h.DispatchStore.ReadCoordination(ctx)
+	return h.Store.ReadCoordination(ctx)
 }
 
-func (h *hanging) ReadRelays(ctx context.Context) ([]outbox.RelayRecord, error) {
+func (h *hanging) ReadRelays(ctx context.Context) ([]driver.RelayRecord, error) {
 	if err := h.hang(ctx); err != nil {
 		return nil, err
 	}
-	return h.DispatchStore.ReadRelays(ctx)
+	return h.Store.ReadRelays(ctx)
 }
+
+func (h *hanging) Driver() driver.Store { return h }
 
 func (f fleetSuite) hungStore(t *testing.T) {
 	inner := f.store(t, 2)
-	s := &hanging{DispatchStore: inner}
+	s := &hanging{Store: inner.Driver()}
 	tr := outboxtest.NewRecorder()
 	d := f.relay(t, s, tr, quick("a"))
 	waitFor(t, "the relay holds its buckets", func() bool { return len(d.Owned()) == 2 })
@@ -427,7 +438,7 @@ type severable struct {
 
 var errBrokerUnreachable = errors.New("outboxtest: broker unreachable")
 
-func (c *severable) Publish(ctx context.Context, batch []*outbox.Envelope) error {
+func (c *severable) Publish(ctx context.Context, batch []*driver.Envelope) error {
 	if c.cut.Load() {
 		return errBrokerUnreachable
 	}

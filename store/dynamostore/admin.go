@@ -13,16 +13,16 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/google/uuid"
 
-	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // partitionOf returns the partition key holding envelopes of status in bucket, or ""
 // for a status this store never holds (Dispatched: the store keeps no retention).
-func (s *Store) partitionOf(status outbox.Status, bucket int) string {
+func (s *Store) partitionOf(status driver.Status, bucket int) string {
 	switch status {
-	case outbox.Pending:
+	case driver.Pending:
 		return s.keys.messages(bucket)
-	case outbox.Parked:
+	case driver.Parked:
 		return s.keys.parked(bucket)
 	}
 	return ""
@@ -31,11 +31,11 @@ func (s *Store) partitionOf(status outbox.Status, bucket int) string {
 // List returns envelopes with status, ordered by bucket then Seq, after the cursor, at
 // most limit, with strongly consistent queries of one bucket partition after another.
 // Dispatched envelopes are never kept, so listing them returns nothing.
-func (s *Store) List(ctx context.Context, status outbox.Status, after outbox.Cursor, limit int) ([]*outbox.Envelope, error) {
+func (s driverStore) List(ctx context.Context, status driver.Status, after driver.Cursor, limit int) ([]*driver.Envelope, error) {
 	if err := s.enter(ctx); err != nil {
 		return nil, err
 	}
-	var out []*outbox.Envelope
+	var out []*driver.Envelope
 	for b := max(after.Bucket, 0); b < s.cfg.BucketCount && len(out) < limit; b++ {
 		pk := s.partitionOf(status, b)
 		if pk == "" {
@@ -126,7 +126,7 @@ func idSet(ids []uuid.UUID) map[string]struct{} {
 // evidence). It reads every bucket's parked partition to find the IDs, then moves each
 // envelope with one TransactWriteItems request. It returns how many it moved; unknown
 // or non-parked IDs are skipped.
-func (s *Store) Requeue(ctx context.Context, ids ...uuid.UUID) (int, error) {
+func (s driverStore) Requeue(ctx context.Context, ids ...uuid.UUID) (int, error) {
 	if err := s.enter(ctx); err != nil {
 		return 0, err
 	}
@@ -193,7 +193,7 @@ func (s *Store) Requeue(ctx context.Context, ids ...uuid.UUID) (int, error) {
 // deleted. DynamoDB cannot look an envelope up by ID without an index, so Purge reads
 // every bucket's pending and parked partitions (keys and IDs only): its cost grows
 // with the backlog. It is an operator's tool, not a hot path.
-func (s *Store) Purge(ctx context.Context, ids ...uuid.UUID) (int, error) {
+func (s driverStore) Purge(ctx context.Context, ids ...uuid.UUID) (int, error) {
 	if err := s.enter(ctx); err != nil {
 		return 0, err
 	}
@@ -233,14 +233,14 @@ func (s *Store) Purge(ctx context.Context, ids ...uuid.UUID) (int, error) {
 // Stats samples the backlog: per bucket, a count of pending messages capped at
 // PendingCountLimit (a Select=COUNT query, billed as a read of every item counted), the
 // CreatedAtUtc of the bucket's head (a one-item query), and the parked messages,
-// capped per bucket the same way. Sample from one relay only (the dispatcher lets the
+// capped per bucket the same way. Sample from one relay only (the relay lets the
 // owner of bucket zero do it), so the cost does not grow with the fleet.
-func (s *Store) Stats(ctx context.Context) (outbox.Stats, error) {
+func (s driverStore) Stats(ctx context.Context) (driver.Backlog, error) {
 	if err := s.enter(ctx); err != nil {
-		return outbox.Stats{}, err
+		return driver.Backlog{}, err
 	}
 	n := s.cfg.BucketCount
-	st := outbox.Stats{Pending: make([]int, n), PendingLimit: s.cfg.PendingCountLimit}
+	st := driver.Backlog{Pending: make([]int, n), PendingLimit: s.cfg.PendingCountLimit}
 	heads := make([]time.Time, n)
 	parked := make([]int, n)
 	err := s.forEach(ctx, 3*n, func(ctx context.Context, i int) error {
@@ -276,7 +276,7 @@ func (s *Store) Stats(ctx context.Context) (outbox.Stats, error) {
 		return nil
 	})
 	if err != nil {
-		return outbox.Stats{}, err
+		return driver.Backlog{}, err
 	}
 	for b := range n {
 		st.Parked += parked[b]

@@ -7,6 +7,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // Defaults of [Config].
@@ -36,18 +37,18 @@ type Config struct {
 	// partition key value to 2,048 bytes). Every byte of it is taken from
 	// [Store.MaxMessageSize]. Defaults to "OUTBOX".
 	KeyPrefix string
-	// BucketCount is the number of buckets. Envelopes must be stamped with the same
-	// count: a sender built on the store ([outbox.NewSender]) takes it from the store,
-	// and so does a dispatcher whose own count is zero. Defaults to
-	// [outbox.DefaultBucketCount].
+	// BucketCount is the number of buckets. Every store and relay sharing the table
+	// must use the same count: the store stamps every message it writes with it, and
+	// a relay whose own count is zero takes it from the store. Defaults to
+	// [driver.DefaultBucketCount].
 	BucketCount int
 	// MaxConcurrency bounds the DynamoDB requests one store call has in flight at once
 	// (sequence reservations across buckets, gap probes, delete batches, per-bucket
 	// samples). Defaults to 8.
 	MaxConcurrency int
-	// PendingCountLimit caps how many pending messages [Store.Stats] counts per
-	// bucket: DynamoDB bills a count as a read of every item counted. Defaults to
-	// 10,000.
+	// PendingCountLimit caps how many pending messages the relay side's Stats
+	// counts per bucket: DynamoDB bills a count as a read of every item counted.
+	// Defaults to 10,000.
 	PendingCountLimit int
 	// Logger receives warnings (deletes left unprocessed after every retry). Defaults
 	// to [slog.Default].
@@ -65,7 +66,7 @@ func (c Config) withDefaults() Config {
 		c.KeyPrefix = DefaultKeyPrefix
 	}
 	if c.BucketCount == 0 {
-		c.BucketCount = outbox.DefaultBucketCount
+		c.BucketCount = driver.DefaultBucketCount
 	}
 	if c.MaxConcurrency == 0 {
 		c.MaxConcurrency = DefaultMaxConcurrency
@@ -105,7 +106,7 @@ func (c Config) Validate() error {
 	case c.PartitionKeyAttributeName != "" && c.PartitionKeyAttributeName == c.SortKeyAttributeName:
 		return bad("Config.PartitionKeyAttributeName and Config.SortKeyAttributeName are both %q", c.SortKeyAttributeName)
 	case c.BucketCount < 0:
-		return bad("Config.BucketCount is %d; it must be at least 1 (or 0 for the default %d)", c.BucketCount, outbox.DefaultBucketCount)
+		return bad("Config.BucketCount is %d; it must be at least 1 (or 0 for the default %d)", c.BucketCount, driver.DefaultBucketCount)
 	case c.MaxConcurrency < 0:
 		return bad("Config.MaxConcurrency is %d; it must be at least 1 (or 0 for the default %d)", c.MaxConcurrency, DefaultMaxConcurrency)
 	case c.PendingCountLimit < 0:

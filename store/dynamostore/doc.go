@@ -8,11 +8,19 @@
 // unit of work is [Store.Transact]: inside its function, [AddItems] adds the
 // application's own TransactWriteItem values, and every send made with the
 // function's ctx is staged; when the function returns nil, all of it is written in
-// ONE TransactWriteItems request. An application that builds its own request appends
-// the items of [Store.CreateTransactWriteItems] to it instead. [Store.Enqueue]
-// writes messages that have no business write. Relays
-// ([github.com/outboxkit/outbox/relay]) drain buckets through the
-// [outbox.DispatchStore] methods and share the buckets with the lease protocol.
+// ONE TransactWriteItems request. A Transact inside another on the same store is a
+// savepoint: when its function fails, its items and its sends are dropped and the
+// outer unit goes on. An application that builds its own request sends on an
+// [outbox.NewScope] scope and appends the items [Store.CreateTransactWriteItems]
+// makes of the staged messages to it instead. [Store.Enqueue] writes messages that
+// have no business write.
+//
+// Relays ([github.com/outboxkit/outbox/relay]), the inbox, the stream handler
+// (package dynamostreams) and the tools take the store itself and reach its relay
+// side through [Store.Driver]: a [driver.Store] that also implements [driver.Admin],
+// [driver.Notifier], [driver.Prober] and [driver.BacklogSampler]. Relays drain the
+// buckets through it and share them with the lease protocol; applications do not
+// call it.
 //
 // # Item schema
 //
@@ -29,7 +37,7 @@
 //
 // A message item holds MessageId (S, the UUID), Topic (S), Key (B; absent: keyless,
 // empty: a real empty key), Value (B; absent: tombstone), Headers (B, see
-// [outbox.EncodeHeaders]), Partition (N, optional), CreatedAtUtc (N, ticks) and BucketCount (N,
+// [driver.EncodeHeaders]), Partition (N, optional), CreatedAtUtc (N, ticks) and BucketCount (N,
 // the writer's count). This store adds three attributes written only after a failed
 // publish — Attempts (N), NextAttemptAtUtc (N, ticks) and LastError (S, at most 2 KB) —
 // and ParkedAtUtc (N, ticks) on parked items. An absent attribute means zero. The
@@ -45,9 +53,16 @@
 //     the staged messages and writes them, application items first, in one
 //     TransactWriteItems request when its function returns nil; nothing is sent
 //     before. A function that fails or panics writes nothing, whatever the senders'
-//     write mode. A nested Transact on the same store joins the outer unit. A unit
-//     with nothing to write makes no request; one whose only write is a single
-//     message uses a conditional PutItem.
+//     write mode. A nested Transact on the same store is a savepoint: the unit
+//     remembers how many items it held, and a nested function that fails or panics
+//     drops the items it added and the messages it sent, while one that succeeds
+//     keeps them for the outer commit. A unit with nothing to write makes no request;
+//     one whose only write is a single message uses a conditional PutItem.
+//   - The application's own request: [Store.CreateTransactWriteItems] takes the
+//     messages staged on ctx's scope, reserves their sequence numbers and returns
+//     their conditional Puts; the scope is empty afterwards, so a rebuilt request
+//     sends again. [Store.NotifyCommitted], given the request's items after the
+//     commit, wakes this process's relays.
 //   - Order: a writer reserves sequence numbers from the bucket's counter with one
 //     UpdateItem (ADD) per distinct bucket just before its write (at commit, for a
 //     unit of work); messages of one bucket are relayed in sequence order, and
@@ -84,10 +99,13 @@
 //     lease items beyond the bucket count are ignored. A fleet that agrees on its
 //     membership makes no refused conditional write.
 //   - ReadCoordination is one strongly consistent Query of the coordination
-//     partition; [Store.ReadRelays], which relays call between rounds, is one
-//     eventually consistent Query of its relay items alone (a key condition on the
-//     RELAY# sort keys): 0.5 read units for a fleet of up to about 30 relays.
-//   - [Store.HasPending] is the idle probe ([outbox.Prober]) the dispatcher sends before
+//     partition; ReadRelays, which relays call between rounds, is one eventually
+//     consistent Query of its relay items alone (a key condition on the RELAY# sort
+//     keys): 0.5 read units for a fleet of up to about 30 relays.
+//   - Check, which a relay calls when it starts, is one eventually consistent Query
+//     of one coordination key; a missing table fails it with
+//     [outbox.ErrMisconfigured], naming [CreateIfNotExists].
+//   - HasPending is the idle probe ([driver.Prober]) the relay sends before
 //     polling a bucket: one eventually consistent one-key query. A bucket whose last
 //     fetch left every message pending (a head backing off, the rest behind it) is
 //     answered no until the earliest due time, with no request (a full window) or one
@@ -95,14 +113,14 @@
 //   - Writers need only PutItem and UpdateItem: a retried request's refused put
 //     returns the stored item (ReturnValuesOnConditionCheckFailure ALL_OLD), which
 //     tells a retry of an applied write from a collision without a read.
-//   - [Store.MessageKey] reads a message item's bucket and Seq from its key, for
-//     dispatch from the table's stream (package dynamostreams, a module of its own,
-//     and [github.com/outboxkit/outbox/relay.Dispatcher.DispatchAt]).
-//   - [Store.Stats] counts pending and parked messages up to PendingCountLimit per
-//     bucket and reads each bucket's head for the oldest age; [Store.SampleBacklog]
-//     samples only while this store's relay holds bucket zero.
-//   - Commits are announced to subscribers in this process ([Store.Subscribe]); other
-//     processes' relays find them by polling.
+//   - The relay side's MessageKey reads a message item's bucket and Seq from its
+//     key, for dispatch from the table's stream (package dynamostreams, a module of
+//     its own, and [github.com/outboxkit/outbox/relay.Relay.DispatchAt]).
+//   - Stats counts pending and parked messages up to PendingCountLimit per bucket
+//     and reads each bucket's head for the oldest age; SampleBacklog samples only
+//     while this store's relay holds bucket zero.
+//   - Commits are announced to subscribers in this process (the relay side's
+//     Subscribe, [driver.Notifier]); other processes' relays find them by polling.
 //
 // # Limitations
 //
@@ -114,16 +132,23 @@
 //   - One transaction holds at most 100 items and 4 MB, and an item at most 400 KB. A
 //     unit of work counts the application's items and its messages together: the
 //     commit refuses a unit over a limit before it sends anything, and [AddItems]
-//     refuses items as soon as the unit can no longer fit ([outbox.ErrTooLarge]).
-//     Enqueue takes at most [MaxEnqueue] envelopes. Keep large payloads elsewhere.
+//     refuses items as soon as the application's items alone can no longer fit
+//     ([outbox.ErrTooLarge]); the items of a nested unit that failed no longer
+//     count. Enqueue takes at most [MaxEnqueue] messages. Keep large payloads
+//     elsewhere.
 //   - Only Put items have a size the store can measure before sending; an Update that
 //     would grow an item past 400 KB is refused by DynamoDB at commit.
 //   - No retention: completed messages are deleted, so this store does not implement
-//     [outbox.Retainer] and a dispatcher configured with a retention period refuses to
-//     start with [outbox.ErrMisconfigured].
-//   - No lookup by ID ([outbox.Finder]): DynamoDB would need an index or a read of
-//     every bucket. [Store.Purge] and [Store.Requeue] pay that read; they are operator
-//     tools. Stream dispatch needs no lookup: the record's keys name bucket and Seq.
+//     [driver.Retainer] and a relay configured with a retention period is refused
+//     with [outbox.ErrMisconfigured].
+//   - No lookup by ID ([driver.Finder]): DynamoDB would need an index or a read of
+//     every bucket. The relay side's Purge and Requeue pay that read; they are
+//     operator tools. Stream dispatch needs no lookup: the record's keys name bucket
+//     and Seq.
+//   - Message IDs are not checked for uniqueness, for the same reason: a message
+//     whose ID ([outbox.Message.ID]) the store already holds is stored again, under
+//     its own sequence number, and published twice (consumers deduplicate on the
+//     ID, as after any redelivery).
 //   - While a head backs off, a message another process commits into a gap inside
 //     the last fetched window, or requeues, waits for the head's due time; a
 //     reservation above the window left uncommitted for 30 s counts as abandoned.

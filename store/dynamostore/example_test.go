@@ -63,24 +63,27 @@ func Example() {
 		panic(err)
 	}
 
-	// A relay reads each bucket in sequence order and deletes what it published.
-	for bucket := range store.BucketCount() {
-		batch, err := store.Fetch(ctx, bucket, 10)
+	// A relay (package relay) reads each bucket in sequence order through the
+	// store's relay side, and deletes what it published.
+	rs := store.Driver()
+	for bucket := range rs.BucketCount() {
+		batch, err := rs.Fetch(ctx, bucket, 10)
 		if err != nil {
 			panic(err)
 		}
 		for _, e := range batch {
 			fmt.Printf("seq %d: %s %s %s\n", e.Seq, e.Topic, e.Key, e.Payload)
 		}
-		if err := store.Complete(ctx, batch); err != nil {
+		if err := rs.Complete(ctx, batch); err != nil {
 			panic(err)
 		}
 	}
 }
 
-// An application that builds its own TransactWriteItems request sends on a scope,
-// takes the staged envelopes and appends their items to its request. It needs
-// DynamoDB, so go test compiles it without running it; on a new table, it prints:
+// An application that builds its own TransactWriteItems request sends on a scope
+// and appends the items CreateTransactWriteItems makes of the staged messages to its
+// request. It needs DynamoDB, so go test compiles it without running it; on a new
+// table, it prints:
 //
 //	seq 1: orders order-7 {"id":7}
 func ExampleStore_CreateTransactWriteItems() {
@@ -101,14 +104,13 @@ func ExampleStore_CreateTransactWriteItems() {
 		panic(err)
 	}
 
-	ctx, scope := outbox.NewScope(ctx)
+	// One attempt of the application's write; a retry runs all of it again.
+	sctx, scope := outbox.NewScope(ctx)
 	defer scope.Release()
-	if err := sender.Send(ctx, outbox.Message{Topic: "orders", Key: []byte("order-7"), Payload: []byte(`{"id":7}`)}); err != nil {
+	if err := sender.Send(sctx, outbox.Message{Topic: "orders", Key: []byte("order-7"), Payload: []byte(`{"id":7}`)}); err != nil {
 		panic(err)
 	}
-	envs := scope.Take() // keep them: a rebuilt request needs them again
-
-	items, err := store.CreateTransactWriteItems(ctx, envs...)
+	items, err := store.CreateTransactWriteItems(sctx) // takes the scope's messages
 	if err != nil {
 		panic(err)
 	}
@@ -125,13 +127,17 @@ func ExampleStore_CreateTransactWriteItems() {
 	if err != nil {
 		panic(err)
 	}
-	store.NotifyCommitted(envs...)
+	store.NotifyCommitted(items...)
 
-	batch, err := store.Fetch(ctx, envs[0].Bucket, 10)
-	if err != nil {
-		panic(err)
-	}
-	for _, e := range batch {
-		fmt.Printf("seq %d: %s %s %s\n", e.Seq, e.Topic, e.Key, e.Payload)
+	// What a relay reads: the message is in its bucket.
+	rs := store.Driver()
+	for bucket := range rs.BucketCount() {
+		batch, err := rs.Fetch(ctx, bucket, 10)
+		if err != nil {
+			panic(err)
+		}
+		for _, e := range batch {
+			fmt.Printf("seq %d: %s %s %s\n", e.Seq, e.Topic, e.Key, e.Payload)
+		}
 	}
 }

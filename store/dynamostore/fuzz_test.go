@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // fuzzHeaders turns fuzz input into headers: pieces cut at 0xff alternate key and
@@ -45,7 +46,7 @@ func FuzzMessageItemRoundTrip(f *testing.F) {
 	f.Add("", []byte{}, []byte(nil), []byte(nil), int32(-1), int64(0), 0, "", true, true)
 	f.Fuzz(func(t *testing.T, topic string, key, payload, headerData []byte, partition int32, seq int64, attempts int, lastErr string, nilKey, nilPayload bool) {
 		k := keys{prefix: "OUTBOX", pk: "PK", sk: "SK"}
-		env := &outbox.Envelope{ID: uuid.Must(uuid.NewV7()), Seq: max(seq, 0), BucketCount: 8, Attempts: max(attempts, 0), LastError: lastErr}
+		env := &driver.Envelope{Message: outbox.Message{ID: uuid.Must(uuid.NewV7())}, Seq: max(seq, 0), BucketCount: 8, Attempts: max(attempts, 0), LastError: lastErr}
 		env.Topic = topic
 		if !nilKey {
 			env.Key = key
@@ -60,7 +61,7 @@ func FuzzMessageItemRoundTrip(f *testing.F) {
 			env.Partition = &partition
 		}
 		env.CreatedAt = time.Unix(1_700_000_000, int64(seq%1e9)*100).UTC()
-		got, err := k.decodeMessage(k.messageItem(env, k.messages(3)), 3, outbox.Pending)
+		got, err := k.decodeMessage(k.messageItem(env, k.messages(3)), 3, driver.Pending)
 		if err != nil {
 			t.Fatalf("decode what was written: %v", err)
 		}
@@ -97,6 +98,6 @@ func FuzzDecodeMessageItem(f *testing.F) {
 			attrAttempts:      &types.AttributeValueMemberN{Value: attempts},
 			attrNextAttemptAt: &types.AttributeValueMemberS{Value: next}, // the wrong type
 		}
-		_, _ = k.decodeMessage(item, 1, outbox.Pending)
+		_, _ = k.decodeMessage(item, 1, driver.Pending)
 	})
 }

@@ -8,7 +8,7 @@ import (
 	ddb "github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
-	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // tailGrace is how long a reservation above the last fetched message may stay
@@ -19,7 +19,7 @@ const tailGrace = 30 * time.Second
 
 // heldHead is what this store knows of a bucket's pending messages after a fetch
 // whose every message was left pending: their keys and due times, kept up to date by
-// Complete, Reschedule and Park. It lets [Store.HasPending] answer no, without a
+// Complete, Reschedule and Park. It lets HasPending answer no, without a
 // fetch, while nothing in the bucket can be published before a due time.
 type heldHead struct {
 	msgs []heldMsg // in Seq order
@@ -68,7 +68,7 @@ func (h *heldHead) earliest() time.Time {
 
 // holdHead records what a fetch returned, if it returned the bucket's head whole:
 // not cut before a gap and with every item decoded.
-func (s *Store) holdHead(bucket int, envs []*outbox.Envelope, items, limit int, whole bool) {
+func (s *Store) holdHead(bucket int, envs []*driver.Envelope, items, limit int, whole bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !whole || len(envs) == 0 || len(envs) != items {
@@ -123,8 +123,8 @@ func (s *Store) forgetHeld(buckets ...int) {
 }
 
 // HasPending reports whether bucket may hold a message worth a fetch: the idle probe
-// ([outbox.Prober]) a relay sends for each owned bucket on every poll before it pays
-// for a strongly consistent [Store.Fetch].
+// ([driver.Prober]) a relay sends for each owned bucket on every poll before it pays
+// for a strongly consistent Fetch.
 //
 // A bucket whose last fetch left every message pending (its head backs off after a
 // failed publish, and the rest of the bucket waits behind it) is not worth a fetch
@@ -137,7 +137,7 @@ func (s *Store) forgetHeld(buckets ...int) {
 //
 // Otherwise it sends one eventually consistent Query of one key: whether the bucket
 // holds any message, due or not. A stale answer only delays a fetch to a later poll.
-func (s *Store) HasPending(ctx context.Context, bucket int) (bool, error) {
+func (s driverStore) HasPending(ctx context.Context, bucket int) (bool, error) {
 	if err := s.enter(ctx); err != nil {
 		return false, err
 	}

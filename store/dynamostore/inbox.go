@@ -12,6 +12,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/inbox"
 )
 
@@ -36,7 +37,7 @@ const (
 	inboxSKPrefix     = "CONSUMER#"
 )
 
-var _ inbox.Store = (*Store)(nil)
+var _ inbox.Store = driverStore{}
 
 func (k keys) inbox(key string) string { return k.prefix + "#INBOX#" + key }
 
@@ -59,7 +60,7 @@ func (k keys) inbox(key string) string { return k.prefix + "#INBOX#" + key }
 // the retry fails on the key's condition and, when the unit sent no message whose
 // sequence numbers prove the commit, the inbox reports a duplicate: the effects
 // were committed once, as promised, and the message is acknowledged either way.
-func (s *Store) StageInboxKey(ctx context.Context, key inbox.Key) (func(error) bool, error) {
+func (s driverStore) StageInboxKey(ctx context.Context, key inbox.Key) (func(error) bool, error) {
 	if err := s.enter(ctx); err != nil {
 		return nil, err
 	}
@@ -69,9 +70,9 @@ func (s *Store) StageInboxKey(ctx context.Context, key inbox.Key) (func(error) b
 	case key.ID == "" || len(key.ID) > inbox.MaxKeyLength || !utf8.ValidString(key.ID):
 		return nil, fmt.Errorf("%w: dynamostore: inbox key %q: it must be valid UTF-8 of 1 to %d bytes (inbox.Inbox hashes longer keys)", outbox.ErrInvalidMessage, key.ID, inbox.MaxKeyLength)
 	}
-	u, ok := ctx.Value(currentUnitKey{}).(*unit)
-	if !ok {
-		return nil, fmt.Errorf("dynamostore: StageInboxKey: call it with the ctx that (*dynamostore.Store).Transact passes to its function: %w", outbox.ErrNoTransaction)
+	u, ok := driver.TxFrom[*unit](ctx)
+	if !ok || u.s != s.Store {
+		return nil, fmt.Errorf("dynamostore: StageInboxKey: call it with the ctx that this store's Transact passes to its function: %w", outbox.ErrNoTransaction)
 	}
 	pk, sk := s.keys.inbox(key.ID), inboxSKPrefix+key.Consumer
 	out, err := s.client.Query(ctx, &ddb.QueryInput{
@@ -107,10 +108,8 @@ func (s *Store) StageInboxKey(ctx context.Context, key inbox.Key) (func(error) b
 	}}
 	// The key's item is the unit's next application item: its cancellation reason
 	// sits at that index (application items come first, in the order added).
-	u.mu.Lock()
-	index := len(u.items)
-	u.mu.Unlock()
-	if err := AddItems(ctx, put); err != nil {
+	index := u.mark()
+	if err := u.add([]types.TransactWriteItem{put}); err != nil {
 		return nil, err
 	}
 	return func(commitErr error) bool { return s.inboxCancelled(commitErr, pk, sk, index) }, nil

@@ -14,9 +14,10 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
-var errNoRelayID = fmt.Errorf("%w: dynamostore: relay id is empty; give every relay an id (dispatcher.Config.RelayID)", outbox.ErrMisconfigured)
+var errNoRelayID = fmt.Errorf("%w: dynamostore: relay id is empty; give every relay an id (relay.Config.RelayID)", outbox.ErrMisconfigured)
 
 // checkRelayID refuses a relay id that cannot be stored: empty, not UTF-8, or too long
 // for the sort key of its relay record.
@@ -25,10 +26,10 @@ func checkRelayID(relay string) error {
 	case relay == "":
 		return errNoRelayID
 	case len(relay) > maxRelayID:
-		return fmt.Errorf("%w: dynamostore: relay id is %d bytes; DynamoDB limits a sort key value to %d bytes, which leaves at most %d for the id: shorten it (dispatcher.Config.RelayID)",
+		return fmt.Errorf("%w: dynamostore: relay id is %d bytes; DynamoDB limits a sort key value to %d bytes, which leaves at most %d for the id: shorten it (relay.Config.RelayID)",
 			outbox.ErrMisconfigured, len(relay), maxSortKey, maxRelayID)
 	case !utf8.ValidString(relay):
-		return fmt.Errorf("%w: dynamostore: relay id %q is not valid UTF-8, which a string key must be (dispatcher.Config.RelayID)", outbox.ErrMisconfigured, relay)
+		return fmt.Errorf("%w: dynamostore: relay id %q is not valid UTF-8, which a string key must be (relay.Config.RelayID)", outbox.ErrMisconfigured, relay)
 	}
 	return nil
 }
@@ -36,12 +37,12 @@ func checkRelayID(relay string) error {
 // ReadCoordination reads every lease and relay heartbeat with one strongly consistent
 // Query of the coordination partition (paged if it passes 1 MB). Lease items of
 // buckets beyond the bucket count are ignored.
-func (s *Store) ReadCoordination(ctx context.Context) (outbox.Coordination, error) {
+func (s driverStore) ReadCoordination(ctx context.Context) (driver.Coordination, error) {
 	if err := s.enter(ctx); err != nil {
-		return outbox.Coordination{}, err
+		return driver.Coordination{}, err
 	}
 	var (
-		c     outbox.Coordination
+		c     driver.Coordination
 		start map[string]types.AttributeValue
 	)
 	for {
@@ -54,11 +55,11 @@ func (s *Store) ReadCoordination(ctx context.Context) (outbox.Coordination, erro
 			ExclusiveStartKey:         start,
 		})
 		if err != nil {
-			return outbox.Coordination{}, s.translate(ctx, "read coordination", err)
+			return driver.Coordination{}, s.translate(ctx, "read coordination", err)
 		}
 		for _, item := range out.Items {
 			if err := s.decodeCoordination(item, &c); err != nil {
-				return outbox.Coordination{}, err
+				return driver.Coordination{}, err
 			}
 		}
 		if len(out.LastEvaluatedKey) == 0 {
@@ -66,12 +67,12 @@ func (s *Store) ReadCoordination(ctx context.Context) (outbox.Coordination, erro
 		}
 		start = out.LastEvaluatedKey
 	}
-	slices.SortFunc(c.Leases, func(a, b outbox.Lease) int { return a.Bucket - b.Bucket })
-	slices.SortFunc(c.Relays, func(a, b outbox.RelayRecord) int { return strings.Compare(a.ID, b.ID) })
+	slices.SortFunc(c.Leases, func(a, b driver.Lease) int { return a.Bucket - b.Bucket })
+	slices.SortFunc(c.Relays, func(a, b driver.RelayRecord) int { return strings.Compare(a.ID, b.ID) })
 	return c, nil
 }
 
-func (s *Store) decodeCoordination(item map[string]types.AttributeValue, c *outbox.Coordination) error {
+func (s *Store) decodeCoordination(item map[string]types.AttributeValue, c *driver.Coordination) error {
 	sk := stringAttr(item, s.keys.sk)
 	switch {
 	case strings.HasPrefix(sk, leaseSKPrefix):
@@ -86,7 +87,7 @@ func (s *Store) decodeCoordination(item map[string]types.AttributeValue, c *outb
 		if err != nil {
 			return fmt.Errorf("dynamostore: lease item %q: %w", sk, err)
 		}
-		c.Leases = append(c.Leases, outbox.Lease{Bucket: bucket, Owner: stringAttr(item, attrOwner), ExpiresAt: exp})
+		c.Leases = append(c.Leases, driver.Lease{Bucket: bucket, Owner: stringAttr(item, attrOwner), ExpiresAt: exp})
 	case strings.HasPrefix(sk, relaySKPrefix):
 		r, err := decodeRelay(sk, item)
 		if err != nil {
@@ -99,8 +100,8 @@ func (s *Store) decodeCoordination(item map[string]types.AttributeValue, c *outb
 
 // decodeRelay reads a relay item whose sort key is sk. An absent BucketCount (a
 // record written before relays stored it) reads as 0, unknown.
-func decodeRelay(sk string, item map[string]types.AttributeValue) (outbox.RelayRecord, error) {
-	r := outbox.RelayRecord{ID: strings.TrimPrefix(sk, relaySKPrefix)}
+func decodeRelay(sk string, item map[string]types.AttributeValue) (driver.RelayRecord, error) {
+	r := driver.RelayRecord{ID: strings.TrimPrefix(sk, relaySKPrefix)}
 	var err error
 	if r.LastSeen, err = ticksOf(item, attrLastSeen); err != nil {
 		return r, fmt.Errorf("dynamostore: relay item %q: %w", sk, err)
@@ -123,12 +124,12 @@ func decodeRelay(sk string, item map[string]types.AttributeValue) (outbox.RelayR
 // rounded up to 4 KB, at half a read unit per 4 KB when eventually consistent. A
 // relay item is about 65 bytes plus its ID, so a fleet of up to about 30 relays
 // costs 0.5 read units a call.
-func (s *Store) ReadRelays(ctx context.Context) ([]outbox.RelayRecord, error) {
+func (s driverStore) ReadRelays(ctx context.Context) ([]driver.RelayRecord, error) {
 	if err := s.enter(ctx); err != nil {
 		return nil, err
 	}
 	var (
-		out   []outbox.RelayRecord
+		out   []driver.RelayRecord
 		start map[string]types.AttributeValue
 	)
 	for {
@@ -163,7 +164,7 @@ func (s *Store) ReadRelays(ctx context.Context) ([]outbox.RelayRecord, error) {
 		}
 		start = q.LastEvaluatedKey
 	}
-	slices.SortFunc(out, func(a, b outbox.RelayRecord) int { return strings.Compare(a.ID, b.ID) })
+	slices.SortFunc(out, func(a, b driver.RelayRecord) int { return strings.Compare(a.ID, b.ID) })
 	return out, nil
 }
 
@@ -185,7 +186,7 @@ func (s *Store) conditional(ctx context.Context, op string, in *ddb.UpdateItemIn
 // gave up on cannot land later and put an older round back. The record is written
 // whole (a conditional PutItem), which is how the stop stamp goes away on a restart
 // under the same ID.
-func (s *Store) Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int) (bool, error) {
+func (s driverStore) Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int) (bool, error) {
 	if err := checkRelayID(relay); err != nil {
 		return false, err
 	}
@@ -218,9 +219,9 @@ func (s *Store) conditionalPut(ctx context.Context, op string, in *ddb.PutItemIn
 
 // StopRelay stamps the relay's record StoppedAtUtc=at, and LastSeenUtc=at when that is
 // later than the stored one, so a heartbeat the relay abandoned cannot revive it. The
-// record stays; peers delete it later ([Store.DeleteRelay]). Every record it writes
+// record stays; peers delete it later (DeleteRelay). Every record it writes
 // has LastSeenUtc, which that deletion is conditioned on.
-func (s *Store) StopRelay(ctx context.Context, relay string, at time.Time) error {
+func (s driverStore) StopRelay(ctx context.Context, relay string, at time.Time) error {
 	if err := checkRelayID(relay); err != nil {
 		return err
 	}
@@ -262,7 +263,7 @@ func (s *Store) StopRelay(ctx context.Context, relay string, at time.Time) error
 }
 
 // DeleteRelay deletes a relay record only if its LastSeenUtc still equals lastSeen.
-func (s *Store) DeleteRelay(ctx context.Context, relay string, lastSeen time.Time) (bool, error) {
+func (s driverStore) DeleteRelay(ctx context.Context, relay string, lastSeen time.Time) (bool, error) {
 	if err := s.enter(ctx); err != nil {
 		return false, err
 	}
@@ -285,7 +286,7 @@ func (s *Store) DeleteRelay(ctx context.Context, relay string, lastSeen time.Tim
 // Claim takes bucket for owner until expiresAt, only if the lease item is absent, has
 // no Owner, or expired at now. A successful claim starts gap probing of the bucket
 // from its start again.
-func (s *Store) Claim(ctx context.Context, bucket int, owner string, now, expiresAt time.Time) (bool, error) {
+func (s driverStore) Claim(ctx context.Context, bucket int, owner string, now, expiresAt time.Time) (bool, error) {
 	if err := s.checkBucket(bucket); err != nil {
 		return false, err
 	}
@@ -316,7 +317,7 @@ func (s *Store) Claim(ctx context.Context, bucket int, owner string, now, expire
 // Renew extends held to expiresAt, only if the stored lease still names held.Owner
 // with expiry held.ExpiresAt and has not expired at now. A renewal that would not move
 // the expiry forward is refused without a request.
-func (s *Store) Renew(ctx context.Context, held outbox.Lease, now, expiresAt time.Time) (bool, error) {
+func (s driverStore) Renew(ctx context.Context, held driver.Lease, now, expiresAt time.Time) (bool, error) {
 	if err := s.checkBucket(held.Bucket); err != nil {
 		return false, err
 	}
@@ -347,7 +348,7 @@ func (s *Store) Renew(ctx context.Context, held outbox.Lease, now, expiresAt tim
 // Release frees held, only if the stored lease still names held.Owner with expiry
 // held.ExpiresAt. It rewrites the lease item whole without Owner (a conditional
 // PutItem); the expiry stays as a record.
-func (s *Store) Release(ctx context.Context, held outbox.Lease) (bool, error) {
+func (s driverStore) Release(ctx context.Context, held driver.Lease) (bool, error) {
 	if err := s.checkBucket(held.Bucket); err != nil {
 		return false, err
 	}
@@ -395,16 +396,17 @@ func (s *Store) holdZero(bucket int, until time.Time) {
 	s.mu.Unlock()
 }
 
-// SampleBacklog samples [Store.Stats] only when the relay using this store holds bucket
-// zero's lease (claimed or renewed through this store, not yet expired), and otherwise
-// returns false without a request. Call it from every instance's metrics loop: exactly
-// one instance pays for the sample, so the cost does not grow with the fleet.
-func (s *Store) SampleBacklog(ctx context.Context) (outbox.Stats, bool, error) {
+// SampleBacklog samples the backlog as Stats does, only when the relay using this
+// store holds bucket zero's lease (claimed or renewed through this store, not yet
+// expired), and otherwise returns false without a request ([driver.BacklogSampler]).
+// Every instance may call it from its metrics loop: exactly one instance pays for the
+// sample, so the cost does not grow with the fleet.
+func (s driverStore) SampleBacklog(ctx context.Context) (driver.Backlog, bool, error) {
 	s.mu.Lock()
 	held := time.Now().Before(s.zeroUntil)
 	s.mu.Unlock()
 	if !held {
-		return outbox.Stats{}, false, nil
+		return driver.Backlog{}, false, nil
 	}
 	st, err := s.Stats(ctx)
 	return st, err == nil, err

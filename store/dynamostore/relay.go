@@ -14,6 +14,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 const (
@@ -51,7 +52,7 @@ const (
 //
 // A message stamped with another bucket count fails the fetch with
 // [outbox.ErrMisconfigured].
-func (s *Store) Fetch(ctx context.Context, bucket, limit int) ([]*outbox.Envelope, error) {
+func (s driverStore) Fetch(ctx context.Context, bucket, limit int) ([]*driver.Envelope, error) {
 	if err := s.enter(ctx); err != nil {
 		return nil, err
 	}
@@ -119,8 +120,8 @@ func (s *Store) queryHead(ctx context.Context, bucket, limit int) ([]map[string]
 	return items, nil
 }
 
-func (s *Store) decodeBatch(ctx context.Context, items []map[string]types.AttributeValue, bucket int) ([]*outbox.Envelope, error) {
-	envs := make([]*outbox.Envelope, 0, len(items))
+func (s *Store) decodeBatch(ctx context.Context, items []map[string]types.AttributeValue, bucket int) ([]*driver.Envelope, error) {
+	envs := make([]*driver.Envelope, 0, len(items))
 	for _, item := range items {
 		env, err := s.keys.decodePending(item, bucket)
 		if err != nil {
@@ -181,7 +182,7 @@ type seqRange struct {
 // fetched batch: below the first message, then between messages; at most
 // maxGapProbes of them. cut is the length of the batch below the first gap left out
 // (len(envs) when none was).
-func gaps(envs []*outbox.Envelope, lower int64) (ranges []seqRange, cut int) {
+func gaps(envs []*driver.Envelope, lower int64) (ranges []seqRange, cut int) {
 	if len(envs) == 0 {
 		return nil, 0
 	}
@@ -247,7 +248,7 @@ func (s *Store) probeGaps(ctx context.Context, bucket int, ranges []seqRange) (i
 // retried with exponential backoff; if some are still left, Complete returns an error
 // and those messages stay, to be published again: a duplicate, never a loss. Deleting
 // a message that is gone is not an error.
-func (s *Store) Complete(ctx context.Context, envs []*outbox.Envelope) error {
+func (s driverStore) Complete(ctx context.Context, envs []*driver.Envelope) error {
 	if err := s.enter(ctx); err != nil {
 		return err
 	}
@@ -340,7 +341,7 @@ func sleep(ctx context.Context, d time.Duration) error {
 
 // Reschedule records a failed attempt on the stored message: Attempts+1, due at next,
 // LastError=cause (cut to 2 KB). A message that is gone is skipped.
-func (s *Store) Reschedule(ctx context.Context, env *outbox.Envelope, next time.Time, cause string) error {
+func (s driverStore) Reschedule(ctx context.Context, env *driver.Envelope, next time.Time, cause string) error {
 	if err := s.enter(ctx); err != nil {
 		return err
 	}
@@ -379,8 +380,8 @@ func (s *Store) Reschedule(ctx context.Context, env *outbox.Envelope, next time.
 // on the stored message first (one UpdateItem that returns the whole item), then moves
 // that item with one TransactWriteItems request, so the parked copy is exactly what
 // was stored. Fetch never reads parked messages again; an operator requeues or purges
-// them ([Store.Requeue], [Store.Purge]). A message that is gone is skipped.
-func (s *Store) Park(ctx context.Context, env *outbox.Envelope, cause string) error {
+// them (Requeue, Purge). A message that is gone is skipped.
+func (s driverStore) Park(ctx context.Context, env *driver.Envelope, cause string) error {
 	if err := s.enter(ctx); err != nil {
 		return err
 	}

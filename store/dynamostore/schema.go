@@ -11,7 +11,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/google/uuid"
 
-	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // Attribute names of the items the store writes. The first block is what every
@@ -123,7 +123,7 @@ func numberAttr(n int64) types.AttributeValue {
 func ticksAttr(t time.Time) types.AttributeValue { return numberAttr(toTicks(t)) }
 
 // messageItem is the stored form of env under partition key pk.
-func (k keys) messageItem(env *outbox.Envelope, pk string) map[string]types.AttributeValue {
+func (k keys) messageItem(env *driver.Envelope, pk string) map[string]types.AttributeValue {
 	item := k.key(pk, seqSortKey(env.Seq))
 	item[attrMessageID] = &types.AttributeValueMemberS{Value: env.ID.String()}
 	item[attrTopic] = &types.AttributeValueMemberS{Value: env.Topic}
@@ -134,7 +134,7 @@ func (k keys) messageItem(env *outbox.Envelope, pk string) map[string]types.Attr
 		item[attrValue] = &types.AttributeValueMemberB{Value: env.Payload}
 	}
 	if env.Headers != nil {
-		item[attrHeaders] = &types.AttributeValueMemberB{Value: outbox.EncodeHeaders(env.Headers)}
+		item[attrHeaders] = &types.AttributeValueMemberB{Value: driver.EncodeHeaders(env.Headers)}
 	}
 	if env.Partition != nil {
 		item[attrPartition] = numberAttr(int64(*env.Partition))
@@ -156,7 +156,7 @@ func (k keys) messageItem(env *outbox.Envelope, pk string) map[string]types.Attr
 // decodePending decodes a pending message item for the relay, which needs every
 // attribute a writer must put: an item without MessageId, Topic or CreatedAtUtc (or
 // with one of another type) fails with an error naming the attribute.
-func (k keys) decodePending(item map[string]types.AttributeValue, bucket int) (*outbox.Envelope, error) {
+func (k keys) decodePending(item map[string]types.AttributeValue, bucket int) (*driver.Envelope, error) {
 	for _, attr := range []struct {
 		name string
 		ok   bool
@@ -170,15 +170,15 @@ func (k keys) decodePending(item map[string]types.AttributeValue, bucket int) (*
 				stringAttr(item, k.pk), stringAttr(item, k.sk), attr.name)
 		}
 	}
-	return k.decodeMessage(item, bucket, outbox.Pending)
+	return k.decodeMessage(item, bucket, driver.Pending)
 }
 
 func isString(v types.AttributeValue) bool { _, ok := v.(*types.AttributeValueMemberS); return ok }
 func isNumber(v types.AttributeValue) bool { _, ok := v.(*types.AttributeValueMemberN); return ok }
 
 // decodeMessage turns a stored message item back into an envelope.
-func (k keys) decodeMessage(item map[string]types.AttributeValue, bucket int, status outbox.Status) (*outbox.Envelope, error) {
-	env := &outbox.Envelope{Bucket: bucket, Status: status}
+func (k keys) decodeMessage(item map[string]types.AttributeValue, bucket int, status driver.Status) (*driver.Envelope, error) {
+	env := &driver.Envelope{Bucket: bucket, Status: status}
 	var err error
 	fail := func(attr string, cause error) error {
 		return fmt.Errorf("dynamostore: message item %s/%s: attribute %s: %w", stringAttr(item, k.pk), stringAttr(item, k.sk), attr, cause)
@@ -186,7 +186,7 @@ func (k keys) decodeMessage(item map[string]types.AttributeValue, bucket int, st
 	if env.Seq, err = strconv.ParseInt(stringAttr(item, k.sk), 10, 64); err != nil {
 		return nil, fail(k.sk, err)
 	}
-	if env.ID, err = uuid.Parse(stringAttr(item, attrMessageID)); err != nil && status != outbox.Parked {
+	if env.ID, err = uuid.Parse(stringAttr(item, attrMessageID)); err != nil && status != driver.Parked {
 		// A parked item may be a malformed one that Fetch parked: list it anyway, with
 		// a nil ID.
 		return nil, fail(attrMessageID, err)
@@ -195,7 +195,7 @@ func (k keys) decodeMessage(item map[string]types.AttributeValue, bucket int, st
 	env.Key = binaryAttr(item, attrKey)
 	env.Payload = binaryAttr(item, attrValue)
 	if raw := binaryAttr(item, attrHeaders); raw != nil {
-		if env.Headers, err = outbox.DecodeHeaders(raw); err != nil {
+		if env.Headers, err = driver.DecodeHeaders(raw); err != nil {
 			return nil, fail(attrHeaders, err)
 		}
 	}
@@ -360,7 +360,11 @@ func exprSize(expr *string, values map[string]types.AttributeValue) int {
 // name a pending message item of this store (not a parked message, a counter, a lease
 // or a relay record, nor an item of another KeyPrefix or of the application), and if
 // so its bucket and Seq. The bucket is not checked against the bucket count.
-func (s *Store) MessageKey(pk, sk string) (bucket int, seq int64, ok bool) {
+func (s driverStore) MessageKey(pk, sk string) (bucket int, seq int64, ok bool) {
+	return s.messageKey(pk, sk)
+}
+
+func (s *Store) messageKey(pk, sk string) (bucket int, seq int64, ok bool) {
 	digits, found := strings.CutPrefix(pk, s.keys.prefix+"#MESSAGES#")
 	if !found || len(sk) != 19 {
 		return 0, 0, false

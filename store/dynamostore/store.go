@@ -9,10 +9,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
 	ddb "github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // Client is the part of the DynamoDB API the store calls. *dynamodb.Client from
@@ -29,12 +31,12 @@ type Client interface {
 
 var _ Client = (*ddb.Client)(nil)
 
-// Store is the DynamoDB outbox store. It implements [outbox.DispatchStore] (with its
-// unit of work, [Store.Transact]: one TransactWriteItems request), [outbox.Admin],
-// [outbox.Notifier], [outbox.SizeLimiter], [outbox.Prober] and
-// [outbox.BacklogSampler], and offers the writer calls for an
-// application that builds its own TransactWriteItems request
-// ([Store.CreateTransactWriteItems], [Store.NotifyCommitted]).
+// Store is the DynamoDB outbox store's handle. Applications send into it
+// ([outbox.NewSender]), run units of work on it ([Store.Transact], with [AddItems]
+// for their own writes), write messages that have no business write
+// ([Store.Enqueue]), and build their own TransactWriteItems request with it
+// ([Store.CreateTransactWriteItems], [Store.NotifyCommitted]). Relays, the inbox and
+// the tools reach its relay side through [Store.Driver].
 //
 // A Store is safe for concurrent use.
 type Store struct {
@@ -42,7 +44,7 @@ type Store struct {
 	cfg    Config
 	keys   keys
 	log    *slog.Logger
-	hub    outbox.Hub
+	hub    driver.Hub
 	closed atomic.Bool
 
 	mu sync.Mutex
@@ -58,18 +60,32 @@ type Store struct {
 	zeroUntil time.Time
 }
 
+// driverStore is the store's relay side: a [driver.Store] that also implements
+// [driver.Admin], [driver.Notifier], [driver.Prober], [driver.BacklogSampler] and
+// the inbox's key store. Its methods reach the Store's fields and helpers through
+// the embedded handle.
+type driverStore struct{ *Store }
+
 var (
-	_ outbox.DispatchStore  = (*Store)(nil)
-	_ outbox.Admin          = (*Store)(nil)
-	_ outbox.Notifier       = (*Store)(nil)
-	_ outbox.SizeLimiter    = (*Store)(nil)
-	_ outbox.Prober         = (*Store)(nil)
-	_ outbox.BacklogSampler = (*Store)(nil)
+	_ driver.Handle         = (*Store)(nil)
+	_ driver.SizeLimiter    = (*Store)(nil)
+	_ driver.Store          = driverStore{}
+	_ driver.Admin          = driverStore{}
+	_ driver.Notifier       = driverStore{}
+	_ driver.Prober         = driverStore{}
+	_ driver.BacklogSampler = driverStore{}
 )
+
+// Driver returns the store's relay side, for relays, the inbox, the stream handler
+// (package dynamostreams) and tools; applications do not call it. Besides
+// [driver.Store] it implements [driver.Admin], [driver.Notifier], [driver.Prober] and
+// [driver.BacklogSampler].
+func (s *Store) Driver() driver.Store { return driverStore{s} }
 
 // New returns a store on the table cfg names, through client, which the caller built
 // and keeps: Close does not close it. New makes no request; create the table with
-// [CreateIfNotExists] or provision it as the package documentation shows.
+// [CreateIfNotExists] or provision it as the package documentation shows (a relay
+// starting on a missing table fails with [outbox.ErrMisconfigured]).
 func New(client Client, cfg Config) (*Store, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: dynamostore: New needs a client", outbox.ErrMisconfigured)
@@ -90,7 +106,7 @@ func New(client Client, cfg Config) (*Store, error) {
 }
 
 // BucketCount returns the configured bucket count.
-func (s *Store) BucketCount() int { return s.cfg.BucketCount }
+func (s driverStore) BucketCount() int { return s.cfg.BucketCount }
 
 // Config returns the options in effect, defaults filled in.
 func (s *Store) Config() Config { return s.cfg }
@@ -107,9 +123,30 @@ func (s *Store) MaxMessageSize() int {
 }
 
 // Subscribe returns a channel of buckets this process committed to; see
-// [outbox.Notifier]. Commits by other processes are not announced: their relays find
+// [driver.Notifier]. Commits by other processes are not announced: their relays find
 // them by polling.
-func (s *Store) Subscribe(ctx context.Context) <-chan int { return s.hub.Subscribe(ctx) }
+func (s driverStore) Subscribe(ctx context.Context) <-chan int { return s.hub.Subscribe(ctx) }
+
+// Check reports whether a relay can work on the table, with one eventually
+// consistent Query of one key of the coordination partition (the read every relay
+// is allowed): a missing table fails with an error wrapping
+// [outbox.ErrMisconfigured] that says to create it with [CreateIfNotExists] (or to
+// fix Config.TableName); any other failure is returned wrapped. A relay calls it
+// when it starts.
+func (s driverStore) Check(ctx context.Context) error {
+	if err := s.enter(ctx); err != nil {
+		return err
+	}
+	_, err := s.client.Query(ctx, &ddb.QueryInput{
+		TableName:                 aws.String(s.cfg.TableName),
+		KeyConditionExpression:    aws.String("#pk = :pk"),
+		ExpressionAttributeNames:  map[string]string{"#pk": s.keys.pk, "#sk": s.keys.sk},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":pk": &types.AttributeValueMemberS{Value: s.keys.coordination()}},
+		ProjectionExpression:      aws.String("#sk"),
+		Limit:                     aws.Int32(1),
+	})
+	return s.translate(ctx, "check the table", err)
+}
 
 // Close refuses every later call with [outbox.ErrClosed] and closes every
 // subscription. It does not close the client. Closing twice is a no-op.
@@ -173,7 +210,7 @@ func (s *Store) translate(ctx context.Context, op string, err error) error {
 		return context.DeadlineExceeded
 	}
 	if _, ok := errors.AsType[*types.ResourceNotFoundException](err); ok {
-		return fmt.Errorf("%w: dynamostore: %s: table %q not found: create it (CreateIfNotExists) or fix Config.TableName: %w",
+		return fmt.Errorf("%w: dynamostore: %s: table %q not found: create it with dynamostore.CreateIfNotExists (or provision it from dynamostore.CreateTableInput), or fix Config.TableName: %w",
 			outbox.ErrMisconfigured, op, s.cfg.TableName, err)
 	}
 	return fmt.Errorf("dynamostore: %s: %w", op, err)

@@ -9,16 +9,21 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // Transact runs fn as a unit of work (see [outbox.Transactor]). Inside fn, [AddItems]
 // adds the application's own writes to the unit, and every send made with fn's ctx
 // (whatever the sender's [outbox.WriteMode]) is staged on it. When fn returns nil,
-// the application's items and every staged envelope are written in ONE
+// the application's items and every staged message are written in ONE
 // TransactWriteItems request: they persist together or not at all. Sequence numbers
 // are reserved at that moment, so a unit that rolls back costs no request. When fn
-// fails or panics, nothing is written and fn's error (or panic) goes on; a Transact
-// on a ctx already inside a unit of work of this store joins it.
+// fails or panics, nothing is written and fn's error (or panic) goes on.
+//
+// A Transact on a ctx already inside a unit of work of this store is a savepoint of
+// it: when its function fails or panics, the items it added and the messages it sent
+// are dropped and the outer unit goes on; when it succeeds, they stay in the outer
+// unit and are written with it.
 //
 // A unit that adds no item and sends nothing makes no request and returns nil. A unit
 // whose only write is one message is written with a conditional PutItem, one write
@@ -37,23 +42,14 @@ import (
 // success. An application that retries the whole unit (after a cancellation, say)
 // calls Transact again: its function adds its items and sends again.
 func (s *Store) Transact(ctx context.Context, fn func(ctx context.Context) error) error {
-	return outbox.RunTransaction(ctx, s, s.begin, func(ctx context.Context) error {
-		// fn may run joined to an outer unit of this store with another store's unit
-		// in between: AddItems must reach this store's unit, not the innermost one.
-		if u, ok := ctx.Value(unitKey{s}).(*unit); ok {
-			u.bind(outbox.ScopeFrom(ctx))
-			ctx = context.WithValue(ctx, currentUnitKey{}, u)
-		}
-		return fn(ctx)
-	})
+	return driver.RunTransaction(ctx, driver.Unit{Owner: s, BucketCount: s.cfg.BucketCount, Begin: s.begin}, fn)
 }
 
-func (s *Store) begin(ctx context.Context) (context.Context, outbox.Tx, error) {
+func (s *Store) begin(ctx context.Context) (driver.Tx, error) {
 	if err := s.enter(ctx); err != nil {
-		return ctx, nil, err
+		return nil, err
 	}
-	u := &unit{s: s}
-	return context.WithValue(ctx, unitKey{s}, u), u, nil
+	return &unit{s: s}, nil
 }
 
 // unit is one unit of work of a Store: the application's items, gathered until the
@@ -61,45 +57,30 @@ func (s *Store) begin(ctx context.Context) (context.Context, outbox.Tx, error) {
 type unit struct {
 	s *Store
 
-	mu sync.Mutex
-	// scope is the unit's scope, for AddItems to count the staged envelopes.
-	scope *outbox.Scope
+	mu    sync.Mutex
 	items []types.TransactWriteItem
 	size  int // of items, as transactItemSize measures them
 	ended bool
 }
 
-// unitKey finds a store's unit on a ctx; currentUnitKey the unit of the innermost
-// Transact, for AddItems.
-type (
-	unitKey        struct{ s *Store }
-	currentUnitKey struct{}
-)
-
-func (u *unit) bind(scope *outbox.Scope) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	if u.scope == nil {
-		u.scope = scope
-	}
-}
-
 // AddItems adds the application's own writes (Put, Update, Delete or ConditionCheck,
 // on any table) to the unit of work on ctx, the ctx that [Store.Transact] passes to
-// its function. They are written in the unit's TransactWriteItems request, before
-// the messages, when the function returns nil; if it fails, they are dropped with
-// the messages. A failed condition on one of them cancels the whole transaction.
+// its function (in a nested Transact, to its savepoint). They are written in the
+// unit's TransactWriteItems request, before the messages, when the unit commits; if
+// the function fails, they are dropped with its messages. A failed condition on one
+// of them cancels the whole transaction.
 //
-// AddItems fails with [outbox.ErrNoTransaction] when ctx is not inside a unit of work
-// of a Store (the ctx Transact was called with, for instance), with
-// [outbox.ErrClosed] once the unit has ended, and with [outbox.ErrTooLarge] when the
-// unit can already not fit in one transaction: more than 100 items counting the
-// messages sent so far, a Put item over 400 KB, or items over 4 MB. A refused call
-// adds none of its items.
+// AddItems fails with [outbox.ErrNoTransaction] when ctx is not inside an open unit
+// of work of a Store (the ctx Transact was called with, or one whose unit has
+// ended), and with [outbox.ErrTooLarge] when the unit's application items alone
+// cannot fit in one transaction: more than 100 items, a Put item over 400 KB, or
+// items over 4 MB. A refused call adds none of its items. The messages count
+// against the same limits at the commit, which refuses a unit that does not fit
+// before sending anything.
 func AddItems(ctx context.Context, items ...types.TransactWriteItem) error {
-	u, ok := ctx.Value(currentUnitKey{}).(*unit)
+	u, ok := driver.TxFrom[*unit](ctx)
 	if !ok {
-		return fmt.Errorf("dynamostore.AddItems: call it with the ctx that (*dynamostore.Store).Transact passes to its function: %w", outbox.ErrNoTransaction)
+		return fmt.Errorf("dynamostore.AddItems: call it with the ctx that (*dynamostore.Store).Transact passes to its function, before the function returns: %w", outbox.ErrNoTransaction)
 	}
 	return u.add(items)
 }
@@ -110,13 +91,9 @@ func (u *unit) add(items []types.TransactWriteItem) error {
 	if u.ended {
 		return fmt.Errorf("%w: dynamostore.AddItems: the unit of work this ctx belongs to has ended; add items inside the function given to Transact, before it returns", outbox.ErrClosed)
 	}
-	staged := 0
-	if u.scope != nil {
-		staged = u.scope.Len()
-	}
-	if n := len(u.items) + len(items) + staged; n > maxTransactItems {
-		return fmt.Errorf("%w: dynamostore.AddItems: the unit of work would hold %d items (%d application items and %d messages), over a transaction's %d; nothing was added, split the work into several units",
-			outbox.ErrTooLarge, n, len(u.items)+len(items), staged, maxTransactItems)
+	if n := len(u.items) + len(items); n > maxTransactItems {
+		return fmt.Errorf("%w: dynamostore.AddItems: the unit's application items would be %d items, over a transaction's %d; nothing was added, split the work into several units",
+			outbox.ErrTooLarge, n, maxTransactItems)
 	}
 	size := u.size
 	for i, it := range items {
@@ -136,8 +113,46 @@ func (u *unit) add(items []types.TransactWriteItem) error {
 	return nil
 }
 
+// mark returns how many items the unit holds, for the inbox's cancellation index.
+func (u *unit) mark() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return len(u.items)
+}
+
+// Savepoint marks the items the unit holds, for a nested Transact.
+func (u *unit) Savepoint(context.Context) (driver.Savepoint, error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.ended {
+		return nil, fmt.Errorf("%w: dynamostore: the unit of work has ended", outbox.ErrClosed)
+	}
+	return savepoint{u: u, n: len(u.items), size: u.size}, nil
+}
+
+// savepoint is a mark in a unit's items: a nested unit of work adds after it.
+type savepoint struct {
+	u    *unit
+	n    int
+	size int
+}
+
+// Release keeps the items added since the mark in the unit.
+func (savepoint) Release(context.Context) error { return nil }
+
+// Rollback drops the items added since the mark.
+func (sp savepoint) Rollback(context.Context) error {
+	sp.u.mu.Lock()
+	defer sp.u.mu.Unlock()
+	if len(sp.u.items) >= sp.n {
+		clear(sp.u.items[sp.n:])
+		sp.u.items, sp.u.size = sp.u.items[:sp.n], sp.size
+	}
+	return nil
+}
+
 // Commit writes the unit: see Store.Transact.
-func (u *unit) Commit(ctx context.Context, envs []*outbox.Envelope) error {
+func (u *unit) Commit(ctx context.Context, envs []*driver.Envelope) error {
 	u.mu.Lock()
 	u.ended = true
 	items, size := u.items, u.size
@@ -158,7 +173,7 @@ func (u *unit) Rollback(context.Context) {
 //
 // itemsSize is what items add to the request; AddItems measured them, and refused any
 // Put over DynamoDB's item limit, as it took them.
-func (s *Store) commit(ctx context.Context, items []types.TransactWriteItem, itemsSize int, envs []*outbox.Envelope) error {
+func (s *Store) commit(ctx context.Context, items []types.TransactWriteItem, itemsSize int, envs []*driver.Envelope) error {
 	if err := s.enter(ctx); err != nil {
 		return err
 	}
@@ -189,7 +204,7 @@ func (s *Store) commit(ctx context.Context, items []types.TransactWriteItem, ite
 	if err != nil {
 		return err
 	}
-	s.NotifyCommitted(envs...)
+	s.notify(envs)
 	return nil
 }
 

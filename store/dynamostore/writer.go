@@ -13,27 +13,54 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
-// MaxEnqueue is the most envelopes one [Store.Enqueue] call writes: one
-// TransactWriteItems request holds at most 100 items.
+// MaxEnqueue is the most messages one Enqueue call writes (on the handle or the
+// relay side): one TransactWriteItems request holds at most 100 items.
 const MaxEnqueue = maxTransactItems
 
-// Enqueue writes up to [MaxEnqueue] envelopes all or nothing and sets their Seq. It
-// reserves one range of sequence numbers per distinct bucket (envelopes sharing a
-// bucket keep their list order), then writes a single envelope with one conditional
-// PutItem and several with one TransactWriteItems, and wakes local subscribers.
+// Enqueue writes up to [MaxEnqueue] messages all or nothing, in a write of their own
+// (for messages that have no business write), and wakes local subscribers; a
+// message with a zero ID gets one. It reserves one range of sequence numbers per
+// distinct bucket (messages sharing a bucket keep their list order), then writes a
+// single message with one conditional PutItem and several with one
+// TransactWriteItems.
 //
 // It is safe under the SDK's retries: if a retried request finds its own items
 // already written (the first attempt was applied but its response was lost), the
 // store checks that the item the refused request returns (every put asks for it with
-// ReturnValuesOnConditionCheckFailure ALL_OLD) carries the envelope's ID, and
-// reports success; no read is needed, so a writer needs only dynamodb:PutItem and
-// dynamodb:UpdateItem. Calling
-// Enqueue again after an ambiguous error is different: the envelopes get new sequence
-// numbers and may be stored twice under the same ID (at-least-once, as after a lease
-// takeover).
-func (s *Store) Enqueue(ctx context.Context, envs ...*outbox.Envelope) error {
+// ReturnValuesOnConditionCheckFailure ALL_OLD) carries the message's ID, and reports
+// success; no read is needed, so a writer needs only dynamodb:PutItem and
+// dynamodb:UpdateItem. Calling Enqueue again after an ambiguous error is different:
+// the messages get new sequence numbers and may be stored twice under the same ID
+// (at-least-once, as after a lease takeover).
+func (s *Store) Enqueue(ctx context.Context, msgs ...outbox.Message) error {
+	if err := s.enter(ctx); err != nil {
+		return err
+	}
+	if len(msgs) > MaxEnqueue {
+		return fmt.Errorf("%w: dynamostore: Enqueue takes at most %d messages per call (one transaction), got %d; split the batch",
+			outbox.ErrTooLarge, MaxEnqueue, len(msgs))
+	}
+	envs := make([]*driver.Envelope, len(msgs))
+	for i, m := range msgs {
+		env, err := driver.NewEnvelope(m, s.cfg.BucketCount)
+		if err != nil {
+			return fmt.Errorf("dynamostore: Enqueue: message %d: %w", i, err)
+		}
+		envs[i] = env
+	}
+	return s.enqueue(ctx, envs)
+}
+
+// Enqueue writes up to [MaxEnqueue] envelopes all or nothing and sets their Seq, as
+// the handle's Enqueue writes messages.
+func (s driverStore) Enqueue(ctx context.Context, envs ...*driver.Envelope) error {
+	return s.enqueue(ctx, envs)
+}
+
+func (s *Store) enqueue(ctx context.Context, envs []*driver.Envelope) error {
 	if err := s.enter(ctx); err != nil {
 		return err
 	}
@@ -62,13 +89,13 @@ func (s *Store) Enqueue(ctx context.Context, envs ...*outbox.Envelope) error {
 	if err != nil {
 		return err
 	}
-	s.NotifyCommitted(envs...)
+	s.notify(envs)
 	return nil
 }
 
 // putOne writes one envelope with a conditional PutItem: one write unit less than a
 // transaction.
-func (s *Store) putOne(ctx context.Context, op string, env *outbox.Envelope) error {
+func (s *Store) putOne(ctx context.Context, op string, env *driver.Envelope) error {
 	put := s.put(env)
 	_, err := s.client.PutItem(ctx, &ddb.PutItemInput{
 		TableName:                           put.TableName,
@@ -92,29 +119,40 @@ func (s *Store) putOne(ctx context.Context, op string, env *outbox.Envelope) err
 }
 
 // CreateTransactWriteItems is for an application that builds its own
-// TransactWriteItems request instead of using [Store.Transact]. It reserves sequence
-// numbers for envs (one reservation per distinct bucket; envelopes sharing a bucket
-// keep their list order), sets their Seq and returns one conditional Put per
-// envelope, in the order given, to append to the request. Each Put carries
+// TransactWriteItems request instead of using [Store.Transact]. It takes the
+// messages staged on ctx's scope (sends made with the ctx of [outbox.NewScope]),
+// reserves their sequence numbers (one reservation per distinct bucket; messages
+// sharing a bucket keep their send order) and returns one conditional Put per
+// message, in send order, to append to the request. Each Put carries
 // attribute_not_exists on the partition key, so a reset counter fails the
-// transaction instead of overwriting a pending message.
+// transaction instead of overwriting a pending message. It returns no item when ctx
+// has no scope or the scope holds nothing.
 //
-// It takes the envelopes explicitly, never from a scope. To send through a sender,
-// open a scope with [outbox.NewScope], send with its ctx, and pass scope.Take(); keep
-// the envelopes, since a rebuilt request needs them again. Build the items inside the
-// caller's retry loop: a transaction rebuilt after losing an optimistic-concurrency
-// race must reserve again. After the transaction commits, pass the same envelopes to
-// [Store.NotifyCommitted]. Release the scope once the envelopes were taken.
+// The messages leave the scope: a rebuilt request needs new items. So open the
+// scope, send and call CreateTransactWriteItems inside the caller's retry loop: a
+// transaction rebuilt after losing an optimistic-concurrency race sends again and
+// reserves again. After the transaction commits, pass the items (or the request's
+// whole TransactItems) to [Store.NotifyCommitted], then Release the scope.
 //
-// It refuses more than 100 envelopes, or one whose item would be over 400 KB, with
-// [outbox.ErrTooLarge]; the request as a whole must also stay within DynamoDB's 100
-// items and 4 MB, which the caller checks.
-func (s *Store) CreateTransactWriteItems(ctx context.Context, envs ...*outbox.Envelope) ([]types.TransactWriteItem, error) {
+// Every message is checked first; a refused call takes the messages but reserves
+// nothing. It refuses more than 100 messages, or one whose item would be over
+// 400 KB, with [outbox.ErrTooLarge]; the request as a whole must also stay within
+// DynamoDB's 100 items and 4 MB, which the caller checks. Inside [Store.Transact] no
+// call is needed: the unit of work writes its sends, and [AddItems] adds the
+// application's items to it.
+func (s *Store) CreateTransactWriteItems(ctx context.Context) ([]types.TransactWriteItem, error) {
 	if err := s.enter(ctx); err != nil {
 		return nil, err
 	}
+	envs, err := driver.Take(ctx, s.cfg.BucketCount)
+	if err != nil {
+		return nil, fmt.Errorf("dynamostore: CreateTransactWriteItems: %w", err)
+	}
+	if len(envs) == 0 {
+		return nil, nil
+	}
 	if len(envs) > maxTransactItems {
-		return nil, fmt.Errorf("%w: dynamostore: %d envelopes cannot fit in one transaction of %d items", outbox.ErrTooLarge, len(envs), maxTransactItems)
+		return nil, fmt.Errorf("%w: dynamostore: %d messages cannot fit in one transaction of %d items", outbox.ErrTooLarge, len(envs), maxTransactItems)
 	}
 	if _, err := s.check(envs); err != nil {
 		return nil, err
@@ -129,23 +167,50 @@ func (s *Store) CreateTransactWriteItems(ctx context.Context, envs ...*outbox.En
 	return items, nil
 }
 
-// NotifyCommitted wakes the local subscribers of the envelopes' buckets. Call it only
-// after the transaction holding the items of [Store.CreateTransactWriteItems]
-// committed, with the envelopes passed to it; it is optional, because relays also
-// poll. [Store.Transact] and [Store.Enqueue] notify on their own.
-func (s *Store) NotifyCommitted(envs ...*outbox.Envelope) {
+// NotifyCommitted wakes the local subscribers of the buckets that items write
+// messages to: the items of [Store.CreateTransactWriteItems], alone or among the
+// other items of the request; items that are not this store's message Puts are
+// ignored. Call it only after the transaction committed; it is optional, because
+// relays also poll. [Store.Transact] and [Store.Enqueue] notify on their own.
+func (s *Store) NotifyCommitted(items ...types.TransactWriteItem) {
+	var buckets []int
+	for _, it := range items {
+		if it.Put == nil || aws.ToString(it.Put.TableName) != s.cfg.TableName {
+			continue
+		}
+		pk, _ := it.Put.Item[s.keys.pk].(*types.AttributeValueMemberS)
+		sk, _ := it.Put.Item[s.keys.sk].(*types.AttributeValueMemberS)
+		if pk == nil || sk == nil {
+			continue
+		}
+		if b, _, ok := s.messageKey(pk.Value, sk.Value); ok && b < s.cfg.BucketCount && !slices.Contains(buckets, b) {
+			buckets = append(buckets, b)
+		}
+	}
+	s.wake(buckets)
+}
+
+// notify wakes the local subscribers of the envelopes' buckets, after their commit.
+func (s *Store) notify(envs []*driver.Envelope) {
 	buckets := make([]int, 0, min(len(envs), s.cfg.BucketCount))
 	for _, env := range envs {
 		if env != nil && !slices.Contains(buckets, env.Bucket) {
 			buckets = append(buckets, env.Bucket)
 		}
 	}
+	s.wake(buckets)
+}
+
+func (s *Store) wake(buckets []int) {
+	if len(buckets) == 0 {
+		return
+	}
 	s.forgetHeld(buckets...)
 	s.hub.Notify(buckets...)
 }
 
 // check refuses envelopes that cannot be stored and returns their total item size.
-func (s *Store) check(envs []*outbox.Envelope) (int, error) {
+func (s *Store) check(envs []*driver.Envelope) (int, error) {
 	size := 0
 	seen := make(map[uuid.UUID]struct{}, len(envs))
 	for i, env := range envs {
@@ -160,7 +225,7 @@ func (s *Store) check(envs []*outbox.Envelope) (int, error) {
 			return 0, fmt.Errorf("%w: dynamostore: envelope %s has bucket %d outside 0..%d", outbox.ErrInvalidMessage, env.ID, env.Bucket, s.cfg.BucketCount-1)
 		}
 		if env.ID == uuid.Nil {
-			return 0, fmt.Errorf("%w: dynamostore: envelope %d has no ID; build envelopes with outbox.NewEnvelope", outbox.ErrInvalidMessage, i)
+			return 0, fmt.Errorf("%w: dynamostore: envelope %d has no ID; build envelopes with driver.NewEnvelope", outbox.ErrInvalidMessage, i)
 		}
 		if err := env.Validate(); err != nil {
 			return 0, fmt.Errorf("dynamostore: envelope %s: %w", env.ID, err)
@@ -185,9 +250,9 @@ func (s *Store) check(envs []*outbox.Envelope) (int, error) {
 
 // reserve takes sequence numbers from each bucket's counter, one UpdateItem per
 // distinct bucket, and assigns them in list order.
-func (s *Store) reserve(ctx context.Context, envs []*outbox.Envelope) error {
+func (s *Store) reserve(ctx context.Context, envs []*driver.Envelope) error {
 	var buckets []int
-	members := make(map[int][]*outbox.Envelope)
+	members := make(map[int][]*driver.Envelope)
 	for _, env := range envs {
 		if _, ok := members[env.Bucket]; !ok {
 			buckets = append(buckets, env.Bucket)
@@ -221,7 +286,7 @@ func (s *Store) reserve(ctx context.Context, envs []*outbox.Envelope) error {
 }
 
 // put is the conditional Put of one envelope whose Seq is reserved.
-func (s *Store) put(env *outbox.Envelope) *types.Put {
+func (s *Store) put(env *driver.Envelope) *types.Put {
 	return &types.Put{
 		TableName:                           aws.String(s.cfg.TableName),
 		Item:                                s.keys.messageItem(env, s.keys.messages(env.Bucket)),
@@ -232,7 +297,7 @@ func (s *Store) put(env *outbox.Envelope) *types.Put {
 }
 
 // transact writes appItems and envs in one TransactWriteItems request.
-func (s *Store) transact(ctx context.Context, op string, appItems []types.TransactWriteItem, envs []*outbox.Envelope) error {
+func (s *Store) transact(ctx context.Context, op string, appItems []types.TransactWriteItem, envs []*driver.Envelope) error {
 	items := make([]types.TransactWriteItem, 0, len(appItems)+len(envs))
 	items = append(items, appItems...)
 	for _, env := range envs {
@@ -274,7 +339,7 @@ func conditionFailed(tce *types.TransactionCanceledException) bool {
 // read is needed. The numbers were reserved for this call alone and a transaction is
 // all or nothing, so one envelope found proves that an earlier attempt of this very
 // request committed all of it. The envelopes' puts follow skip application items.
-func (s *Store) ownItems(tce *types.TransactionCanceledException, skip int, envs []*outbox.Envelope) bool {
+func (s *Store) ownItems(tce *types.TransactionCanceledException, skip int, envs []*driver.Envelope) bool {
 	if len(tce.CancellationReasons) != skip+len(envs) {
 		return false
 	}

@@ -36,7 +36,7 @@ func ExampleStore_Transact() {
 	fmt.Println(place("order-1", false))
 	fmt.Println(place("order-2", true))
 
-	pending, _ := store.Fetch(ctx, 0, 10)
+	pending, _ := store.Driver().Fetch(ctx, 0, 10) // what a relay would publish
 	fmt.Println(len(pending), string(pending[0].Key), orders)
 	// Output:
 	// <nil>

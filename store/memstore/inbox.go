@@ -36,8 +36,8 @@ func (s *Store) inboxKeys() *inboxKeys {
 	return v.(*inboxKeys)
 }
 
-var _ inbox.Store = (*Store)(nil)
-var _ inbox.Remover = (*Store)(nil)
+var _ inbox.Store = driverStore{}
+var _ inbox.Remover = driverStore{}
 
 // StageInboxKey records key in the unit of work on ctx, for an [inbox.Inbox]. It
 // checks at once whether the key is recorded (returning an error wrapping
@@ -49,7 +49,7 @@ var _ inbox.Remover = (*Store)(nil)
 // The record is inserted by an [OnCommit] apply registered here, first in the unit:
 // if a later apply of the same unit returns an error, the key stays recorded, as
 // the changes of earlier applies stay (OnCommit's rule).
-func (s *Store) StageInboxKey(ctx context.Context, key inbox.Key) (func(error) bool, error) {
+func (s driverStore) StageInboxKey(ctx context.Context, key inbox.Key) (func(error) bool, error) {
 	if err := s.lock(ctx); err != nil {
 		return nil, err
 	}
@@ -58,12 +58,12 @@ func (s *Store) StageInboxKey(ctx context.Context, key inbox.Key) (func(error) b
 	_, dup := keys.expires[id]
 	s.mu.Unlock()
 	if dup {
-		return nil, fmt.Errorf("memory: key %q of consumer %q: %w", key.ID, key.Consumer, inbox.ErrDuplicate)
+		return nil, fmt.Errorf("memstore: key %q of consumer %q: %w", key.ID, key.Consumer, inbox.ErrDuplicate)
 	}
 	// The apply runs under the store's lock.
 	err := OnCommit(ctx, func() error {
 		if _, dup := keys.expires[id]; dup {
-			return fmt.Errorf("memory: key %q of consumer %q was recorded by another unit meanwhile: %w", key.ID, key.Consumer, inbox.ErrDuplicate)
+			return fmt.Errorf("memstore: key %q of consumer %q was recorded by another unit meanwhile: %w", key.ID, key.Consumer, inbox.ErrDuplicate)
 		}
 		keys.expires[id] = key.ExpiresAt
 		return nil
@@ -73,7 +73,7 @@ func (s *Store) StageInboxKey(ctx context.Context, key inbox.Key) (func(error) b
 
 // RemoveInboxKeys deletes at most limit inbox keys that expired before before,
 // oldest first.
-func (s *Store) RemoveInboxKeys(ctx context.Context, before time.Time, limit int) (int, error) {
+func (s driverStore) RemoveInboxKeys(ctx context.Context, before time.Time, limit int) (int, error) {
 	if err := s.lock(ctx); err != nil {
 		return 0, err
 	}

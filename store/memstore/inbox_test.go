@@ -7,7 +7,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/store/memstore"
 )
@@ -21,9 +20,9 @@ type effects struct {
 
 func TestInboxConformance(t *testing.T) {
 	var mu sync.Mutex
-	state := map[outbox.DispatchStore]*effects{}
+	state := map[outboxtest.Store]*effects{}
 	outboxtest.RunInboxTests(t, outboxtest.InboxHarness{
-		New: func(t *testing.T) outbox.DispatchStore {
+		New: func(t *testing.T) outboxtest.Store {
 			st, err := memstore.New(memstore.Config{BucketCount: 1})
 			require.NoError(t, err)
 			mu.Lock()
@@ -31,7 +30,7 @@ func TestInboxConformance(t *testing.T) {
 			mu.Unlock()
 			return st
 		},
-		Effect: func(ctx context.Context, st outbox.DispatchStore, key string) error {
+		Effect: func(ctx context.Context, st outboxtest.Store, key string) error {
 			mu.Lock()
 			e := state[st]
 			mu.Unlock()
@@ -42,7 +41,7 @@ func TestInboxConformance(t *testing.T) {
 				return nil
 			})
 		},
-		Effects: func(t *testing.T, st outbox.DispatchStore, key string) int {
+		Effects: func(t *testing.T, st outboxtest.Store, key string) int {
 			mu.Lock()
 			e := state[st]
 			mu.Unlock()

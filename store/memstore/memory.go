@@ -1,4 +1,4 @@
-// Package memory is an in-memory outbox store: the whole store contract of package
+// Package memstore is an in-memory outbox store: the whole store contract of package
 // outbox, held in one process's memory.
 //
 // It is the reference store. It serves tests, demos and single-process tools, and every
@@ -18,7 +18,7 @@
 //     envelopes handed out are clones, so callers may change either freely.
 //   - Subscribers ([Store.Subscribe]) are woken after every commit that wrote to a
 //     bucket; a wake-up is never needed for correctness.
-//   - Lease writes are conditional exactly as [outbox.Leaser] describes. Times are stored
+//   - Lease writes are conditional exactly as [driver.Leaser] describes. Times are stored
 //     as given (in UTC) and compared with [time.Time.Equal].
 //   - After [Store.Close] every call returns an error wrapping [outbox.ErrClosed]; a
 //     cancelled context makes any call return the context's error unwrapped.
@@ -46,6 +46,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // DefaultMaxMessageSize is the per-message limit unless [Config.MaxMessageSize] says
@@ -55,7 +56,7 @@ const DefaultMaxMessageSize = 1 << 20
 // Config configures a [Store]. The zero value is valid.
 type Config struct {
 	// BucketCount is the number of buckets. Envelopes must be stamped with the same
-	// count. Defaults to [outbox.DefaultBucketCount].
+	// count. Defaults to [driver.DefaultBucketCount].
 	BucketCount int
 	// MaxMessageSize is the largest [outbox.Message.Size] the store accepts; larger
 	// messages are refused with [outbox.ErrTooLarge]. Defaults to
@@ -65,7 +66,7 @@ type Config struct {
 
 func (c Config) withDefaults() Config {
 	if c.BucketCount == 0 {
-		c.BucketCount = outbox.DefaultBucketCount
+		c.BucketCount = driver.DefaultBucketCount
 	}
 	if c.MaxMessageSize == 0 {
 		c.MaxMessageSize = DefaultMaxMessageSize
@@ -77,22 +78,23 @@ func (c Config) withDefaults() Config {
 // are valid: they take their defaults.
 func (c Config) Validate() error {
 	if c.BucketCount < 0 {
-		return fmt.Errorf("%w: memory: Config.BucketCount is %d; it must be at least 1 (or 0 for the default %d)",
-			outbox.ErrMisconfigured, c.BucketCount, outbox.DefaultBucketCount)
+		return fmt.Errorf("%w: memstore: Config.BucketCount is %d; it must be at least 1 (or 0 for the default %d)",
+			outbox.ErrMisconfigured, c.BucketCount, driver.DefaultBucketCount)
 	}
 	if c.MaxMessageSize < 0 {
-		return fmt.Errorf("%w: memory: Config.MaxMessageSize is %d; it must be positive (or 0 for the default %d)",
+		return fmt.Errorf("%w: memstore: Config.MaxMessageSize is %d; it must be positive (or 0 for the default %d)",
 			outbox.ErrMisconfigured, c.MaxMessageSize, DefaultMaxMessageSize)
 	}
 	return nil
 }
 
-// Store is an in-memory [outbox.DispatchStore]. It also implements [outbox.Admin],
-// [outbox.Notifier], [outbox.Finder], [outbox.Retainer] and [outbox.SizeLimiter].
+// Store is an in-memory outbox store. Applications send into it ([outbox.NewSender])
+// and run units of work on it ([Store.Transact]); relays and tools reach its relay
+// side through [Store.Driver].
 type Store struct {
 	bucketCount int
 	maxSize     int
-	hub         outbox.Hub
+	hub         driver.Hub
 
 	mu      sync.Mutex
 	closed  bool
@@ -102,19 +104,19 @@ type Store struct {
 	// dispatched holds entries marked dispatched, in marking order, for the retention
 	// sweep; entries that left the dispatched state are dropped lazily.
 	dispatched []*entry
-	leases     map[int]outbox.Lease
-	relays     map[string]outbox.RelayRecord
+	leases     map[int]driver.Lease
+	relays     map[string]driver.RelayRecord
 }
 
 // entry is one stored envelope.
 type entry struct {
-	env *outbox.Envelope
+	env *driver.Envelope
 	// queued says the entry sits in its bucket's queue (possibly no longer pending).
 	queued  bool
 	deleted bool
 }
 
-func (e *entry) live() bool { return !e.deleted && e.env.Status == outbox.Pending }
+func (e *entry) live() bool { return !e.deleted && e.env.Status == driver.Pending }
 
 // bucket holds one bucket's pending envelopes in Seq order. Entries that stopped being
 // pending stay in the queue until the head passes them or compaction drops them, so
@@ -136,21 +138,31 @@ func New(cfg Config) (*Store, error) {
 		maxSize:     cfg.MaxMessageSize,
 		byID:        make(map[uuid.UUID]*entry),
 		buckets:     make([]bucket, cfg.BucketCount),
-		leases:      make(map[int]outbox.Lease),
-		relays:      make(map[string]outbox.RelayRecord),
+		leases:      make(map[int]driver.Lease),
+		relays:      make(map[string]driver.RelayRecord),
 	}, nil
 }
 
+// driverStore is the store's relay side: a [driver.Store] that also implements
+// [driver.Admin], [driver.Notifier], [driver.Finder], [driver.Retainer] and the
+// inbox's key store.
+type driverStore struct{ *Store }
+
 var (
-	_ outbox.DispatchStore = (*Store)(nil)
-	_ outbox.Admin         = (*Store)(nil)
-	_ outbox.Notifier      = (*Store)(nil)
-	_ outbox.Finder        = (*Store)(nil)
-	_ outbox.Retainer      = (*Store)(nil)
-	_ outbox.SizeLimiter   = (*Store)(nil)
+	_ driver.Handle      = (*Store)(nil)
+	_ driver.SizeLimiter = (*Store)(nil)
+	_ driver.Store       = driverStore{}
+	_ driver.Admin       = driverStore{}
+	_ driver.Notifier    = driverStore{}
+	_ driver.Finder      = driverStore{}
+	_ driver.Retainer    = driverStore{}
 )
 
-var errClosed = fmt.Errorf("memory: %w", outbox.ErrClosed)
+// Driver returns the store's relay side, for relays, the inbox and tools;
+// applications do not call it.
+func (s *Store) Driver() driver.Store { return driverStore{s} }
+
+var errClosed = fmt.Errorf("memstore: %w", outbox.ErrClosed)
 
 // lock checks ctx, takes the lock and checks the store is open. On a nil error the
 // caller holds the lock.
@@ -167,7 +179,7 @@ func (s *Store) lock(ctx context.Context) error {
 }
 
 // BucketCount returns the configured bucket count.
-func (s *Store) BucketCount() int { return s.bucketCount }
+func (s driverStore) BucketCount() int { return s.bucketCount }
 
 // MaxMessageSize returns the configured per-message limit.
 func (s *Store) MaxMessageSize() int { return s.maxSize }
@@ -183,34 +195,48 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// Subscribe returns a channel of buckets that received commits; see [outbox.Notifier].
-func (s *Store) Subscribe(ctx context.Context) <-chan int { return s.hub.Subscribe(ctx) }
+// Subscribe returns a channel of buckets that received commits; see [driver.Notifier].
+func (s driverStore) Subscribe(ctx context.Context) <-chan int { return s.hub.Subscribe(ctx) }
+
+// Enqueue writes messages all or nothing, as pending envelopes; a message with a
+// zero ID gets one.
+func (s *Store) Enqueue(ctx context.Context, msgs ...outbox.Message) error {
+	envs := make([]*driver.Envelope, len(msgs))
+	for i, m := range msgs {
+		env, err := driver.NewEnvelope(m, s.bucketCount)
+		if err != nil {
+			return err
+		}
+		envs[i] = env
+	}
+	return s.write(ctx, envs, nil)
+}
 
 // Enqueue writes envelopes all or nothing and sets their Seq. They are stored as
 // pending, whatever their Status.
-func (s *Store) Enqueue(ctx context.Context, envs ...*outbox.Envelope) error {
+func (s driverStore) Enqueue(ctx context.Context, envs ...*driver.Envelope) error {
 	return s.write(ctx, envs, nil)
 }
 
 // Transact runs fn as a unit of work (see [outbox.Transactor]): the sends made with
 // fn's ctx are written together, as one atomic write, when fn returns nil, and
-// discarded when it fails or panics. A Transact inside another on the same store
-// joins it.
+// discarded when it fails or panics. A Transact inside another on the same store is
+// a savepoint: when it fails, its sends and the state changes it registered with
+// [OnCommit] are dropped and the outer unit goes on.
 //
 // The memory store holds no application state, so the transaction covers the
-// messages only; in a service's tests that is what makes a failed unit of work
-// publish nothing, exactly as on a database.
+// messages (and what [OnCommit] registers) only; in a service's tests that is what
+// makes a failed unit of work publish nothing, exactly as on a database.
 func (s *Store) Transact(ctx context.Context, fn func(ctx context.Context) error) error {
-	return outbox.RunTransaction(ctx, s, s.begin, fn)
+	return driver.RunTransaction(ctx, driver.Unit{Owner: s, BucketCount: s.bucketCount, Begin: s.begin}, fn)
 }
 
-func (s *Store) begin(ctx context.Context) (context.Context, outbox.Tx, error) {
+func (s *Store) begin(ctx context.Context) (driver.Tx, error) {
 	if err := s.lock(ctx); err != nil {
-		return ctx, nil, err
+		return nil, err
 	}
 	s.mu.Unlock()
-	t := &tx{s: s}
-	return context.WithValue(ctx, txKey{}, t), t, nil
+	return &tx{s: s}, nil
 }
 
 // tx is a memory unit of work: everything happens at commit, under the store's lock.
@@ -220,7 +246,27 @@ type tx struct {
 	applies []func() error
 }
 
-type txKey struct{}
+// Savepoint marks how many state changes the unit has registered.
+func (t *tx) Savepoint(context.Context) (driver.Savepoint, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return savepoint{t, len(t.applies)}, nil
+}
+
+type savepoint struct {
+	t *tx
+	n int
+}
+
+func (savepoint) Release(context.Context) error { return nil }
+
+// Rollback drops the state changes registered since the mark.
+func (sp savepoint) Rollback(context.Context) error {
+	sp.t.mu.Lock()
+	defer sp.t.mu.Unlock()
+	sp.t.applies = sp.t.applies[:sp.n]
+	return nil
+}
 
 // OnCommit registers apply, an application state change, with the unit of work on
 // ctx. At commit, apply runs under the store's lock, after the messages were checked
@@ -233,7 +279,7 @@ type txKey struct{}
 // messages as the real database is. OnCommit fails with [outbox.ErrNoTransaction]
 // outside a unit of work of a memory store.
 func OnCommit(ctx context.Context, apply func() error) error {
-	t, ok := ctx.Value(txKey{}).(*tx)
+	t, ok := driver.TxFrom[*tx](ctx)
 	if !ok {
 		return fmt.Errorf("memstore.OnCommit: %w", outbox.ErrNoTransaction)
 	}
@@ -243,7 +289,7 @@ func OnCommit(ctx context.Context, apply func() error) error {
 	return nil
 }
 
-func (t *tx) Commit(ctx context.Context, envs []*outbox.Envelope) error {
+func (t *tx) Commit(ctx context.Context, envs []*driver.Envelope) error {
 	t.mu.Lock()
 	applies := t.applies
 	t.mu.Unlock()
@@ -260,7 +306,7 @@ func (t *tx) Commit(ctx context.Context, envs []*outbox.Envelope) error {
 func (*tx) Rollback(context.Context) {}
 
 // write validates envs, runs apply and stores envs, all under the lock.
-func (s *Store) write(ctx context.Context, envs []*outbox.Envelope, apply func() error) error {
+func (s *Store) write(ctx context.Context, envs []*driver.Envelope, apply func() error) error {
 	if err := s.lock(ctx); err != nil {
 		return err
 	}
@@ -286,7 +332,7 @@ func (s *Store) write(ctx context.Context, envs []*outbox.Envelope, apply func()
 		stored := env.Clone()
 		stored.CreatedAt = stored.CreatedAt.UTC()
 		stored.NextAttemptAt = stored.NextAttemptAt.UTC()
-		stored.Status = outbox.Pending
+		stored.Status = driver.Pending
 		stored.DispatchedAt = time.Time{}
 		e := &entry{env: stored, queued: true}
 		s.byID[stored.ID] = e
@@ -301,37 +347,37 @@ func (s *Store) write(ctx context.Context, envs []*outbox.Envelope, apply func()
 }
 
 // check refuses a batch that cannot be stored as a whole. Called with the lock held.
-func (s *Store) check(envs []*outbox.Envelope) error {
+func (s *Store) check(envs []*driver.Envelope) error {
 	var seen map[uuid.UUID]struct{}
 	if len(envs) > 1 {
 		seen = make(map[uuid.UUID]struct{}, len(envs))
 	}
 	for i, env := range envs {
 		if env == nil {
-			return fmt.Errorf("%w: memory: envelope %d is nil", outbox.ErrInvalidMessage, i)
+			return fmt.Errorf("%w: memstore: envelope %d is nil", outbox.ErrInvalidMessage, i)
 		}
 		if env.BucketCount != s.bucketCount {
-			return fmt.Errorf("%w: memory: envelope %s was stamped for %d buckets but the store has %d; give the writer and the store the same bucket count",
+			return fmt.Errorf("%w: memstore: envelope %s was stamped for %d buckets but the store has %d; give the writer and the store the same bucket count",
 				outbox.ErrMisconfigured, env.ID, env.BucketCount, s.bucketCount)
 		}
 		if env.Bucket < 0 || env.Bucket >= s.bucketCount {
-			return fmt.Errorf("%w: memory: envelope %s has bucket %d outside 0..%d", outbox.ErrInvalidMessage, env.ID, env.Bucket, s.bucketCount-1)
+			return fmt.Errorf("%w: memstore: envelope %s has bucket %d outside 0..%d", outbox.ErrInvalidMessage, env.ID, env.Bucket, s.bucketCount-1)
 		}
 		if env.ID == uuid.Nil {
-			return fmt.Errorf("%w: memory: envelope %d has no ID; build envelopes with outbox.NewEnvelope", outbox.ErrInvalidMessage, i)
+			return fmt.Errorf("%w: memstore: envelope %d has no ID; build envelopes with driver.NewEnvelope", outbox.ErrInvalidMessage, i)
 		}
 		if err := env.Validate(); err != nil {
-			return fmt.Errorf("memory: envelope %s: %w", env.ID, err)
+			return fmt.Errorf("memstore: envelope %s: %w", env.ID, err)
 		}
 		if size := env.Size(); size > s.maxSize {
-			return fmt.Errorf("%w: memory: envelope %s is %d bytes, over the store's limit of %d", outbox.ErrTooLarge, env.ID, size, s.maxSize)
+			return fmt.Errorf("%w: memstore: envelope %s is %d bytes, over the store's limit of %d", outbox.ErrTooLarge, env.ID, size, s.maxSize)
 		}
 		if _, ok := s.byID[env.ID]; ok {
-			return fmt.Errorf("%w: memory: envelope %s is already stored", outbox.ErrInvalidMessage, env.ID)
+			return fmt.Errorf("%w: memstore: envelope %s is already stored", outbox.ErrInvalidMessage, env.ID)
 		}
 		if seen != nil {
 			if _, ok := seen[env.ID]; ok {
-				return fmt.Errorf("%w: memory: envelope %s appears twice in one write", outbox.ErrInvalidMessage, env.ID)
+				return fmt.Errorf("%w: memstore: envelope %s appears twice in one write", outbox.ErrInvalidMessage, env.ID)
 			}
 			seen[env.ID] = struct{}{}
 		}
@@ -341,13 +387,13 @@ func (s *Store) check(envs []*outbox.Envelope) error {
 
 func (s *Store) checkBucket(bucket int) error {
 	if bucket < 0 || bucket >= s.bucketCount {
-		return fmt.Errorf("%w: memory: bucket %d outside 0..%d", outbox.ErrMisconfigured, bucket, s.bucketCount-1)
+		return fmt.Errorf("%w: memstore: bucket %d outside 0..%d", outbox.ErrMisconfigured, bucket, s.bucketCount-1)
 	}
 	return nil
 }
 
 // Fetch returns up to limit pending envelopes of bucket in Seq order, due or not.
-func (s *Store) Fetch(ctx context.Context, bucketNo, limit int) ([]*outbox.Envelope, error) {
+func (s driverStore) Fetch(ctx context.Context, bucketNo, limit int) ([]*driver.Envelope, error) {
 	if err := s.checkBucket(bucketNo); err != nil {
 		return nil, err
 	}
@@ -360,7 +406,7 @@ func (s *Store) Fetch(ctx context.Context, bucketNo, limit int) ([]*outbox.Envel
 	if limit <= 0 {
 		return nil, nil
 	}
-	out := make([]*outbox.Envelope, 0, min(limit, len(b.queue)-b.dead))
+	out := make([]*driver.Envelope, 0, min(limit, len(b.queue)-b.dead))
 	for _, e := range b.queue {
 		if len(out) == limit {
 			break
@@ -429,7 +475,7 @@ func (s *Store) revived(e *entry) {
 // remove deletes an entry in any state. Called with the lock held.
 func (s *Store) remove(e *entry) {
 	wasLive := e.live()
-	if e.env.Status == outbox.Parked {
+	if e.env.Status == driver.Parked {
 		s.parked--
 	}
 	e.deleted = true
@@ -440,7 +486,7 @@ func (s *Store) remove(e *entry) {
 }
 
 // Complete deletes envelopes; unknown IDs are skipped.
-func (s *Store) Complete(ctx context.Context, envs []*outbox.Envelope) error {
+func (s driverStore) Complete(ctx context.Context, envs []*driver.Envelope) error {
 	if err := s.lock(ctx); err != nil {
 		return err
 	}
@@ -454,7 +500,7 @@ func (s *Store) Complete(ctx context.Context, envs []*outbox.Envelope) error {
 }
 
 // Reschedule records a failed attempt. An envelope that is gone is skipped.
-func (s *Store) Reschedule(ctx context.Context, env *outbox.Envelope, next time.Time, cause string) error {
+func (s driverStore) Reschedule(ctx context.Context, env *driver.Envelope, next time.Time, cause string) error {
 	if err := s.lock(ctx); err != nil {
 		return err
 	}
@@ -471,7 +517,7 @@ func (s *Store) Reschedule(ctx context.Context, env *outbox.Envelope, next time.
 
 // Park records a failed attempt and parks the envelope. An envelope that is gone is
 // skipped.
-func (s *Store) Park(ctx context.Context, env *outbox.Envelope, cause string) error {
+func (s driverStore) Park(ctx context.Context, env *driver.Envelope, cause string) error {
 	if err := s.lock(ctx); err != nil {
 		return err
 	}
@@ -482,11 +528,11 @@ func (s *Store) Park(ctx context.Context, env *outbox.Envelope, cause string) er
 	}
 	e.env.Attempts++
 	e.env.LastError = cause
-	if e.env.Status == outbox.Parked {
+	if e.env.Status == driver.Parked {
 		return nil
 	}
 	wasLive := e.live()
-	e.env.Status = outbox.Parked
+	e.env.Status = driver.Parked
 	e.env.DispatchedAt = time.Time{}
 	s.parked++
 	if wasLive {
@@ -497,7 +543,7 @@ func (s *Store) Park(ctx context.Context, env *outbox.Envelope, cause string) er
 
 // MarkDispatched marks envelopes dispatched at at instead of deleting them. Unknown
 // IDs are skipped.
-func (s *Store) MarkDispatched(ctx context.Context, envs []*outbox.Envelope, at time.Time) error {
+func (s driverStore) MarkDispatched(ctx context.Context, envs []*driver.Envelope, at time.Time) error {
 	if err := s.lock(ctx); err != nil {
 		return err
 	}
@@ -505,14 +551,14 @@ func (s *Store) MarkDispatched(ctx context.Context, envs []*outbox.Envelope, at 
 	at = at.UTC()
 	for _, env := range envs {
 		e, ok := s.byID[env.ID]
-		if !ok || e.env.Status == outbox.Dispatched {
+		if !ok || e.env.Status == driver.Dispatched {
 			continue
 		}
 		wasLive := e.live()
-		if e.env.Status == outbox.Parked {
+		if e.env.Status == driver.Parked {
 			s.parked--
 		}
-		e.env.Status = outbox.Dispatched
+		e.env.Status = driver.Dispatched
 		e.env.DispatchedAt = at
 		s.dispatched = append(s.dispatched, e)
 		if wasLive {
@@ -523,7 +569,7 @@ func (s *Store) MarkDispatched(ctx context.Context, envs []*outbox.Envelope, at 
 }
 
 // DeleteDispatched deletes at most limit envelopes dispatched before before.
-func (s *Store) DeleteDispatched(ctx context.Context, before time.Time, limit int) (int, error) {
+func (s driverStore) DeleteDispatched(ctx context.Context, before time.Time, limit int) (int, error) {
 	if err := s.lock(ctx); err != nil {
 		return 0, err
 	}
@@ -532,7 +578,7 @@ func (s *Store) DeleteDispatched(ctx context.Context, before time.Time, limit in
 	kept := s.dispatched[:0]
 	for _, e := range s.dispatched {
 		switch {
-		case e.deleted || e.env.Status != outbox.Dispatched:
+		case e.deleted || e.env.Status != driver.Dispatched:
 			// left the dispatched state; forget it
 		case n < limit && e.env.DispatchedAt.Before(before):
 			s.remove(e)
@@ -547,20 +593,20 @@ func (s *Store) DeleteDispatched(ctx context.Context, before time.Time, limit in
 }
 
 // Find returns the envelope with id in any status.
-func (s *Store) Find(ctx context.Context, id uuid.UUID) (*outbox.Envelope, error) {
+func (s driverStore) Find(ctx context.Context, id uuid.UUID) (*driver.Envelope, error) {
 	if err := s.lock(ctx); err != nil {
 		return nil, err
 	}
 	defer s.mu.Unlock()
 	e, ok := s.byID[id]
 	if !ok {
-		return nil, fmt.Errorf("%w: memory: envelope %s", outbox.ErrNotFound, id)
+		return nil, fmt.Errorf("%w: memstore: envelope %s", driver.ErrNotFound, id)
 	}
 	return e.env.Clone(), nil
 }
 
 // List returns envelopes with status, ordered by bucket then Seq, after the cursor.
-func (s *Store) List(ctx context.Context, status outbox.Status, after outbox.Cursor, limit int) ([]*outbox.Envelope, error) {
+func (s driverStore) List(ctx context.Context, status driver.Status, after driver.Cursor, limit int) ([]*driver.Envelope, error) {
 	if err := s.lock(ctx); err != nil {
 		return nil, err
 	}
@@ -568,7 +614,7 @@ func (s *Store) List(ctx context.Context, status outbox.Status, after outbox.Cur
 	if limit <= 0 {
 		return nil, nil
 	}
-	var match []*outbox.Envelope
+	var match []*driver.Envelope
 	for _, e := range s.byID {
 		env := e.env
 		if env.Status != status {
@@ -579,14 +625,14 @@ func (s *Store) List(ctx context.Context, status outbox.Status, after outbox.Cur
 		}
 		match = append(match, env)
 	}
-	slices.SortFunc(match, func(a, b *outbox.Envelope) int {
+	slices.SortFunc(match, func(a, b *driver.Envelope) int {
 		if a.Bucket != b.Bucket {
 			return a.Bucket - b.Bucket
 		}
 		return compareInt64(a.Seq, b.Seq)
 	})
 	match = match[:min(limit, len(match))]
-	out := make([]*outbox.Envelope, len(match))
+	out := make([]*driver.Envelope, len(match))
 	for i, env := range match {
 		out[i] = env.Clone()
 	}
@@ -604,7 +650,7 @@ func compareInt64(a, b int64) int {
 }
 
 // Requeue makes parked envelopes pending and due now, with Attempts reset.
-func (s *Store) Requeue(ctx context.Context, ids ...uuid.UUID) (int, error) {
+func (s driverStore) Requeue(ctx context.Context, ids ...uuid.UUID) (int, error) {
 	if err := s.lock(ctx); err != nil {
 		return 0, err
 	}
@@ -612,10 +658,10 @@ func (s *Store) Requeue(ctx context.Context, ids ...uuid.UUID) (int, error) {
 	n := 0
 	for _, id := range ids {
 		e, ok := s.byID[id]
-		if !ok || e.env.Status != outbox.Parked {
+		if !ok || e.env.Status != driver.Parked {
 			continue
 		}
-		e.env.Status = outbox.Pending
+		e.env.Status = driver.Pending
 		e.env.Attempts = 0
 		e.env.NextAttemptAt = time.Time{}
 		s.parked--
@@ -626,7 +672,7 @@ func (s *Store) Requeue(ctx context.Context, ids ...uuid.UUID) (int, error) {
 }
 
 // Purge deletes envelopes whatever their status.
-func (s *Store) Purge(ctx context.Context, ids ...uuid.UUID) (int, error) {
+func (s driverStore) Purge(ctx context.Context, ids ...uuid.UUID) (int, error) {
 	if err := s.lock(ctx); err != nil {
 		return 0, err
 	}
@@ -642,12 +688,12 @@ func (s *Store) Purge(ctx context.Context, ids ...uuid.UUID) (int, error) {
 }
 
 // Stats counts the backlog exactly: PendingLimit is [math.MaxInt].
-func (s *Store) Stats(ctx context.Context) (outbox.Stats, error) {
+func (s driverStore) Stats(ctx context.Context) (driver.Backlog, error) {
 	if err := s.lock(ctx); err != nil {
-		return outbox.Stats{}, err
+		return driver.Backlog{}, err
 	}
 	defer s.mu.Unlock()
-	st := outbox.Stats{
+	st := driver.Backlog{
 		Pending:      make([]int, s.bucketCount),
 		PendingLimit: math.MaxInt,
 		Parked:       s.parked,
@@ -667,24 +713,24 @@ func (s *Store) Stats(ctx context.Context) (outbox.Stats, error) {
 }
 
 // ReadCoordination returns every lease and relay record.
-func (s *Store) ReadCoordination(ctx context.Context) (outbox.Coordination, error) {
+func (s driverStore) ReadCoordination(ctx context.Context) (driver.Coordination, error) {
 	if err := s.lock(ctx); err != nil {
-		return outbox.Coordination{}, err
+		return driver.Coordination{}, err
 	}
 	defer s.mu.Unlock()
-	var c outbox.Coordination
+	var c driver.Coordination
 	for _, l := range s.leases {
 		if l.Bucket >= 0 && l.Bucket < s.bucketCount {
 			c.Leases = append(c.Leases, l)
 		}
 	}
-	slices.SortFunc(c.Leases, func(a, b outbox.Lease) int { return a.Bucket - b.Bucket })
+	slices.SortFunc(c.Leases, func(a, b driver.Lease) int { return a.Bucket - b.Bucket })
 	c.Relays = s.sortedRelays()
 	return c, nil
 }
 
-// ReadRelays implements [outbox.Leaser].
-func (s *Store) ReadRelays(ctx context.Context) ([]outbox.RelayRecord, error) {
+// ReadRelays implements [driver.Leaser].
+func (s driverStore) ReadRelays(ctx context.Context) ([]driver.RelayRecord, error) {
 	if err := s.lock(ctx); err != nil {
 		return nil, err
 	}
@@ -693,20 +739,20 @@ func (s *Store) ReadRelays(ctx context.Context) ([]outbox.RelayRecord, error) {
 }
 
 // sortedRelays returns the relay records by ID; the caller holds mu.
-func (s *Store) sortedRelays() []outbox.RelayRecord {
-	out := make([]outbox.RelayRecord, 0, len(s.relays))
+func (s *Store) sortedRelays() []driver.RelayRecord {
+	out := make([]driver.RelayRecord, 0, len(s.relays))
 	for _, r := range s.relays {
 		out = append(out, r)
 	}
-	slices.SortFunc(out, func(a, b outbox.RelayRecord) int { return strings.Compare(a.ID, b.ID) })
+	slices.SortFunc(out, func(a, b driver.RelayRecord) int { return strings.Compare(a.ID, b.ID) })
 	return out
 }
 
-var errNoRelayID = errors.New("memory: relay id is empty")
+var errNoRelayID = errors.New("memstore: relay id is empty")
 
 // Heartbeat moves the relay's LastSeen forward to at, records its bucket count and
 // clears StoppedAt.
-func (s *Store) Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int) (bool, error) {
+func (s driverStore) Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int) (bool, error) {
 	if relay == "" {
 		return false, errNoRelayID
 	}
@@ -717,12 +763,12 @@ func (s *Store) Heartbeat(ctx context.Context, relay string, at time.Time, bucke
 	if r, ok := s.relays[relay]; ok && !r.LastSeen.Before(at) {
 		return false, nil
 	}
-	s.relays[relay] = outbox.RelayRecord{ID: relay, LastSeen: at.UTC(), BucketCount: bucketCount}
+	s.relays[relay] = driver.RelayRecord{ID: relay, LastSeen: at.UTC(), BucketCount: bucketCount}
 	return true, nil
 }
 
 // StopRelay stamps the relay stopped at at, creating the record if needed.
-func (s *Store) StopRelay(ctx context.Context, relay string, at time.Time) error {
+func (s driverStore) StopRelay(ctx context.Context, relay string, at time.Time) error {
 	if relay == "" {
 		return errNoRelayID
 	}
@@ -733,7 +779,7 @@ func (s *Store) StopRelay(ctx context.Context, relay string, at time.Time) error
 	at = at.UTC()
 	r, ok := s.relays[relay]
 	if !ok {
-		r = outbox.RelayRecord{ID: relay}
+		r = driver.RelayRecord{ID: relay}
 	}
 	if r.LastSeen.Before(at) {
 		r.LastSeen = at
@@ -744,7 +790,7 @@ func (s *Store) StopRelay(ctx context.Context, relay string, at time.Time) error
 }
 
 // DeleteRelay deletes the relay record if its LastSeen still equals lastSeen.
-func (s *Store) DeleteRelay(ctx context.Context, relay string, lastSeen time.Time) (bool, error) {
+func (s driverStore) DeleteRelay(ctx context.Context, relay string, lastSeen time.Time) (bool, error) {
 	if err := s.lock(ctx); err != nil {
 		return false, err
 	}
@@ -758,7 +804,7 @@ func (s *Store) DeleteRelay(ctx context.Context, relay string, lastSeen time.Tim
 }
 
 // Claim takes bucket for owner if the lease is absent, free or expired at now.
-func (s *Store) Claim(ctx context.Context, bucketNo int, owner string, now, expiresAt time.Time) (bool, error) {
+func (s driverStore) Claim(ctx context.Context, bucketNo int, owner string, now, expiresAt time.Time) (bool, error) {
 	if err := s.checkBucket(bucketNo); err != nil {
 		return false, err
 	}
@@ -772,13 +818,13 @@ func (s *Store) Claim(ctx context.Context, bucketNo int, owner string, now, expi
 	if l, ok := s.leases[bucketNo]; ok && !l.Free(now) {
 		return false, nil
 	}
-	s.leases[bucketNo] = outbox.Lease{Bucket: bucketNo, Owner: owner, ExpiresAt: expiresAt.UTC()}
+	s.leases[bucketNo] = driver.Lease{Bucket: bucketNo, Owner: owner, ExpiresAt: expiresAt.UTC()}
 	return true, nil
 }
 
 // Renew extends held to expiresAt if the stored lease is still held, unchanged and
 // not expired at now.
-func (s *Store) Renew(ctx context.Context, held outbox.Lease, now, expiresAt time.Time) (bool, error) {
+func (s driverStore) Renew(ctx context.Context, held driver.Lease, now, expiresAt time.Time) (bool, error) {
 	if err := s.checkBucket(held.Bucket); err != nil {
 		return false, err
 	}
@@ -797,7 +843,7 @@ func (s *Store) Renew(ctx context.Context, held outbox.Lease, now, expiresAt tim
 
 // Release frees held if the stored lease still names its owner and expiry. The freed
 // lease keeps its expiry as a record; with no owner, any relay may claim it.
-func (s *Store) Release(ctx context.Context, held outbox.Lease) (bool, error) {
+func (s driverStore) Release(ctx context.Context, held driver.Lease) (bool, error) {
 	if err := s.checkBucket(held.Bucket); err != nil {
 		return false, err
 	}
@@ -812,4 +858,13 @@ func (s *Store) Release(ctx context.Context, held outbox.Lease) (bool, error) {
 	l.Owner = ""
 	s.leases[held.Bucket] = l
 	return true, nil
+}
+
+// Check reports whether the store is open: a memory store needs no migration.
+func (s driverStore) Check(ctx context.Context) error {
+	if err := s.lock(ctx); err != nil {
+		return err
+	}
+	s.mu.Unlock()
+	return nil
 }

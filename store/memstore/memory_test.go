@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/store/memstore"
 )
@@ -24,9 +25,9 @@ func newStore(t testing.TB, buckets int) *memstore.Store {
 	return s
 }
 
-func newEnvelope(t testing.TB, s outbox.Store, key, payload string) *outbox.Envelope {
+func newEnvelope(t testing.TB, s *memstore.Store, key, payload string) *driver.Envelope {
 	t.Helper()
-	env, err := outbox.NewEnvelope(outbox.Message{Topic: "t", Key: []byte(key), Payload: []byte(payload)}, s.BucketCount())
+	env, err := driver.NewEnvelope(outbox.Message{Topic: "t", Key: []byte(key), Payload: []byte(payload)}, drv(s).BucketCount())
 	require.NoError(t, err)
 	return env
 }
@@ -41,11 +42,11 @@ func TestConfigValidate(t *testing.T) {
 
 	s, err := memstore.New(memstore.Config{})
 	require.NoError(t, err)
-	require.Equal(t, outbox.DefaultBucketCount, s.BucketCount())
+	require.Equal(t, driver.DefaultBucketCount, drv(s).BucketCount())
 	require.Equal(t, memstore.DefaultMaxMessageSize, s.MaxMessageSize())
 }
 
-func sender(t testing.TB, s outbox.Store) *outbox.Capture {
+func sender(t testing.TB, s outbox.Store) outbox.Sender {
 	t.Helper()
 	c, err := outbox.NewSender(s, outbox.SenderConfig{})
 	require.NoError(t, err)
@@ -62,7 +63,7 @@ func TestOnCommitFailureWritesNothing(t *testing.T) {
 		return memstore.OnCommit(ctx, func() error { return boom })
 	})
 	require.ErrorIs(t, err, boom)
-	envs, err := s.Fetch(context.Background(), 0, 10)
+	envs, err := drv(s).Fetch(context.Background(), 0, 10)
 	require.NoError(t, err)
 	require.Empty(t, envs)
 }
@@ -70,13 +71,15 @@ func TestOnCommitFailureWritesNothing(t *testing.T) {
 func TestOnCommitRunsOnlyWhenTheMessagesAreWritten(t *testing.T) {
 	t.Parallel()
 	s := newStore(t, 2)
-	wrong := sender(t, otherCount{s, 3})
+	send := sender(t, s)
+	taken := outbox.Message{ID: uuid.New(), Topic: "t"}
+	require.NoError(t, s.Enqueue(context.Background(), taken))
 	applied := false
 	err := s.Transact(context.Background(), func(ctx context.Context) error {
 		require.NoError(t, memstore.OnCommit(ctx, func() error { applied = true; return nil }))
-		return wrong.Send(ctx, outbox.Message{Topic: "t"})
+		return send.Send(ctx, taken) // its ID is held: the commit refuses it
 	})
-	require.ErrorIs(t, err, outbox.ErrMisconfigured)
+	require.ErrorIs(t, err, outbox.ErrInvalidMessage)
 	require.False(t, applied, "the state change must not happen when the messages cannot be written")
 
 	rolledBack := false
@@ -92,21 +95,31 @@ func TestOnCommitRunsOnlyWhenTheMessagesAreWritten(t *testing.T) {
 	require.True(t, applied)
 }
 
+// A nested unit of work that fails drops the state changes it registered; the outer
+// unit's commit.
+func TestOnCommitInANestedUnitOfWork(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, 1)
+	var applied []string
+	require.NoError(t, s.Transact(context.Background(), func(ctx context.Context) error {
+		require.NoError(t, memstore.OnCommit(ctx, func() error { applied = append(applied, "outer"); return nil }))
+		err := s.Transact(ctx, func(ctx context.Context) error {
+			require.NoError(t, memstore.OnCommit(ctx, func() error { applied = append(applied, "failed"); return nil }))
+			return errors.New("nested failed")
+		})
+		require.Error(t, err)
+		return s.Transact(ctx, func(ctx context.Context) error {
+			return memstore.OnCommit(ctx, func() error { applied = append(applied, "nested"); return nil })
+		})
+	}))
+	require.Equal(t, []string{"outer", "nested"}, applied)
+}
+
 func TestOnCommitOutsideAUnitOfWork(t *testing.T) {
 	t.Parallel()
 	err := memstore.OnCommit(context.Background(), func() error { return nil })
 	require.ErrorIs(t, err, outbox.ErrNoTransaction)
 }
-
-// otherCount reports another bucket count than the store it wraps.
-type otherCount struct {
-	outbox.Store
-	n int
-}
-
-func (o otherCount) BucketCount() int { return o.n }
-
-func (o otherCount) Unwrap() outbox.Store { return o.Store }
 
 func TestTooLarge(t *testing.T) {
 	t.Parallel()
@@ -114,9 +127,9 @@ func TestTooLarge(t *testing.T) {
 	require.NoError(t, err)
 	defer s.Close()
 	ctx := context.Background()
-	err = s.Enqueue(ctx, newEnvelope(t, s, "k", "ok"), newEnvelope(t, s, "k", "this payload is too long"))
+	err = drv(s).Enqueue(ctx, newEnvelope(t, s, "k", "ok"), newEnvelope(t, s, "k", "this payload is too long"))
 	require.ErrorIs(t, err, outbox.ErrTooLarge)
-	envs, err := s.Fetch(ctx, 0, 10)
+	envs, err := drv(s).Fetch(ctx, 0, 10)
 	require.NoError(t, err)
 	require.Empty(t, envs, "a refused batch writes nothing")
 }
@@ -126,9 +139,9 @@ func TestDuplicateIDRefused(t *testing.T) {
 	s := newStore(t, 1)
 	ctx := context.Background()
 	env := newEnvelope(t, s, "k", "a")
-	require.NoError(t, s.Enqueue(ctx, env))
-	require.ErrorIs(t, s.Enqueue(ctx, env.Clone()), outbox.ErrInvalidMessage)
-	require.ErrorIs(t, s.Enqueue(ctx, newEnvelope(t, s, "k", "b"), env), outbox.ErrInvalidMessage)
+	require.NoError(t, drv(s).Enqueue(ctx, env))
+	require.ErrorIs(t, drv(s).Enqueue(ctx, env.Clone()), outbox.ErrInvalidMessage)
+	require.ErrorIs(t, drv(s).Enqueue(ctx, newEnvelope(t, s, "k", "b"), env), outbox.ErrInvalidMessage)
 }
 
 func TestCallersCannotChangeStoredEnvelopes(t *testing.T) {
@@ -136,16 +149,16 @@ func TestCallersCannotChangeStoredEnvelopes(t *testing.T) {
 	s := newStore(t, 1)
 	ctx := context.Background()
 	env := newEnvelope(t, s, "k", "abc")
-	require.NoError(t, s.Enqueue(ctx, env))
+	require.NoError(t, drv(s).Enqueue(ctx, env))
 	env.Payload[0] = 'X'
 
-	got, err := s.Fetch(ctx, 0, 1)
+	got, err := drv(s).Fetch(ctx, 0, 1)
 	require.NoError(t, err)
 	require.Equal(t, "abc", string(got[0].Payload))
 	got[0].Payload[0] = 'Y'
-	got[0].Status = outbox.Parked
+	got[0].Status = driver.Parked
 
-	again, err := s.Fetch(ctx, 0, 1)
+	again, err := drv(s).Fetch(ctx, 0, 1)
 	require.NoError(t, err)
 	require.Len(t, again, 1)
 	require.Equal(t, "abc", string(again[0].Payload))
@@ -158,25 +171,25 @@ func TestQueueBookkeeping(t *testing.T) {
 	t.Parallel()
 	s := newStore(t, 1)
 	ctx := context.Background()
-	var envs []*outbox.Envelope
+	var envs []*driver.Envelope
 	for range 300 {
 		envs = append(envs, newEnvelope(t, s, "k", "p"))
 	}
-	require.NoError(t, s.Enqueue(ctx, envs...))
+	require.NoError(t, drv(s).Enqueue(ctx, envs...))
 
 	// Park every third, mark every third (offset 1) dispatched: 200 dead in the queue.
-	var parked, dispatched []*outbox.Envelope
+	var parked, dispatched []*driver.Envelope
 	for i, env := range envs {
 		switch i % 3 {
 		case 0:
-			require.NoError(t, s.Park(ctx, env, "bad"))
+			require.NoError(t, drv(s).Park(ctx, env, "bad"))
 			parked = append(parked, env)
 		case 1:
 			dispatched = append(dispatched, env)
 		}
 	}
-	require.NoError(t, s.MarkDispatched(ctx, dispatched, envs[0].CreatedAt))
-	got, err := s.Fetch(ctx, 0, 1000)
+	require.NoError(t, drv(s).MarkDispatched(ctx, dispatched, envs[0].CreatedAt))
+	got, err := drv(s).Fetch(ctx, 0, 1000)
 	require.NoError(t, err)
 	require.Len(t, got, 100)
 	for i, env := range got {
@@ -188,25 +201,25 @@ func TestQueueBookkeeping(t *testing.T) {
 	for _, env := range parked {
 		ids = append(ids, env.ID)
 	}
-	n, err := s.Requeue(ctx, ids...)
+	n, err := drv(s).Requeue(ctx, ids...)
 	require.NoError(t, err)
 	require.Equal(t, 100, n)
-	got, err = s.Fetch(ctx, 0, 1000)
+	got, err = drv(s).Fetch(ctx, 0, 1000)
 	require.NoError(t, err)
 	require.Len(t, got, 200)
 	for i := 1; i < len(got); i++ {
 		require.Less(t, got[i-1].Seq, got[i].Seq)
 	}
-	st, err := s.Stats(ctx)
+	st, err := drv(s).Stats(ctx)
 	require.NoError(t, err)
 	require.Equal(t, []int{200}, st.Pending)
 	require.Zero(t, st.Parked)
 
-	require.NoError(t, s.Complete(ctx, got))
-	got, err = s.Fetch(ctx, 0, 1000)
+	require.NoError(t, drv(s).Complete(ctx, got))
+	got, err = drv(s).Fetch(ctx, 0, 1000)
 	require.NoError(t, err)
 	require.Empty(t, got)
-	deleted, err := s.DeleteDispatched(ctx, envs[0].CreatedAt.Add(1), 1000)
+	deleted, err := drv(s).DeleteDispatched(ctx, envs[0].CreatedAt.Add(1), 1000)
 	require.NoError(t, err)
 	require.Equal(t, 100, deleted)
 }
@@ -219,7 +232,7 @@ func TestConcurrentEnqueueKeepsSeqStrictlyIncreasing(t *testing.T) {
 	for g := range 8 {
 		wg.Go(func() {
 			for range 50 {
-				if err := s.Enqueue(ctx, newEnvelope(t, s, string(rune('a'+g)), "p")); err != nil {
+				if err := drv(s).Enqueue(ctx, newEnvelope(t, s, string(rune('a'+g)), "p")); err != nil {
 					t.Error(err)
 					return
 				}
@@ -229,7 +242,7 @@ func TestConcurrentEnqueueKeepsSeqStrictlyIncreasing(t *testing.T) {
 	wg.Wait()
 	total := 0
 	for b := range 2 {
-		envs, err := s.Fetch(ctx, b, 1000)
+		envs, err := drv(s).Fetch(ctx, b, 1000)
 		require.NoError(t, err)
 		for i := 1; i < len(envs); i++ {
 			require.Less(t, envs[i-1].Seq, envs[i].Seq)
@@ -241,12 +254,12 @@ func TestConcurrentEnqueueKeepsSeqStrictlyIncreasing(t *testing.T) {
 
 // benchEnvelopes returns n envelopes spread over the store's buckets; renumber gives
 // them fresh IDs cheaply, so benchmarks measure the store and not ID generation.
-func benchEnvelopes(b *testing.B, s *memstore.Store, n int, bucket int) (envs []*outbox.Envelope, renumber func()) {
+func benchEnvelopes(b *testing.B, s *memstore.Store, n int, bucket int) (envs []*driver.Envelope, renumber func()) {
 	b.Helper()
 	payload := make([]byte, 256)
-	envs = make([]*outbox.Envelope, n)
+	envs = make([]*driver.Envelope, n)
 	for i := range envs {
-		env, err := outbox.NewEnvelope(outbox.Message{Topic: "bench", Key: []byte{byte(i)}, Payload: payload}, s.BucketCount())
+		env, err := driver.NewEnvelope(outbox.Message{Topic: "bench", Key: []byte{byte(i)}, Payload: payload}, drv(s).BucketCount())
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -267,13 +280,13 @@ func benchEnvelopes(b *testing.B, s *memstore.Store, n int, bucket int) (envs []
 func BenchmarkEnqueue(b *testing.B) {
 	for _, batch := range []int{1, 10, 100} {
 		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
-			s := newStore(b, outbox.DefaultBucketCount)
+			s := newStore(b, driver.DefaultBucketCount)
 			ctx := context.Background()
 			envs, renumber := benchEnvelopes(b, s, batch, -1)
 			b.ReportAllocs()
 			for b.Loop() {
 				renumber()
-				if err := s.Enqueue(ctx, envs...); err != nil {
+				if err := drv(s).Enqueue(ctx, envs...); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -294,21 +307,21 @@ func BenchmarkFetchComplete(b *testing.B) {
 			envs, renumber := benchEnvelopes(b, s, batch, 0)
 			for range backlog / batch {
 				renumber()
-				if err := s.Enqueue(ctx, envs...); err != nil {
+				if err := drv(s).Enqueue(ctx, envs...); err != nil {
 					b.Fatal(err)
 				}
 			}
 			b.ReportAllocs()
 			for b.Loop() {
 				renumber()
-				if err := s.Enqueue(ctx, envs...); err != nil {
+				if err := drv(s).Enqueue(ctx, envs...); err != nil {
 					b.Fatal(err)
 				}
-				head, err := s.Fetch(ctx, 0, batch)
+				head, err := drv(s).Fetch(ctx, 0, batch)
 				if err != nil || len(head) != batch {
 					b.Fatal(err, len(head))
 				}
-				if err := s.Complete(ctx, head); err != nil {
+				if err := drv(s).Complete(ctx, head); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -319,10 +332,21 @@ func BenchmarkFetchComplete(b *testing.B) {
 
 func TestConformance(t *testing.T) {
 	outboxtest.RunStoreTests(t, outboxtest.StoreHarness{
-		New: func(t *testing.T, buckets int) outbox.DispatchStore {
+		New: func(t *testing.T, buckets int) outboxtest.Store {
 			s, err := memstore.New(memstore.Config{BucketCount: buckets})
 			require.NoError(t, err)
 			return s
 		},
 	})
 }
+
+// fullStore is the memory store's relay side with every capability it has.
+type fullStore interface {
+	driver.Store
+	driver.Admin
+	driver.Notifier
+	driver.Finder
+	driver.Retainer
+}
+
+func drv(s *memstore.Store) fullStore { return s.Driver().(fullStore) }

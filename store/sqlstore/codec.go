@@ -8,6 +8,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // flags records which nullable parts of a message are present, so nil and empty stay
@@ -101,19 +102,19 @@ func (r *envelopeRow) dest() []any {
 		&r.part, &r.flags, &r.created, &r.attempts, &r.next, &r.status, &r.lastError, &r.dispatched}
 }
 
-func (r *envelopeRow) envelope() (*outbox.Envelope, error) {
-	env := &outbox.Envelope{
-		ID:            r.id.id,
+func (r *envelopeRow) envelope() (*driver.Envelope, error) {
+	env := &driver.Envelope{
 		Bucket:        int(r.bucket),
 		BucketCount:   int(r.bucketCount),
 		Seq:           r.seq,
 		CreatedAt:     fromMicros(r.created),
 		Attempts:      int(r.attempts),
 		NextAttemptAt: fromMicros(r.next),
-		Status:        outbox.Status(r.status),
+		Status:        driver.Status(r.status),
 		LastError:     r.lastError,
 		DispatchedAt:  fromMicros(r.dispatched),
 	}
+	env.ID = r.id.id
 	env.Topic = r.topic
 	if r.flags&flagKey != 0 {
 		env.Key = nonNil(r.key)
@@ -122,7 +123,7 @@ func (r *envelopeRow) envelope() (*outbox.Envelope, error) {
 		env.Payload = nonNil(r.payload)
 	}
 	if r.flags&flagHeaders != 0 {
-		hs, err := outbox.DecodeHeaders(r.headers)
+		hs, err := driver.DecodeHeaders(r.headers)
 		if err != nil {
 			return nil, fmt.Errorf("%w (message %s)", err, env.ID)
 		}
@@ -143,9 +144,9 @@ func nonNil(b []byte) []byte {
 }
 
 // scanEnvelopes reads every row and closes rs.
-func scanEnvelopes(rs rows) ([]*outbox.Envelope, error) {
+func scanEnvelopes(rs rows) ([]*driver.Envelope, error) {
 	defer rs.Close()
-	var out []*outbox.Envelope
+	var out []*driver.Envelope
 	for rs.Next() {
 		var r envelopeRow
 		if err := rs.Scan(r.dest()...); err != nil {

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // Dialect names the SQL database behind a *sql.DB.
@@ -57,7 +58,7 @@ type Config struct {
 	// RelayTable holds one heartbeat record per relay. Defaults to Table + "_relays".
 	RelayTable string
 	// BucketCount must equal the bucket count of every writer and relay sharing the
-	// tables. Defaults to outbox.DefaultBucketCount.
+	// tables. Defaults to driver.DefaultBucketCount.
 	BucketCount int
 	// MaxMessageSize is the largest [outbox.Message.Size] Enqueue and the units of
 	// work accept. Defaults to DefaultMaxMessageSize (1 MiB). MySQL also needs a
@@ -132,7 +133,7 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	switch {
 	case c.BucketCount == 0:
-		c.BucketCount = outbox.DefaultBucketCount
+		c.BucketCount = driver.DefaultBucketCount
 	case c.BucketCount < 0:
 		return c, fmt.Errorf("%w: sqlstore: Config.BucketCount %d must be positive", outbox.ErrMisconfigured, c.BucketCount)
 	}

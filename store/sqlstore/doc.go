@@ -7,13 +7,17 @@
 //
 // A [Store] keeps messages in one table and coordination in two more (leases and
 // relay heartbeats), named by [Config] and created by [Store.Migrate] (or by the DDL
-// in docs/stores/sql.md, also returned by [Store.DDL]). It implements
-// [outbox.DispatchStore] (and so [outbox.Transactor]), [outbox.Admin],
-// [outbox.Notifier], [outbox.Finder], [outbox.Retainer] and [outbox.SizeLimiter].
+// in docs/stores/sql.md, also returned by [Store.DDL]). The Store is what
+// applications hold: it implements [outbox.Store] (units of work and Enqueue of
+// messages) and [driver.SizeLimiter], and writes into the application's own
+// transactions. Its relay side — the queue, the leases, [driver.Admin],
+// [driver.Notifier], [driver.Finder], [driver.Retainer] and the inbox's keys — is
+// behind [Store.Driver], which relays, the inbox and tools call; applications hand
+// them the Store and never call it.
 //
 // The unit of work is [Store.Transact], the same on every client. Inside its
 // function, the application reaches the transaction from the function's ctx through
-// a typed accessor — [PgxTx] (a store built with [NewPgx]), [Tx] ([NewDB] and
+// a typed accessor — [PgxTx] (a store built with [NewPgx]), [SQLTx] ([NewDB] and
 // [NewORM]) or an ORM package's own (gormstore.Tx) — and every send made with that
 // ctx joins the transaction; when the function returns nil, the staged messages
 // are written with one multi-row INSERT and committed with the application's rows:
@@ -26,11 +30,18 @@
 //		return sender.Send(ctx, msg) // written in tx, or not at all
 //	})
 //
-// [WithTxOptions] sets the isolation level or read-only mode of the next unit's
-// transaction. For a transaction the application manages itself, it sends on an
+// A Transact inside another on the same store is a savepoint of the open
+// transaction (SAVEPOINT outbox_sp_N): when its function fails or panics, ROLLBACK
+// TO SAVEPOINT undoes its statements and drops its sends, and the outer function
+// goes on; when it succeeds, RELEASE SAVEPOINT keeps both for the outer unit's
+// commit. [WithTxOptions] sets the isolation level or read-only mode of the next
+// unit's transaction.
+//
+// For a transaction the application manages itself, it sends on an
 // [outbox.NewScope] ctx and [Store.EnqueuePgxTx] or [Store.EnqueueTx] (gorm:
-// gormstore.EnqueueTx) write what the scope holds into it; [Store.NotifyCommitted]
-// wakes the dispatchers after the commit.
+// gormstore.EnqueueTx) write what the scope holds, and any messages passed to them,
+// into it; after the commit, [Store.NotifyCommitted] with what they returned wakes
+// the dispatchers.
 //
 // # Semantics
 //
@@ -55,20 +66,29 @@
 //     lease expiries round-trip exactly on every dialect.
 //   - Wake-ups: commits through a store wake its subscribers in-process at once. On
 //     PostgreSQL the store also sends NOTIFY after the commit (one background sender
-//     coalesces concurrent commits), and [Store.Subscribe] LISTENs on a dedicated
-//     connection that is reconnected with backoff if it drops; after a reconnect every
-//     bucket is woken, as notifications sent meanwhile were lost.
-//   - An envelope ID is stored once: writing it again fails with
-//     [outbox.ErrInvalidMessage].
-//   - Every write path (Enqueue, Transact's commit, the EnqueueTx methods) checks
-//     every envelope before it runs any statement of its own: [outbox.Message.Validate] (so a NUL byte or
-//     invalid UTF-8 in a topic or header key is [outbox.ErrInvalidMessage]), its
-//     bucket count ([outbox.ErrMisconfigured]) and [Config.MaxMessageSize]
-//     ([outbox.ErrTooLarge]). A refused call writes nothing.
+//     coalesces concurrent commits), and the relay side's Subscribe LISTENs on a
+//     dedicated connection that is reconnected with backoff if it drops; after a
+//     reconnect every bucket is woken, as notifications sent meanwhile were lost.
+//   - A message ID is stored once: writing it again (a message whose ID was set to
+//     one stored already) fails with [outbox.ErrInvalidMessage], and the whole write
+//     with it.
+//   - Every write path (Enqueue, Transact's commit, the EnqueueTx methods, the relay
+//     side's Enqueue) checks every message before it runs any statement of its own:
+//     [outbox.Message.Validate] (so a NUL byte or invalid UTF-8 in a topic or header
+//     key is [outbox.ErrInvalidMessage]), its bucket count
+//     ([outbox.ErrMisconfigured]) and [Config.MaxMessageSize] ([outbox.ErrTooLarge]).
+//     A refused call writes nothing.
 //   - A table or column that does not exist (the store used before [Store.Migrate],
 //     or on a schema an upgrade has not migrated yet) is an error wrapping
 //     [outbox.ErrMisconfigured] that says to run Migrate, from every call that
-//     touches the tables.
+//     touches the tables. The relay side's Check, which a relay calls at Start,
+//     probes the three tables the relay uses (one SELECT each, reading no row) and
+//     names the one that is missing or behind.
+//   - Savepoints: a nested Transact costs one SAVEPOINT round trip and one RELEASE
+//     (or ROLLBACK TO) round trip. Each unit numbers its own (outbox_sp_1,
+//     outbox_sp_2, ...), apart from pgx's pseudo-nested transactions (sp_N) and
+//     gorm's SavePoint names. PostgreSQL, MySQL/MariaDB (InnoDB) and SQLite all take
+//     them.
 //   - On pgx, a unit's INSERT and its COMMIT travel in one pipelined round trip.
 //
 // # Limitations

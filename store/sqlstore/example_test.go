@@ -15,6 +15,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/sqlstore"
 )
@@ -70,7 +71,7 @@ func Example() {
 // stdoutTransport prints what it publishes.
 type stdoutTransport struct{}
 
-func (stdoutTransport) Publish(_ context.Context, batch []*outbox.Envelope) error {
+func (stdoutTransport) Publish(_ context.Context, batch []*driver.Envelope) error {
 	for _, env := range batch {
 		fmt.Printf("%s %s %s\n", env.Topic, env.Key, env.Payload)
 	}

@@ -7,6 +7,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // FuzzEnvelopeRow: any row a database could hand back (a corrupt one included)
@@ -14,7 +15,7 @@ import (
 func FuzzEnvelopeRow(f *testing.F) {
 	id := uuid.Must(uuid.NewV7())
 	f.Add(id[:], int64(flagKey|flagPayload|flagHeaders|flagPartition), []byte("k"), []byte("p"),
-		outbox.EncodeHeaders([]outbox.Header{{Key: "h", Value: []byte("v")}}), int64(3), int64(1_700_000_000_000_000), int64(0))
+		driver.EncodeHeaders([]outbox.Header{{Key: "h", Value: []byte("v")}}), int64(3), int64(1_700_000_000_000_000), int64(0))
 	f.Add([]byte(id.String()), int64(0), []byte(nil), []byte(nil), []byte(nil), int64(-1), int64(-1), int64(7))
 	f.Add([]byte("not a uuid"), int64(-1), []byte{}, []byte{}, []byte{0xff}, int64(1<<40), int64(1<<62), int64(2))
 	f.Fuzz(func(t *testing.T, rawID []byte, flags int64, key, payload, headers []byte, part, created, status int64) {

@@ -7,12 +7,13 @@ import (
 	"unicode/utf8"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/inbox"
 )
 
 var (
-	_ inbox.Store   = (*Store)(nil)
-	_ inbox.Remover = (*Store)(nil)
+	_ inbox.Store   = driverStore{}
+	_ inbox.Remover = driverStore{}
 )
 
 // Inbox names the inbox table in the migration templates: Table + "_inbox".
@@ -35,23 +36,18 @@ func (s *Store) InboxTable() string { return s.cfg.Table + "_inbox" }
 // On every client (pgx, database/sql, gorm) the INSERT is one statement and one
 // round trip of its own: the unit sends it before the function's statements, so
 // it cannot travel with the pipelined commit.
-func (s *Store) StageInboxKey(ctx context.Context, key inbox.Key) (func(error) bool, error) {
+func (s driverStore) StageInboxKey(ctx context.Context, key inbox.Key) (func(error) bool, error) {
 	if err := s.begin(ctx); err != nil {
 		return nil, err
 	}
 	if err := checkInboxKey(key); err != nil {
 		return nil, err
 	}
-	u, ok := ctx.Value(unitKey{s}).(*unit)
-	if !ok || u.ended.Load() {
+	u, ok := driver.TxFrom[*unit](ctx)
+	if !ok || u.s != s.Store {
 		return nil, fmt.Errorf("sqlstore: StageInboxKey: call it with the ctx that Store.Transact passes to its function: %w", outbox.ErrNoTransaction)
 	}
-	var q querier
-	if u.pgxTx != nil {
-		q = pgxQuerier{u.pgxTx}
-	} else {
-		q = sqlQuerier{u.sqlTx}
-	}
+	q := u.querier()
 	stmt := insertIgnore(s.dialect, s.InboxTable(), "consumer, msg_key, expires_at", "?, ?, ?", "consumer, msg_key")
 	if s.dialect == PostgreSQL {
 		stmt = rebind(stmt)
@@ -68,7 +64,7 @@ func (s *Store) StageInboxKey(ctx context.Context, key inbox.Key) (func(error) b
 
 // RemoveInboxKeys deletes at most limit inbox keys, of every consumer, that expired
 // before before, in one statement outside any unit of work.
-func (s *Store) RemoveInboxKeys(ctx context.Context, before time.Time, limit int) (int, error) {
+func (s driverStore) RemoveInboxKeys(ctx context.Context, before time.Time, limit int) (int, error) {
 	if err := s.begin(ctx); err != nil {
 		return 0, err
 	}

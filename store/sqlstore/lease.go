@@ -8,16 +8,17 @@ import (
 	"unicode/utf8"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // The lease primitives are conditional UPDATEs (and an INSERT that does nothing on
 // a conflict for a row that does not exist yet): the affected-row count says whether
 // the condition held, so the database arbitrates between relays.
 
-// ReadCoordination implements [outbox.Leaser] with one statement, which every
+// ReadCoordination implements [driver.Leaser] with one statement, which every
 // dialect runs on one snapshot.
-func (s *Store) ReadCoordination(ctx context.Context) (outbox.Coordination, error) {
-	var c outbox.Coordination
+func (s driverStore) ReadCoordination(ctx context.Context) (driver.Coordination, error) {
+	var c driver.Coordination
 	if err := s.begin(ctx); err != nil {
 		return c, err
 	}
@@ -34,11 +35,11 @@ func (s *Store) ReadCoordination(ctx context.Context) (outbox.Coordination, erro
 		}
 		if kind == 0 {
 			if bucket >= 0 {
-				c.Leases = append(c.Leases, outbox.Lease{Bucket: int(bucket), Owner: name, ExpiresAt: fromMicros(t1)})
+				c.Leases = append(c.Leases, driver.Lease{Bucket: int(bucket), Owner: name, ExpiresAt: fromMicros(t1)})
 			}
 			continue
 		}
-		c.Relays = append(c.Relays, outbox.RelayRecord{ID: name, LastSeen: fromMicros(t1), StoppedAt: fromMicros(t2), BucketCount: int(count)})
+		c.Relays = append(c.Relays, driver.RelayRecord{ID: name, LastSeen: fromMicros(t1), StoppedAt: fromMicros(t2), BucketCount: int(count)})
 	}
 	if err := rs.Err(); err != nil {
 		return c, s.wrap(ctx, "read coordination", err)
@@ -48,9 +49,9 @@ func (s *Store) ReadCoordination(ctx context.Context) (outbox.Coordination, erro
 	return c, nil
 }
 
-// ReadRelays implements [outbox.Leaser] with one SELECT of the relay table, a row per
+// ReadRelays implements [driver.Leaser] with one SELECT of the relay table, a row per
 // relay; the lease table is not read.
-func (s *Store) ReadRelays(ctx context.Context) ([]outbox.RelayRecord, error) {
+func (s driverStore) ReadRelays(ctx context.Context) ([]driver.RelayRecord, error) {
 	if err := s.begin(ctx); err != nil {
 		return nil, err
 	}
@@ -59,14 +60,14 @@ func (s *Store) ReadRelays(ctx context.Context) ([]outbox.RelayRecord, error) {
 		return nil, s.wrap(ctx, "read relays", err)
 	}
 	defer rs.Close()
-	var out []outbox.RelayRecord
+	var out []driver.RelayRecord
 	for rs.Next() {
 		var seen, stopped, count int64
 		var id string
 		if err := rs.Scan(&id, &seen, &stopped, &count); err != nil {
 			return nil, s.wrap(ctx, "read relays", err)
 		}
-		out = append(out, outbox.RelayRecord{ID: id, LastSeen: fromMicros(seen), StoppedAt: fromMicros(stopped), BucketCount: int(count)})
+		out = append(out, driver.RelayRecord{ID: id, LastSeen: fromMicros(seen), StoppedAt: fromMicros(stopped), BucketCount: int(count)})
 	}
 	if err := rs.Err(); err != nil {
 		return nil, s.wrap(ctx, "read relays", err)
@@ -77,13 +78,13 @@ func (s *Store) ReadRelays(ctx context.Context) ([]outbox.RelayRecord, error) {
 
 // sortRelays orders records by ID byte-wise in Go rather than with ORDER BY, whose
 // order would follow each database's collation.
-func sortRelays(rs []outbox.RelayRecord) {
+func sortRelays(rs []driver.RelayRecord) {
 	sort.Slice(rs, func(i, j int) bool { return rs[i].ID < rs[j].ID })
 }
 
-// Heartbeat implements [outbox.Leaser]: LastSeen and the bucket count move together,
+// Heartbeat implements [driver.Leaser]: LastSeen and the bucket count move together,
 // in one conditional UPDATE (or the INSERT that creates the record).
-func (s *Store) Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int) (bool, error) {
+func (s driverStore) Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int) (bool, error) {
 	if err := s.begin(ctx); err != nil {
 		return false, err
 	}
@@ -100,8 +101,8 @@ func (s *Store) Heartbeat(ctx context.Context, relay string, at time.Time, bucke
 	return n > 0, s.wrap(ctx, "heartbeat", err)
 }
 
-// StopRelay implements [outbox.Leaser].
-func (s *Store) StopRelay(ctx context.Context, relay string, at time.Time) error {
+// StopRelay implements [driver.Leaser].
+func (s driverStore) StopRelay(ctx context.Context, relay string, at time.Time) error {
 	if err := s.begin(ctx); err != nil {
 		return err
 	}
@@ -119,8 +120,8 @@ func (s *Store) StopRelay(ctx context.Context, relay string, at time.Time) error
 	return s.wrap(ctx, "stop relay", err)
 }
 
-// DeleteRelay implements [outbox.Leaser].
-func (s *Store) DeleteRelay(ctx context.Context, relay string, lastSeen time.Time) (bool, error) {
+// DeleteRelay implements [driver.Leaser].
+func (s driverStore) DeleteRelay(ctx context.Context, relay string, lastSeen time.Time) (bool, error) {
 	if err := s.begin(ctx); err != nil {
 		return false, err
 	}
@@ -128,8 +129,8 @@ func (s *Store) DeleteRelay(ctx context.Context, relay string, lastSeen time.Tim
 	return n > 0, s.wrap(ctx, "delete relay", err)
 }
 
-// Claim implements [outbox.Leaser].
-func (s *Store) Claim(ctx context.Context, bucket int, owner string, now, expiresAt time.Time) (bool, error) {
+// Claim implements [driver.Leaser].
+func (s driverStore) Claim(ctx context.Context, bucket int, owner string, now, expiresAt time.Time) (bool, error) {
 	if err := s.begin(ctx); err != nil {
 		return false, err
 	}
@@ -147,8 +148,8 @@ func (s *Store) Claim(ctx context.Context, bucket int, owner string, now, expire
 	return n > 0, s.wrap(ctx, "claim", err)
 }
 
-// Renew implements [outbox.Leaser].
-func (s *Store) Renew(ctx context.Context, held outbox.Lease, now, expiresAt time.Time) (bool, error) {
+// Renew implements [driver.Leaser].
+func (s driverStore) Renew(ctx context.Context, held driver.Lease, now, expiresAt time.Time) (bool, error) {
 	if err := s.begin(ctx); err != nil {
 		return false, err
 	}
@@ -156,8 +157,8 @@ func (s *Store) Renew(ctx context.Context, held outbox.Lease, now, expiresAt tim
 	return n > 0, s.wrap(ctx, "renew", err)
 }
 
-// Release implements [outbox.Leaser].
-func (s *Store) Release(ctx context.Context, held outbox.Lease) (bool, error) {
+// Release implements [driver.Leaser].
+func (s driverStore) Release(ctx context.Context, held driver.Lease) (bool, error) {
 	if err := s.begin(ctx); err != nil {
 		return false, err
 	}

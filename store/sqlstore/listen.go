@@ -2,7 +2,7 @@ package sqlstore
 
 import (
 	"context"
-	"database/sql/driver"
+	sqldriver "database/sql/driver"
 	"errors"
 	"strconv"
 	"strings"
@@ -12,12 +12,12 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Subscribe implements [outbox.Notifier]. Commits made through this store wake
+// Subscribe implements [driver.Notifier]. Commits made through this store wake
 // subscribers directly; on PostgreSQL (unless Config.DisableNotify) the first
 // subscription also starts a LISTEN on a dedicated connection, so commits made by
 // other processes wake them too. The listener reconnects after its connection drops
 // and then wakes every bucket, as notifications sent meanwhile were lost.
-func (s *Store) Subscribe(ctx context.Context) <-chan int {
+func (s driverStore) Subscribe(ctx context.Context) <-chan int {
 	ch := s.hub.Subscribe(ctx)
 	if s.dialect == PostgreSQL && !s.cfg.DisableNotify && !s.closed.Load() {
 		s.startListener()
@@ -112,7 +112,7 @@ func (s *Store) withListenConn(ctx context.Context, fn func(*pgx.Conn) error) er
 		}
 		fnErr = fn(pc.Conn())
 		// Discard the connection rather than return it, still listening, to the pool.
-		return driver.ErrBadConn
+		return sqldriver.ErrBadConn
 	})
 	_ = c.Close()
 	if errors.Is(fnErr, errNotPgx) {

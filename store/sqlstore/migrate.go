@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"io/fs"
@@ -14,6 +15,8 @@ import (
 	"strings"
 	"text/template"
 	"time"
+
+	"github.com/outboxkit/outbox"
 )
 
 //go:embed migrations
@@ -210,4 +213,60 @@ func (s *Store) DropTables(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// Check implements [driver.Store]: one SELECT per table that reads no row, naming
+// every column the relay uses. A table or column that does not exist is an error
+// wrapping [outbox.ErrMisconfigured] that says to run [Store.Migrate]; other errors
+// come back wrapped, context errors as they are.
+func (s driverStore) Check(ctx context.Context) error {
+	if err := s.begin(ctx); err != nil {
+		return err
+	}
+	for _, t := range []struct{ name, columns string }{
+		{s.cfg.Table, selectColumns},
+		{s.cfg.LeaseTable, "bucket, owner, expires_at"},
+		{s.cfg.RelayTable, "id, last_seen, stopped_at, bucket_count"},
+	} {
+		err := s.probe(ctx, "SELECT "+t.columns+" FROM "+t.name+" WHERE 1 = 0")
+		if err == nil {
+			continue
+		}
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			return ctxErr
+		}
+		if missingSchema(err) {
+			what := "does not exist"
+			if !missingTable(err) {
+				what = "lacks a column this version uses"
+			}
+			return fmt.Errorf("%w: sqlstore: table %q %s: run Store.Migrate (or apply Store.DDL) before starting a relay: %w",
+				outbox.ErrMisconfigured, t.name, what, err)
+		}
+		return s.wrap(ctx, "check", err)
+	}
+	return nil
+}
+
+// probe runs query and reads its (empty) result.
+func (s *Store) probe(ctx context.Context, query string) error {
+	rs, err := s.db.query(ctx, query)
+	if err != nil {
+		return err
+	}
+	for rs.Next() {
+	}
+	rs.Close()
+	return rs.Err()
+}
+
+// missingTable reports the missingSchema errors that name a table rather than a
+// column: SQLSTATE 42P01, MySQL's 1146, SQLite's "no such table".
+func missingTable(err error) bool {
+	var state interface{ SQLState() string }
+	if errors.As(err, &state) {
+		return state.SQLState() == "42P01"
+	}
+	msg := err.Error()
+	return strings.Contains(msg, "Error 1146") || strings.Contains(msg, "no such table")
 }

@@ -15,11 +15,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
-// Store is an outbox store on one set of SQL tables. It implements
-// [outbox.DispatchStore], [outbox.Admin], [outbox.Notifier], [outbox.Finder],
-// [outbox.Retainer] and [outbox.SizeLimiter]. It is safe for concurrent use.
+// Store is an outbox store on one set of SQL tables. Applications send into it
+// ([outbox.NewSender]), run units of work on it ([Store.Transact]) and write into
+// their own transactions with it ([Store.EnqueuePgxTx], [Store.EnqueueTx]); relays
+// and tools reach its relay side through [Store.Driver]. It is safe for concurrent
+// use.
 type Store struct {
 	cfg     Config
 	dialect Dialect
@@ -32,7 +35,7 @@ type Store struct {
 
 	idle idleWatch // database/sql: warns when the pool keeps too few idle connections
 
-	hub      outbox.Hub
+	hub      driver.Hub
 	closed   atomic.Bool
 	sender   notifySender
 	vacuum   vacuumer
@@ -44,14 +47,28 @@ type Store struct {
 	listenDone   chan struct{}
 }
 
+// driverStore is the store's relay side: a [driver.Store] that also implements
+// [driver.Admin], [driver.Notifier], [driver.Finder], [driver.Retainer] and the
+// inbox's key store ([inbox.Store], [inbox.Remover]).
+type driverStore struct{ *Store }
+
 var (
-	_ outbox.DispatchStore = (*Store)(nil)
-	_ outbox.Admin         = (*Store)(nil)
-	_ outbox.Notifier      = (*Store)(nil)
-	_ outbox.Finder        = (*Store)(nil)
-	_ outbox.Retainer      = (*Store)(nil)
-	_ outbox.SizeLimiter   = (*Store)(nil)
+	_ outbox.Store       = (*Store)(nil)
+	_ driver.Handle      = (*Store)(nil)
+	_ driver.SizeLimiter = (*Store)(nil)
+	_ driver.Store       = driverStore{}
+	_ driver.Admin       = driverStore{}
+	_ driver.Notifier    = driverStore{}
+	_ driver.Finder      = driverStore{}
+	_ driver.Retainer    = driverStore{}
 )
+
+// Driver returns the store's relay side, for relays
+// ([github.com/outboxkit/outbox/relay.New] takes the store and calls it), the inbox
+// and tools: the queue, the leases, the admin surface ([driver.Admin]), wake-ups
+// ([driver.Notifier]), lookups ([driver.Finder]) and retention ([driver.Retainer]).
+// Applications do not call it.
+func (s *Store) Driver() driver.Store { return driverStore{s} }
 
 // NewPgx returns a PostgreSQL store on a pgx pool the caller built. Inside
 // [Store.Transact], [PgxTx] reaches the unit's transaction; a transaction the
@@ -70,7 +87,7 @@ func NewPgx(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 }
 
 // NewDB returns a store on a *sql.DB the caller opened, for the given dialect. Inside
-// [Store.Transact], [Tx] reaches the unit's transaction; a transaction the
+// [Store.Transact], [SQLTx] reaches the unit's transaction; a transaction the
 // application manages takes the staged messages with [Store.EnqueueTx].
 //
 // SQLite needs a DSN that makes concurrent writers wait rather than fail:
@@ -107,18 +124,20 @@ func NewDB(db *sql.DB, dialect Dialect, cfg Config) (*Store, error) {
 // a target it does not take itself: the ORM's handle of the database, say.
 type Beginner interface {
 	// BeginTx begins a transaction with opts (nil when the unit's ctx carries no
-	// [WithTxOptions]). The unit writes its messages in tx and commits or rolls tx
-	// back itself; handle is the ORM's own object for tx, which [TxHandle] returns
-	// inside the unit. On error BeginTx leaves no transaction open.
+	// [WithTxOptions]). The unit writes its messages in tx, takes its savepoints in
+	// it, and commits or rolls tx back itself. handle is the ORM's own object for tx:
+	// the ORM packages of this module (gormstore) hand it to applications through
+	// their typed accessor; an ORM package of another module returns nil and builds
+	// its accessor on [SQLTx]. On error BeginTx leaves no transaction open.
 	BeginTx(ctx context.Context, opts *sql.TxOptions) (tx *sql.Tx, handle any, err error)
 }
 
 // NewORM returns a store on a *sql.DB, for the given dialect, whose units of work
 // begin their transactions with begin instead of db.BeginTx: everything else (the
 // relay side, Enqueue, [Store.EnqueueTx]) runs on db, as with [NewDB]. Inside
-// [Store.Transact], [Tx] reaches the unit's *sql.Tx and [TxHandle] the handle that
-// begin returned with it. Applications call an ORM package's constructor, such as
-// gormstore.New, rather than NewORM.
+// [Store.Transact], [SQLTx] reaches the unit's *sql.Tx (and the ORM package's
+// accessor its own object for it). Applications call an ORM package's constructor,
+// such as gormstore.New, rather than NewORM.
 func NewORM(db *sql.DB, dialect Dialect, begin Beginner, cfg Config) (*Store, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: sqlstore: NewORM needs a *sql.DB", outbox.ErrMisconfigured)
@@ -154,10 +173,12 @@ func newStore(d Dialect, cfg Config) (*Store, error) {
 // Dialect is the store's SQL dialect.
 func (s *Store) Dialect() Dialect { return s.dialect }
 
-// BucketCount implements [outbox.Store].
-func (s *Store) BucketCount() int { return s.cfg.BucketCount }
+// BucketCount implements [driver.Store].
+func (s driverStore) BucketCount() int { return s.cfg.BucketCount }
 
-// MaxMessageSize implements [outbox.SizeLimiter].
+// MaxMessageSize is the largest [outbox.Message.Size] the store accepts
+// ([Config.MaxMessageSize]); a sender built on the store refuses larger messages
+// before anything is written.
 func (s *Store) MaxMessageSize() int { return s.cfg.MaxMessageSize }
 
 // As reaches the client the store was built on: target may be a **pgxpool.Pool or
@@ -249,13 +270,13 @@ func missingSchema(err error) bool {
 }
 
 // check validates envelopes before anything is written.
-func (s *Store) check(envs []*outbox.Envelope) error {
+func (s *Store) check(envs []*driver.Envelope) error {
 	for i, env := range envs {
 		if env == nil {
 			return fmt.Errorf("%w: sqlstore: envelope %d is nil", outbox.ErrInvalidMessage, i)
 		}
 		if env.ID == uuid.Nil {
-			return fmt.Errorf("%w: sqlstore: envelope %d has no ID: build envelopes with outbox.NewEnvelope", outbox.ErrInvalidMessage, i)
+			return fmt.Errorf("%w: sqlstore: envelope %d has no ID: build envelopes with driver.NewEnvelope", outbox.ErrInvalidMessage, i)
 		}
 		if env.BucketCount != s.cfg.BucketCount {
 			return fmt.Errorf("%w: sqlstore: envelope %s was built for %d buckets, the store has %d", outbox.ErrMisconfigured, env.ID, env.BucketCount, s.cfg.BucketCount)
@@ -273,9 +294,41 @@ func (s *Store) check(envs []*outbox.Envelope) error {
 	return nil
 }
 
-// Enqueue implements [outbox.Store]: one multi-row INSERT (several, in one
-// transaction, beyond the dialect's bind-parameter limit).
-func (s *Store) Enqueue(ctx context.Context, envs ...*outbox.Envelope) error {
+// Enqueue writes msgs now, all or nothing, in a transaction of its own, and wakes
+// the dispatchers: one multi-row INSERT (several, in one transaction, beyond the
+// dialect's bind-parameter limit). A message with a zero ID gets a UUIDv7. Every
+// message is checked before any SQL runs; a refused call writes nothing.
+func (s *Store) Enqueue(ctx context.Context, msgs ...outbox.Message) error {
+	envs, err := s.envelopes(msgs)
+	if err != nil {
+		return err
+	}
+	return s.enqueue(ctx, envs)
+}
+
+// envelopes builds pending envelopes for msgs.
+func (s *Store) envelopes(msgs []outbox.Message) ([]*driver.Envelope, error) {
+	if len(msgs) == 0 {
+		return nil, nil
+	}
+	envs := make([]*driver.Envelope, len(msgs))
+	for i, m := range msgs {
+		env, err := driver.NewEnvelope(m, s.cfg.BucketCount)
+		if err != nil {
+			return nil, fmt.Errorf("sqlstore: message %d: %w", i, err)
+		}
+		envs[i] = env
+	}
+	return envs, nil
+}
+
+// Enqueue implements [driver.Store]: it writes envelopes as [Store.Enqueue] writes
+// messages, and sets their Seq.
+func (s driverStore) Enqueue(ctx context.Context, envs ...*driver.Envelope) error {
+	return s.enqueue(ctx, envs)
+}
+
+func (s *Store) enqueue(ctx context.Context, envs []*driver.Envelope) error {
 	if err := s.begin(ctx); err != nil {
 		return err
 	}
@@ -316,7 +369,7 @@ func (s *Store) inTx(ctx context.Context, fn func(q querier) error) error {
 
 // insert writes envs (already checked) on q, in as few statements as the
 // bind-parameter limit allows, and assigns their Seq.
-func (s *Store) insert(ctx context.Context, q querier, envs []*outbox.Envelope) error {
+func (s *Store) insert(ctx context.Context, q querier, envs []*driver.Envelope) error {
 	limit := maxRows(s.dialect)
 	for len(envs) > 0 {
 		n := min(len(envs), limit)
@@ -332,10 +385,10 @@ func (s *Store) insert(ctx context.Context, q querier, envs []*outbox.Envelope) 
 // on MySQL) and its arguments. Envelopes fresh from NewEnvelope (no attempt, no
 // error, pending) leave the delivery-state columns to their defaults: fewer
 // parameters to send and parse, as most writes are of that kind.
-func (s *Store) insertStatement(envs []*outbox.Envelope) (string, []any) {
+func (s *Store) insertStatement(envs []*driver.Envelope) (string, []any) {
 	width := freshColumnCount
 	for _, env := range envs {
-		if env.Attempts != 0 || !env.NextAttemptAt.IsZero() || env.Status != outbox.Pending || env.LastError != "" {
+		if env.Attempts != 0 || !env.NextAttemptAt.IsZero() || env.Status != driver.Pending || env.LastError != "" {
 			width = insertColumnCount
 			break
 		}
@@ -352,7 +405,7 @@ func (s *Store) insertStatement(envs []*outbox.Envelope) (string, []any) {
 		}
 		args = append(args,
 			id, env.Bucket, env.BucketCount, env.Topic,
-			nonNil(env.Key), nonNil(env.Payload), outbox.EncodeHeaders(env.Headers),
+			nonNil(env.Key), nonNil(env.Payload), driver.EncodeHeaders(env.Headers),
 			part, messageFlags(&env.Message), micros(env.CreatedAt))
 		if width == insertColumnCount {
 			args = append(args, env.Attempts, micros(env.NextAttemptAt), int(env.Status))
@@ -375,7 +428,7 @@ func (s *Store) insertStatement(envs []*outbox.Envelope) (string, []any) {
 	return b.String(), args
 }
 
-func (s *Store) insertChunk(ctx context.Context, q querier, envs []*outbox.Envelope) error {
+func (s *Store) insertChunk(ctx context.Context, q querier, envs []*driver.Envelope) error {
 	query, args := s.insertStatement(envs)
 	if s.dialect == MySQL {
 		// MySQL has no RETURNING: LAST_INSERT_ID is the first row's seq and a
@@ -405,10 +458,10 @@ func (s *Store) insertChunk(ctx context.Context, q querier, envs []*outbox.Envel
 }
 
 // assignSeqs reads "RETURNING id, seq" rows into envs and closes rs.
-func assignSeqs(rs rows, envs []*outbox.Envelope) error {
+func assignSeqs(rs rows, envs []*driver.Envelope) error {
 	defer rs.Close()
 	// Rows may come back in any order: match them by id (an id may repeat).
-	byID := make(map[uuid.UUID][]*outbox.Envelope, len(envs))
+	byID := make(map[uuid.UUID][]*driver.Envelope, len(envs))
 	for _, env := range envs {
 		byID[env.ID] = append(byID[env.ID], env)
 	}
@@ -442,9 +495,10 @@ func duplicate(err error) error {
 // NotifyCommitted wakes dispatchers for the envelopes' buckets: this process's at
 // once and, on PostgreSQL, other processes' through NOTIFY, sent shortly after by a
 // background sender that coalesces concurrent commits. Units of work and Enqueue
-// call it after their commit; call it yourself after committing a transaction you
-// passed to an EnqueueTx method. Never call it before the commit.
-func (s *Store) NotifyCommitted(envs ...*outbox.Envelope) {
+// call it after their commit; call it yourself, with what the EnqueueTx method
+// returned, after committing a transaction you passed to it. Never call it before
+// the commit: a dispatcher woken early finds nothing and waits for its next poll.
+func (s *Store) NotifyCommitted(envs ...*driver.Envelope) {
 	var buckets []int
 	switch len(envs) {
 	case 0:
@@ -467,13 +521,13 @@ func (s *Store) NotifyCommitted(envs ...*outbox.Envelope) {
 	}
 }
 
-// Fetch implements [outbox.Queue]: one index range scan on (status, bucket, seq).
+// Fetch implements [driver.Queue]: one index range scan on (status, bucket, seq).
 //
 // The scan always starts at the bucket's beginning. Starting where the previous
 // fetch left off would skip the index entries of completed rows faster, but a
 // transaction that took its Seq early and committed late would land behind that
 // point, and a later message of its key could overtake it.
-func (s *Store) Fetch(ctx context.Context, bucket, limit int) ([]*outbox.Envelope, error) {
+func (s driverStore) Fetch(ctx context.Context, bucket, limit int) ([]*driver.Envelope, error) {
 	if err := s.begin(ctx); err != nil {
 		return nil, err
 	}
@@ -484,7 +538,7 @@ func (s *Store) Fetch(ctx context.Context, bucket, limit int) ([]*outbox.Envelop
 		return nil, nil
 	}
 	if s.sqlDB != nil {
-		s.idle.look(s, s.sqlDB)
+		s.idle.look(s.Store, s.sqlDB)
 	}
 	rs, err := s.db.query(ctx, s.stmts.fetch, bucket, limit)
 	if err != nil {
@@ -497,8 +551,8 @@ func (s *Store) Fetch(ctx context.Context, bucket, limit int) ([]*outbox.Envelop
 	return envs, nil
 }
 
-// Complete implements [outbox.Queue]: one DELETE per batch.
-func (s *Store) Complete(ctx context.Context, envs []*outbox.Envelope) error {
+// Complete implements [driver.Queue]: one DELETE per batch.
+func (s driverStore) Complete(ctx context.Context, envs []*driver.Envelope) error {
 	if err := s.begin(ctx); err != nil {
 		return err
 	}
@@ -508,12 +562,12 @@ func (s *Store) Complete(ctx context.Context, envs []*outbox.Envelope) error {
 	if err := s.byEnvelopeID(ctx, "DELETE FROM "+s.cfg.Table+" WHERE", nil, envs); err != nil {
 		return s.wrap(ctx, "complete", err)
 	}
-	s.vacuum.count(s, len(envs))
+	s.vacuum.count(s.Store, len(envs))
 	return nil
 }
 
-// MarkDispatched implements [outbox.Retainer]: one UPDATE per batch.
-func (s *Store) MarkDispatched(ctx context.Context, envs []*outbox.Envelope, at time.Time) error {
+// MarkDispatched implements [driver.Retainer]: one UPDATE per batch.
+func (s driverStore) MarkDispatched(ctx context.Context, envs []*driver.Envelope, at time.Time) error {
 	if err := s.begin(ctx); err != nil {
 		return err
 	}
@@ -529,7 +583,7 @@ func (s *Store) MarkDispatched(ctx context.Context, envs []*outbox.Envelope, at 
 
 // byEnvelopeID runs "prefix id = ANY($n)" on PostgreSQL, "prefix id IN (...)"
 // elsewhere, for every envelope's id.
-func (s *Store) byEnvelopeID(ctx context.Context, prefix string, lead []any, envs []*outbox.Envelope) error {
+func (s *Store) byEnvelopeID(ctx context.Context, prefix string, lead []any, envs []*driver.Envelope) error {
 	// One statement text for every batch size, so the driver prepares it once per
 	// connection: a text per size would cost a prepare round trip for each new size
 	// and fill the driver's statement cache.
@@ -568,7 +622,7 @@ func (s *Store) byEnvelopeID(ctx context.Context, prefix string, lead []any, env
 }
 
 // uuidArray renders the envelopes' ids as a PostgreSQL array literal.
-func uuidArray(envs []*outbox.Envelope) string {
+func uuidArray(envs []*driver.Envelope) string {
 	var b strings.Builder
 	b.Grow(2 + len(envs)*37)
 	b.WriteByte('{')
@@ -582,9 +636,9 @@ func uuidArray(envs []*outbox.Envelope) string {
 	return b.String()
 }
 
-// DeleteDispatched implements [outbox.Retainer]. Each call deletes at most limit
+// DeleteDispatched implements [driver.Retainer]. Each call deletes at most limit
 // rows in one short statement, so cleanup never holds locks on the table for long.
-func (s *Store) DeleteDispatched(ctx context.Context, before time.Time, limit int) (int, error) {
+func (s driverStore) DeleteDispatched(ctx context.Context, before time.Time, limit int) (int, error) {
 	if err := s.begin(ctx); err != nil {
 		return 0, err
 	}
@@ -595,13 +649,13 @@ func (s *Store) DeleteDispatched(ctx context.Context, before time.Time, limit in
 	if err != nil {
 		return 0, s.wrap(ctx, "delete dispatched", err)
 	}
-	s.vacuum.count(s, int(n))
+	s.vacuum.count(s.Store, int(n))
 	return int(n), nil
 }
 
-// Reschedule implements [outbox.Queue]. A message that is no longer pending
+// Reschedule implements [driver.Queue]. A message that is no longer pending
 // (completed, parked or purged meanwhile) is left alone.
-func (s *Store) Reschedule(ctx context.Context, env *outbox.Envelope, next time.Time, cause string) error {
+func (s driverStore) Reschedule(ctx context.Context, env *driver.Envelope, next time.Time, cause string) error {
 	if err := s.begin(ctx); err != nil {
 		return err
 	}
@@ -609,8 +663,8 @@ func (s *Store) Reschedule(ctx context.Context, env *outbox.Envelope, next time.
 	return s.wrap(ctx, "reschedule", err)
 }
 
-// Park implements [outbox.Queue].
-func (s *Store) Park(ctx context.Context, env *outbox.Envelope, cause string) error {
+// Park implements [driver.Queue].
+func (s driverStore) Park(ctx context.Context, env *driver.Envelope, cause string) error {
 	if err := s.begin(ctx); err != nil {
 		return err
 	}
@@ -618,8 +672,8 @@ func (s *Store) Park(ctx context.Context, env *outbox.Envelope, cause string) er
 	return s.wrap(ctx, "park", err)
 }
 
-// Find implements [outbox.Finder].
-func (s *Store) Find(ctx context.Context, id uuid.UUID) (*outbox.Envelope, error) {
+// Find implements [driver.Finder].
+func (s driverStore) Find(ctx context.Context, id uuid.UUID) (*driver.Envelope, error) {
 	if err := s.begin(ctx); err != nil {
 		return nil, err
 	}
@@ -632,13 +686,13 @@ func (s *Store) Find(ctx context.Context, id uuid.UUID) (*outbox.Envelope, error
 		return nil, s.wrap(ctx, "find", err)
 	}
 	if len(envs) == 0 {
-		return nil, fmt.Errorf("%w: sqlstore: message %s", outbox.ErrNotFound, id)
+		return nil, fmt.Errorf("%w: sqlstore: message %s", driver.ErrNotFound, id)
 	}
 	return envs[0], nil
 }
 
-// List implements [outbox.Admin].
-func (s *Store) List(ctx context.Context, status outbox.Status, after outbox.Cursor, limit int) ([]*outbox.Envelope, error) {
+// List implements [driver.Admin].
+func (s driverStore) List(ctx context.Context, status driver.Status, after driver.Cursor, limit int) ([]*driver.Envelope, error) {
 	if err := s.begin(ctx); err != nil {
 		return nil, err
 	}
@@ -653,8 +707,8 @@ func (s *Store) List(ctx context.Context, status outbox.Status, after outbox.Cur
 	return envs, s.wrap(ctx, "list", err)
 }
 
-// Requeue implements [outbox.Admin].
-func (s *Store) Requeue(ctx context.Context, ids ...uuid.UUID) (int, error) {
+// Requeue implements [driver.Admin].
+func (s driverStore) Requeue(ctx context.Context, ids ...uuid.UUID) (int, error) {
 	n, err := s.byID(ctx, "requeue", "UPDATE "+s.cfg.Table+" SET status = 0, attempts = 0, next_attempt_at = 0 WHERE status = 1 AND id IN ", ids)
 	if err == nil && n > 0 {
 		all := make([]int, s.cfg.BucketCount)
@@ -666,8 +720,8 @@ func (s *Store) Requeue(ctx context.Context, ids ...uuid.UUID) (int, error) {
 	return n, err
 }
 
-// Purge implements [outbox.Admin].
-func (s *Store) Purge(ctx context.Context, ids ...uuid.UUID) (int, error) {
+// Purge implements [driver.Admin].
+func (s driverStore) Purge(ctx context.Context, ids ...uuid.UUID) (int, error) {
 	return s.byID(ctx, "purge", "DELETE FROM "+s.cfg.Table+" WHERE id IN ", ids)
 }
 
@@ -696,13 +750,13 @@ func (s *Store) byID(ctx context.Context, op, prefix string, ids []uuid.UUID) (i
 	return total, nil
 }
 
-// Stats implements [outbox.Admin]: per bucket a capped count and the head's age,
+// Stats implements [driver.Admin]: per bucket a capped count and the head's age,
 // each an index range scan.
-func (s *Store) Stats(ctx context.Context) (outbox.Stats, error) {
+func (s driverStore) Stats(ctx context.Context) (driver.Backlog, error) {
 	if err := s.begin(ctx); err != nil {
-		return outbox.Stats{}, err
+		return driver.Backlog{}, err
 	}
-	st := outbox.Stats{Pending: make([]int, s.cfg.BucketCount), PendingLimit: s.cfg.StatsLimit}
+	st := driver.Backlog{Pending: make([]int, s.cfg.BucketCount), PendingLimit: s.cfg.StatsLimit}
 	scanOne := func(query string, args ...any) (int64, bool, error) {
 		rs, err := s.db.query(ctx, query, args...)
 		if err != nil {

@@ -4,11 +4,11 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // TestBucketOfMatchesKafkaPartitioner checks bucket hashing against franz-go's
@@ -29,7 +29,7 @@ func TestBucketOfMatchesKafkaPartitioner(t *testing.T) {
 		for _, k := range keys {
 			msg := outbox.Message{Topic: "t", Key: k}
 			want := kafka.Partition(&kgo.Record{Key: k}, n)
-			require.Equal(t, want, outbox.BucketOf(&msg, uuid.New(), n), "key %x, n %d", k, n)
+			require.Equal(t, want, driver.BucketOf(&msg, n), "key %x, n %d", k, n)
 		}
 	}
 }

@@ -54,11 +54,11 @@ type ConsumerConfig struct {
 func (c ConsumerConfig) Validate() error {
 	switch {
 	case c.MaxPollRecords < 0:
-		return fmt.Errorf("%w: kafka: ConsumerConfig.MaxPollRecords %d is negative", outbox.ErrMisconfigured, c.MaxPollRecords)
+		return fmt.Errorf("%w: kafkatransport: ConsumerConfig.MaxPollRecords %d is negative", outbox.ErrMisconfigured, c.MaxPollRecords)
 	case c.RetryBackoff < 0 || c.MaxRetryBackoff < 0:
-		return fmt.Errorf("%w: kafka: ConsumerConfig.RetryBackoff and MaxRetryBackoff must not be negative", outbox.ErrMisconfigured)
+		return fmt.Errorf("%w: kafkatransport: ConsumerConfig.RetryBackoff and MaxRetryBackoff must not be negative", outbox.ErrMisconfigured)
 	case c.StopTimeout < 0:
-		return fmt.Errorf("%w: kafka: ConsumerConfig.StopTimeout %v is negative", outbox.ErrMisconfigured, c.StopTimeout)
+		return fmt.Errorf("%w: kafkatransport: ConsumerConfig.StopTimeout %v is negative", outbox.ErrMisconfigured, c.StopTimeout)
 	}
 	return nil
 }
@@ -131,17 +131,17 @@ type Consumer struct {
 func NewConsumer(client *kgo.Client, in *inbox.Inbox, handle Handler, cfg ConsumerConfig) (*Consumer, error) {
 	switch {
 	case client == nil:
-		return nil, fmt.Errorf("%w: kafka: NewConsumer needs a *kgo.Client", outbox.ErrMisconfigured)
+		return nil, fmt.Errorf("%w: kafkatransport: NewConsumer needs a *kgo.Client", outbox.ErrMisconfigured)
 	case in == nil:
-		return nil, fmt.Errorf("%w: kafka: NewConsumer needs an *inbox.Inbox (inbox.New on the store the handler writes to)", outbox.ErrMisconfigured)
+		return nil, fmt.Errorf("%w: kafkatransport: NewConsumer needs an *inbox.Inbox (inbox.New on the store the handler writes to)", outbox.ErrMisconfigured)
 	case handle == nil:
-		return nil, fmt.Errorf("%w: kafka: NewConsumer needs a Handler", outbox.ErrMisconfigured)
+		return nil, fmt.Errorf("%w: kafkatransport: NewConsumer needs a Handler", outbox.ErrMisconfigured)
 	}
 	if group, _ := client.OptValue(kgo.ConsumerGroup).(string); group == "" {
-		return nil, fmt.Errorf("%w: kafka: NewConsumer needs a client of a consumer group: build it with kgo.ConsumerGroup(name) and kgo.ConsumeTopics(...)", outbox.ErrMisconfigured)
+		return nil, fmt.Errorf("%w: kafkatransport: NewConsumer needs a client of a consumer group: build it with kgo.ConsumerGroup(name) and kgo.ConsumeTopics(...)", outbox.ErrMisconfigured)
 	}
 	if off, _ := client.OptValue(kgo.DisableAutoCommit).(bool); !off {
-		return nil, fmt.Errorf("%w: kafka: NewConsumer needs a client built with kgo.DisableAutoCommit(): the consumer commits each offset after the record's unit of work committed, and auto-commit would commit earlier", outbox.ErrMisconfigured)
+		return nil, fmt.Errorf("%w: kafkatransport: NewConsumer needs a client built with kgo.DisableAutoCommit(): the consumer commits each offset after the record's unit of work committed, and auto-commit would commit earlier", outbox.ErrMisconfigured)
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -168,11 +168,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		fetches := c.client.PollRecords(ctx, c.cfg.MaxPollRecords)
 		if fetches.IsClientClosed() {
-			return fmt.Errorf("kafka: consumer: %w: the client was closed while the consumer ran", outbox.ErrClosed)
+			return fmt.Errorf("kafkatransport: consumer: %w: the client was closed while the consumer ran", outbox.ErrClosed)
 		}
 		fetches.EachError(func(topic string, partition int32, err error) {
 			if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
-				c.cfg.Logger.WarnContext(ctx, "kafka: consumer: fetch failed", "topic", topic, "partition", partition, "error", err)
+				c.cfg.Logger.WarnContext(ctx, "kafkatransport: consumer: fetch failed", "topic", topic, "partition", partition, "error", err)
 			}
 		})
 		c.process(ctx, work, fetches)
@@ -218,7 +218,7 @@ func (c *Consumer) process(ctx, work context.Context, fetches kgo.Fetches) {
 	if err := c.client.CommitRecords(work, done...); err != nil {
 		// The records are redelivered (after a rebalance or a restart) and found
 		// duplicates by the inbox.
-		c.cfg.Logger.WarnContext(ctx, "kafka: consumer: offset commit failed; the records will be redelivered and skipped as duplicates", "records", len(done), "error", err)
+		c.cfg.Logger.WarnContext(ctx, "kafkatransport: consumer: offset commit failed; the records will be redelivered and skipped as duplicates", "records", len(done), "error", err)
 	}
 }
 
@@ -227,7 +227,7 @@ func (c *Consumer) process(ctx, work context.Context, fetches kgo.Fetches) {
 func (c *Consumer) processRecord(ctx, work context.Context, rec *kgo.Record) bool {
 	d, decodeErr := Decode(rec)
 	if _, err := c.in.Key(&d.Message); err != nil {
-		c.cfg.Logger.ErrorContext(ctx, "kafka: consumer: skipping a record that has no inbox key", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "error", err, "decode", decodeErr)
+		c.cfg.Logger.ErrorContext(ctx, "kafkatransport: consumer: skipping a record that has no inbox key", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "error", err, "decode", decodeErr)
 		return true
 	}
 	wait := c.cfg.RetryBackoff
@@ -242,7 +242,7 @@ func (c *Consumer) processRecord(ctx, work context.Context, rec *kgo.Record) boo
 		if work.Err() != nil {
 			return false
 		}
-		c.cfg.Logger.WarnContext(ctx, "kafka: consumer: record failed; retrying", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "attempt", attempt, "error", err)
+		c.cfg.Logger.WarnContext(ctx, "kafkatransport: consumer: record failed; retrying", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "attempt", attempt, "error", err)
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():

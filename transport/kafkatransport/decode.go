@@ -49,11 +49,11 @@ func Decode(rec *kgo.Record) (Delivery, error) {
 	}
 	raw, ok := d.Header(outbox.HeaderMessageID)
 	if !ok {
-		return d, fmt.Errorf("%w: kafka: record %s/%d@%d has no %s header", outbox.ErrInvalidMessage, rec.Topic, rec.Partition, rec.Offset, outbox.HeaderMessageID)
+		return d, fmt.Errorf("%w: kafkatransport: record %s/%d@%d has no %s header", outbox.ErrInvalidMessage, rec.Topic, rec.Partition, rec.Offset, outbox.HeaderMessageID)
 	}
 	id, err := uuid.ParseBytes(raw)
 	if err != nil {
-		return d, fmt.Errorf("%w: kafka: record %s/%d@%d: %s header %q: %w", outbox.ErrInvalidMessage, rec.Topic, rec.Partition, rec.Offset, outbox.HeaderMessageID, raw, err)
+		return d, fmt.Errorf("%w: kafkatransport: record %s/%d@%d: %s header %q: %w", outbox.ErrInvalidMessage, rec.Topic, rec.Partition, rec.Offset, outbox.HeaderMessageID, raw, err)
 	}
 	d.ID = id
 	return d, nil

@@ -1,4 +1,4 @@
-// Package kafka is the outbox transport for Apache Kafka, built on franz-go's kgo
+// Package kafkatransport is the outbox transport for Apache Kafka, built on franz-go's kgo
 // client.
 //
 // The caller builds the *kgo.Client (seed brokers, TLS, SASL, ...) and passes it to
@@ -20,13 +20,14 @@
 //
 //   - Topic → topic. Key, payload and headers are passed through byte for byte; a nil
 //     payload is produced as a null value (a tombstone), a nil key as a null key.
-//   - Every record carries the [outbox.HeaderMessageID] header (the envelope's id) after
-//     the application's headers, and an [outbox.HeaderIdempotencyKey] header equal to
+//   - Every record carries the [outbox.HeaderMessageID] header (the envelope's id: the
+//     [outbox.Message.ID] the application set, or the one capture drew) after the
+//     application's headers, and an [outbox.HeaderIdempotencyKey] header equal to
 //     the message id when the application set none, unless
 //     [Config.OmitIdempotencyKey] is set; capture never adds it, so that setting is the
 //     one switch.
 //   - Sizes are checked in two places. [Config.MaxMessageSize] (reported by
-//     [Transport.MaxMessageSize], an [outbox.SizeLimiter]) is a limit on
+//     [Transport.MaxMessageSize], an [driver.SizeLimiter]) is a limit on
 //     [outbox.Message.Size] of the message as captured; its default leaves room in the
 //     client's batches for the record's framing, the two headers the transport adds
 //     and the framing of 28 application headers. Capture enforces it at Send, before
@@ -34,7 +35,7 @@
 //     outbox.SenderConfig.Transport. Publish always enforces it, and also bounds the
 //     record's wire size against kgo.ProducerBatchMaxBytes; a message over either
 //     fails permanently with [outbox.ErrTooLarge] without being sent, and the
-//     dispatcher parks it.
+//     relay parks it.
 //   - Partitioning is the client's: with kgo's default partitioner, keyed records land
 //     where Kafka's Java client puts them (murmur2), which is also how the outbox
 //     buckets keys, so a topic with as many partitions as the outbox has buckets is fed
@@ -42,9 +43,9 @@
 //     partition when the client uses [Partitioner].
 //   - [Transport.Publish] hands the whole batch to the client at once and waits once.
 //     It returns nil only when every record was acknowledged by all in-sync replicas.
-//     Otherwise it returns a [*outbox.PublishError] naming each envelope that was not
+//     Otherwise it returns a [*driver.PublishError] naming each envelope that was not
 //     acknowledged; the others were. Failures that retrying cannot fix are marked
-//     [outbox.Permanent]: a message over [Config.MaxMessageSize] or the broker's limit
+//     [driver.Permanent]: a message over [Config.MaxMessageSize] or the broker's limit
 //     (also wrapping [outbox.ErrTooLarge]), an invalid topic name, an authorization
 //     failure, a record the broker's validation or policy rejects, a partition the
 //     topic does not have, a message naming a partition on a client without
@@ -54,14 +55,14 @@
 //     its key in the batch: they are reported failed, transient, so a key's
 //     deliveries never skip a message. This, and the client failing a partition's
 //     later buffered records when a produce request fails, is the promise of
-//     [outbox.KeyOrderKeeper], so the dispatcher sends a key's messages together.
+//     [driver.KeyOrderKeeper], so the relay sends a key's messages together.
 //   - The transport retries nothing itself; the client retries as configured
 //     (kgo.RecordRetries, kgo.RecordDeliveryTimeout) before a record fails.
 //
 // # Limitations
 //
 //   - Delivery is at least once. A batch whose acknowledgement was lost, or that was
-//     abandoned because ctx ended, is published again by the dispatcher; consumers
+//     abandoned because ctx ended, is published again by the relay; consumers
 //     deduplicate on the message id.
 //   - Order is per partition. Within a batch, records of one key keep their order
 //     (one partition, one idempotent producer). With kgo.DisableIdempotentWrite and
@@ -79,11 +80,11 @@
 //     not resolved; after the second AckTimeout they are reported failed with the
 //     warning that the client may still deliver them, and it does once the broker
 //     answers (a duplicate of the retry, never a loss). A
-//     dispatcher whose broker is that unreachable finds out through [Transport.Ping]
+//     relay whose broker is that unreachable finds out through [Transport.Ping]
 //     and parks nothing meanwhile, so a message parked after MaxAttempts was refused
 //     by the broker or withdrawn from the client.
 //     Records of other Publish calls that such a cut fails are produced again, in
-//     order, at no cost in attempts. If ctx ends first (the dispatcher ends it before
+//     order, at no cost in attempts. If ctx ends first (the relay ends it before
 //     the bucket's lease runs out, and on Stop or Kill), Publish withdraws what was not
 //     sent and returns ctx's error at once: records already on the wire can still
 //     reach the broker afterwards, while the client retries them — also after the
@@ -92,7 +93,7 @@
 //     publishes the same pending messages in the same order. A helper goroutine per
 //     such publish waits for the client to resolve them and ends when they are
 //     acknowledged, failed by the client's retry limits, or the client is closed.
-//   - [Transport.Ping] ([outbox.Pinger]) asks for the cluster's metadata: a relay whose
+//   - [Transport.Ping] ([driver.Pinger]) asks for the cluster's metadata: a relay whose
 //     publishes keep failing and whose ping fails too hands its buckets to peers.
 //   - The record timestamp is the produce time. The capture time is not used, so that
 //     time-based retention never deletes a record that waited in the outbox.

@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/store/memstore"
 	"github.com/outboxkit/outbox/transport/kafkatransport"
 )
@@ -39,13 +40,13 @@ func Example() {
 	}
 
 	// The dispatcher normally builds these batches from the store.
-	var batch []*outbox.Envelope
+	var batch []*driver.Envelope
 	for _, m := range []outbox.Message{
 		{Topic: "orders", Key: []byte("order-1"), Payload: []byte(`{"status":"placed"}`),
 			Headers: []outbox.Header{{Key: "content-type", Value: []byte("application/json")}}},
 		{Topic: "orders", Key: []byte("order-1"), Payload: nil}, // a tombstone
 	} {
-		env, err := outbox.NewEnvelope(m, outbox.DefaultBucketCount)
+		env, err := driver.NewEnvelope(m, driver.DefaultBucketCount)
 		if err != nil {
 			log.Fatal(err)
 		}
@@ -117,9 +118,9 @@ func ExampleTransport_MaxMessageSize() {
 		})
 		fmt.Printf("%d KiB: too large: %v\n", size>>10, errors.Is(err, outbox.ErrTooLarge))
 	}
-	fmt.Println("capture's limit:", sender.MaxMessageSize())
+	fmt.Println("transport's limit:", transport.MaxMessageSize())
 	// Output:
 	// 1 KiB: too large: false
 	// 100 KiB: too large: true
-	// capture's limit: 65536
+	// transport's limit: 65536
 }

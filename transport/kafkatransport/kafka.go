@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // DefaultMaxMessageSize is Kafka's default limit on one message (1 MiB). The
@@ -68,7 +69,7 @@ type Config struct {
 	OmitIdempotencyKey bool
 
 	// UnknownTopicPermanent reports a topic the cluster does not know as a permanent
-	// failure, so the dispatcher parks the message at once. Defaults to false: the
+	// failure, so the relay parks the message at once. Defaults to false: the
 	// client gives up after kgo.UnknownTopicRetries metadata attempts (default 4) and
 	// the message is retried with backoff, which suits topics created by a deployment
 	// that may lag the application.
@@ -86,7 +87,7 @@ type Config struct {
 	// producer waits for the broker's answer), so Publish waits for those, for as
 	// long again at most. A record is reported failed, transient, only once the client no longer
 	// holds it — or, if the broker does not answer for as long again, reported failed
-	// with the warning that the client may still deliver it. If ctx ends first (the dispatcher
+	// with the warning that the client may still deliver it. If ctx ends first (the relay
 	// ends it before the bucket's lease runs out), Publish returns ctx's error, which
 	// costs no attempt; the records still on the wire may then reach the broker after
 	// the lease, as duplicates of what the bucket's next owner publishes (see the
@@ -103,7 +104,7 @@ const DefaultAckTimeout = 10 * time.Second
 // the client's batches carry.
 func (c Config) Validate() error {
 	if c.MaxMessageSize < 0 {
-		return fmt.Errorf("%w: kafka: Config.MaxMessageSize is %d; it must be positive (or 0 for the default)", outbox.ErrMisconfigured, c.MaxMessageSize)
+		return fmt.Errorf("%w: kafkatransport: Config.MaxMessageSize is %d; it must be positive (or 0 for the default)", outbox.ErrMisconfigured, c.MaxMessageSize)
 	}
 	return nil
 }
@@ -122,9 +123,9 @@ type Transport struct {
 }
 
 var (
-	_ outbox.Transport   = (*Transport)(nil)
-	_ outbox.SizeLimiter = (*Transport)(nil)
-	_ outbox.Pinger      = (*Transport)(nil)
+	_ driver.Transport   = (*Transport)(nil)
+	_ driver.SizeLimiter = (*Transport)(nil)
+	_ driver.Pinger      = (*Transport)(nil)
 )
 
 // New returns a transport that produces through client. The client is the caller's:
@@ -142,19 +143,19 @@ var (
 // permanently.
 func New(client *kgo.Client, cfg Config) (*Transport, error) {
 	if client == nil {
-		return nil, fmt.Errorf("%w: kafka: client is nil: pass a *kgo.Client built with kgo.NewClient", outbox.ErrMisconfigured)
+		return nil, fmt.Errorf("%w: kafkatransport: client is nil: pass a *kgo.Client built with kgo.NewClient", outbox.ErrMisconfigured)
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if acks, _ := client.OptValue(kgo.RequiredAcks).(kgo.Acks); acks != kgo.AllISRAcks() {
-		return nil, fmt.Errorf("%w: kafka: client must require acks from all in-sync replicas: drop kgo.RequiredAcks or pass kgo.RequiredAcks(kgo.AllISRAcks())", outbox.ErrMisconfigured)
+		return nil, fmt.Errorf("%w: kafkatransport: client must require acks from all in-sync replicas: drop kgo.RequiredAcks or pass kgo.RequiredAcks(kgo.AllISRAcks())", outbox.ErrMisconfigured)
 	}
 	if disabled, _ := client.OptValue(kgo.DisableIdempotentWrite).(bool); disabled && !cfg.AllowNonIdempotent {
-		return nil, fmt.Errorf("%w: kafka: client has idempotent writes disabled: drop kgo.DisableIdempotentWrite, or set Config.AllowNonIdempotent to accept duplicates from retried requests", outbox.ErrMisconfigured)
+		return nil, fmt.Errorf("%w: kafkatransport: client has idempotent writes disabled: drop kgo.DisableIdempotentWrite, or set Config.AllowNonIdempotent to accept duplicates from retried requests", outbox.ErrMisconfigured)
 	}
 	if txn := client.OptValues(kgo.TransactionalID); len(txn) == 2 && txn[1] == true {
-		return nil, fmt.Errorf("%w: kafka: client is transactional (kgo.TransactionalID %q): give the transport a client without a transactional id", outbox.ErrMisconfigured, txn[0])
+		return nil, fmt.Errorf("%w: kafkatransport: client is transactional (kgo.TransactionalID %q): give the transport a client without a transactional id", outbox.ErrMisconfigured, txn[0])
 	}
 	batchMax := int(defaultBatchMaxBytes)
 	if v, ok := client.OptValue(kgo.ProducerBatchMaxBytes).(int32); ok && v > 0 {
@@ -165,7 +166,7 @@ func New(client *kgo.Client, cfg Config) (*Transport, error) {
 	case cfg.MaxMessageSize == 0:
 		cfg.MaxMessageSize = min(DefaultMaxMessageSize, capacity)
 	case cfg.MaxMessageSize > capacity:
-		return nil, fmt.Errorf("%w: kafka: Config.MaxMessageSize %d exceeds the %d bytes the client's batches carry: raise kgo.ProducerBatchMaxBytes to at least %d", outbox.ErrMisconfigured, cfg.MaxMessageSize, capacity, cfg.MaxMessageSize+framingAllowance)
+		return nil, fmt.Errorf("%w: kafkatransport: Config.MaxMessageSize %d exceeds the %d bytes the client's batches carry: raise kgo.ProducerBatchMaxBytes to at least %d", outbox.ErrMisconfigured, cfg.MaxMessageSize, capacity, cfg.MaxMessageSize+framingAllowance)
 	}
 	if cfg.AckTimeout == 0 {
 		cfg.AckTimeout = DefaultAckTimeout
@@ -174,13 +175,13 @@ func New(client *kgo.Client, cfg Config) (*Transport, error) {
 	return &Transport{client: client, cfg: cfg, explicitPartitions: explicit, recordLimit: batchMax - batchHeaderSize}, nil
 }
 
-// KeepsKeyOrder implements [outbox.KeyOrderKeeper]: a message the transport refuses
+// KeepsKeyOrder implements [driver.KeyOrderKeeper]: a message the transport refuses
 // holds back its key's later messages in the batch, and the client fails a
-// partition's later buffered records when a produce request fails. The dispatcher
+// partition's later buffered records when a produce request fails. The relay
 // therefore sends a key's messages together in one Publish call.
 func (t *Transport) KeepsKeyOrder() bool { return true }
 
-// MaxMessageSize implements [outbox.SizeLimiter]: [Config.MaxMessageSize], or its
+// MaxMessageSize implements [driver.SizeLimiter]: [Config.MaxMessageSize], or its
 // default. Capture refuses a larger message at Send, before anything is written, when
 // the transport is wired in: outbox.NewSender(store, outbox.SenderConfig{Transport: t}).
 // Publish refuses it permanently, wrapping [outbox.ErrTooLarge].
@@ -197,10 +198,10 @@ func (t *Transport) As(target any) bool {
 
 // Publish produces every envelope of the batch concurrently and waits once for the
 // broker's acknowledgements. It returns nil when every record was acknowledged, a
-// [*outbox.PublishError] naming the envelopes that were not (each cause marked
-// [outbox.Permanent] when retrying cannot help), or ctx's error when ctx ended first
+// [*driver.PublishError] naming the envelopes that were not (each cause marked
+// [driver.Permanent] when retrying cannot help), or ctx's error when ctx ended first
 // (then nothing may be assumed sent).
-func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error {
+func (t *Transport) Publish(ctx context.Context, batch []*driver.Envelope) error {
 	if len(batch) == 0 {
 		return nil
 	}
@@ -243,21 +244,21 @@ func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error
 	if !failed {
 		return nil
 	}
-	pe := &outbox.PublishError{}
+	pe := &driver.PublishError{}
 	for i, err := range errs {
 		if err != nil {
-			pe.Failed = append(pe.Failed, outbox.MessageError{ID: batch[i].ID, Err: err})
+			pe.Failed = append(pe.Failed, driver.MessageError{ID: batch[i].ID, Err: err})
 		}
 	}
 	return pe
 }
 
 // errNoAck reports records the broker did not acknowledge within AckTimeout.
-var errNoAck = errors.New("kafka: no acknowledgement within Config.AckTimeout; the client no longer holds the message")
+var errNoAck = errors.New("kafkatransport: no acknowledgement within Config.AckTimeout; the client no longer holds the message")
 
 // errInFlight reports records the broker did not answer for even after the cut: the
 // client still holds some of them and may deliver them later.
-var errInFlight = errors.New("kafka: no answer from the broker within Config.AckTimeout, nor within as long again after the publish was cut; records already sent stay with the client, which may still deliver them")
+var errInFlight = errors.New("kafkatransport: no answer from the broker within Config.AckTimeout, nor within as long again after the publish was cut; records already sent stay with the client, which may still deliver them")
 
 // produce produces batch[i] for each i in send in one ProduceSync (which stops the
 // client's linger for their partitions, so a batch does not wait out
@@ -275,7 +276,7 @@ var errInFlight = errors.New("kafka: no answer from the broker within Config.Ack
 // client buffered behind the cut records in their partition, other Publish calls'
 // records too: such a record failed for another call's sake, not its own, and is
 // produced again, in order, while ctx and AckTimeout allow.
-func (t *Transport) produce(ctx context.Context, batch []*outbox.Envelope, send []int, errs []error) (failed bool, _ error) {
+func (t *Transport) produce(ctx context.Context, batch []*driver.Envelope, send []int, errs []error) (failed bool, _ error) {
 	var expired <-chan time.Time
 	if t.cfg.AckTimeout > 0 {
 		timer := time.NewTimer(t.cfg.AckTimeout)
@@ -349,7 +350,7 @@ func (t *Transport) produce(ctx context.Context, batch []*outbox.Envelope, send 
 
 // records builds the records of batch[i] for each i in send, every one with a
 // context that the returned cut ends.
-func (t *Transport) records(batch []*outbox.Envelope, send []int) ([]*kgo.Record, context.CancelFunc) {
+func (t *Transport) records(batch []*driver.Envelope, send []int) ([]*kgo.Record, context.CancelFunc) {
 	rctx, cut := context.WithCancel(context.Background())
 	recs := make([]kgo.Record, len(send))
 	ptrs := make([]*kgo.Record, len(send))
@@ -376,24 +377,24 @@ func cutOff(err error) bool {
 	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, kgo.ErrAborting)
 }
 
-// Ping implements [outbox.Pinger]: it asks the cluster for its metadata, which
+// Ping implements [driver.Pinger]: it asks the cluster for its metadata, which
 // succeeds when any broker answers.
 func (t *Transport) Ping(ctx context.Context) error {
 	if err := t.client.Ping(ctx); err != nil {
-		return fmt.Errorf("kafka: no broker answers: %w", err)
+		return fmt.Errorf("kafkatransport: no broker answers: %w", err)
 	}
 	return nil
 }
 
 // errHeldBack is reported for a message not sent because an earlier message of its
 // key in the same batch was refused.
-var errHeldBack = errors.New("kafka: not sent: an earlier message of its key in the batch failed")
+var errHeldBack = errors.New("kafkatransport: not sent: an earlier message of its key in the batch failed")
 
-func keyOf(env *outbox.Envelope) string { return env.Topic + "\x00" + string(env.Key) }
+func keyOf(env *driver.Envelope) string { return env.Topic + "\x00" + string(env.Key) }
 
 // wireSize bounds the bytes the envelope's record takes in a record batch, with the
 // headers the transport may stamp.
-func wireSize(env *outbox.Envelope) int {
+func wireSize(env *driver.Envelope) int {
 	n := recordFraming + len(env.Key) + len(env.Payload)
 	for _, h := range env.Headers {
 		n += headerFraming + len(h.Key) + len(h.Value)
@@ -404,15 +405,15 @@ func wireSize(env *outbox.Envelope) int {
 // check refuses, before anything is sent, what the client or broker could never
 // accept. Refusing here rather than in the client keeps the refusal to this one
 // message: the client would go on producing the key's later messages.
-func (t *Transport) check(env *outbox.Envelope) error {
+func (t *Transport) check(env *driver.Envelope) error {
 	if size := env.Size(); size > t.cfg.MaxMessageSize {
-		return outbox.Permanent(fmt.Errorf("%w: kafka: message of %d bytes exceeds the transport's limit of %d (Config.MaxMessageSize)", outbox.ErrTooLarge, size, t.cfg.MaxMessageSize))
+		return driver.Permanent(fmt.Errorf("%w: kafkatransport: message of %d bytes exceeds the transport's limit of %d (Config.MaxMessageSize)", outbox.ErrTooLarge, size, t.cfg.MaxMessageSize))
 	}
 	if size := wireSize(env); size > t.recordLimit {
-		return outbox.Permanent(fmt.Errorf("%w: kafka: message with %d headers takes up to %d bytes as a record, more than the %d the client's batches carry (kgo.ProducerBatchMaxBytes); Config.MaxMessageSize leaves room for the framing of %d headers", outbox.ErrTooLarge, len(env.Headers), size, t.recordLimit, coveredHeaders))
+		return driver.Permanent(fmt.Errorf("%w: kafkatransport: message with %d headers takes up to %d bytes as a record, more than the %d the client's batches carry (kgo.ProducerBatchMaxBytes); Config.MaxMessageSize leaves room for the framing of %d headers", outbox.ErrTooLarge, len(env.Headers), size, t.recordLimit, coveredHeaders))
 	}
 	if env.Partition != nil && !t.explicitPartitions {
-		return outbox.Permanent(fmt.Errorf("%w: kafka: message names partition %d but the client's partitioner ignores explicit partitions: build the client with kgo.RecordPartitioner(kafkatransport.Partitioner(nil))", outbox.ErrMisconfigured, *env.Partition))
+		return driver.Permanent(fmt.Errorf("%w: kafkatransport: message names partition %d but the client's partitioner ignores explicit partitions: build the client with kgo.RecordPartitioner(kafkatransport.Partitioner(nil))", outbox.ErrMisconfigured, *env.Partition))
 	}
 	return nil
 }
@@ -420,7 +421,7 @@ func (t *Transport) check(env *outbox.Envelope) error {
 // headers returns the application's headers followed by the message id and, when
 // the application set none, the idempotency key. The envelope's own slice is never
 // appended to.
-func (t *Transport) headers(env *outbox.Envelope) []kgo.RecordHeader {
+func (t *Transport) headers(env *driver.Envelope) []kgo.RecordHeader {
 	id := []byte(env.ID.String())
 	hs := make([]kgo.RecordHeader, 0, len(env.Headers)+2)
 	for _, h := range env.Headers {
@@ -451,22 +452,22 @@ var permanentCodes = []*kerr.Error{
 
 // classify turns one record's failure into the error reported for its envelope: the
 // one place broker and client errors are translated.
-func (t *Transport) classify(env *outbox.Envelope, m *recordMeta, err error) error {
-	wrapped := fmt.Errorf("kafka: produce to %q: %w", env.Topic, err)
+func (t *Transport) classify(env *driver.Envelope, m *recordMeta, err error) error {
+	wrapped := fmt.Errorf("kafkatransport: produce to %q: %w", env.Topic, err)
 	switch {
 	case m != nil && m.missing.Load():
-		return outbox.Permanent(fmt.Errorf("%w: kafka: topic %q has no partition %d: %w", outbox.ErrInvalidMessage, env.Topic, m.explicit, err))
+		return driver.Permanent(fmt.Errorf("%w: kafkatransport: topic %q has no partition %d: %w", outbox.ErrInvalidMessage, env.Topic, m.explicit, err))
 	case errors.Is(err, kerr.MessageTooLarge), errors.Is(err, kerr.RecordListTooLarge):
-		return outbox.Permanent(fmt.Errorf("%w: %w", outbox.ErrTooLarge, wrapped))
+		return driver.Permanent(fmt.Errorf("%w: %w", outbox.ErrTooLarge, wrapped))
 	case errors.Is(err, kerr.UnknownTopicOrPartition), errors.Is(err, kerr.UnknownTopicID):
 		if t.cfg.UnknownTopicPermanent {
-			return outbox.Permanent(wrapped)
+			return driver.Permanent(wrapped)
 		}
 		return wrapped
 	}
 	for _, code := range permanentCodes {
 		if errors.Is(err, code) {
-			return outbox.Permanent(wrapped)
+			return driver.Permanent(wrapped)
 		}
 	}
 	return wrapped

@@ -9,6 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/transport/kafkatransport"
 )
 
@@ -78,7 +79,7 @@ func TestMaxMessageSizeDefaultsToWhatTheClientCarries(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, kafkatransport.DefaultMaxMessageSize, tr.MaxMessageSize())
 
-	var _ outbox.SizeLimiter = tr
+	var _ driver.SizeLimiter = tr
 }
 
 func TestAsReachesTheClient(t *testing.T) {

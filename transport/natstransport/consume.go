@@ -50,9 +50,9 @@ type ConsumerConfig struct {
 func (c ConsumerConfig) Validate() error {
 	switch {
 	case c.FetchBatch < 0:
-		return fmt.Errorf("%w: nats: ConsumerConfig.FetchBatch %d is negative", outbox.ErrMisconfigured, c.FetchBatch)
+		return fmt.Errorf("%w: natstransport: ConsumerConfig.FetchBatch %d is negative", outbox.ErrMisconfigured, c.FetchBatch)
 	case c.StopTimeout < 0:
-		return fmt.Errorf("%w: nats: ConsumerConfig.StopTimeout %v is negative", outbox.ErrMisconfigured, c.StopTimeout)
+		return fmt.Errorf("%w: natstransport: ConsumerConfig.StopTimeout %v is negative", outbox.ErrMisconfigured, c.StopTimeout)
 	}
 	return nil
 }
@@ -119,17 +119,17 @@ type Consumer struct {
 func NewConsumer(cons jetstream.Consumer, in *inbox.Inbox, handle ConsumeHandler, cfg ConsumerConfig) (*Consumer, error) {
 	switch {
 	case cons == nil:
-		return nil, fmt.Errorf("%w: nats: NewConsumer needs a jetstream.Consumer (stream.CreateOrUpdateConsumer)", outbox.ErrMisconfigured)
+		return nil, fmt.Errorf("%w: natstransport: NewConsumer needs a jetstream.Consumer (stream.CreateOrUpdateConsumer)", outbox.ErrMisconfigured)
 	case in == nil:
-		return nil, fmt.Errorf("%w: nats: NewConsumer needs an *inbox.Inbox (inbox.New on the store the handler writes to)", outbox.ErrMisconfigured)
+		return nil, fmt.Errorf("%w: natstransport: NewConsumer needs an *inbox.Inbox (inbox.New on the store the handler writes to)", outbox.ErrMisconfigured)
 	case handle == nil:
-		return nil, fmt.Errorf("%w: nats: NewConsumer needs a ConsumeHandler", outbox.ErrMisconfigured)
+		return nil, fmt.Errorf("%w: natstransport: NewConsumer needs a ConsumeHandler", outbox.ErrMisconfigured)
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if info := cons.CachedInfo(); info != nil && info.Config.AckPolicy != jetstream.AckExplicitPolicy {
-		return nil, fmt.Errorf("%w: nats: the JetStream consumer %q has ack policy %s: create it with AckPolicy jetstream.AckExplicitPolicy, so a message is acknowledged only after its unit of work committed", outbox.ErrMisconfigured, info.Name, info.Config.AckPolicy)
+		return nil, fmt.Errorf("%w: natstransport: the JetStream consumer %q has ack policy %s: create it with AckPolicy jetstream.AckExplicitPolicy, so a message is acknowledged only after its unit of work committed", outbox.ErrMisconfigured, info.Name, info.Config.AckPolicy)
 	}
 	return &Consumer{cons: cons, in: in, handle: handle, cfg: cfg.withDefaults()}, nil
 }
@@ -170,7 +170,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			pause = minPause
 			continue
 		}
-		c.cfg.Logger.WarnContext(ctx, "nats: consumer: pull failed; retrying", "error", err, "pause", pause)
+		c.cfg.Logger.WarnContext(ctx, "natstransport: consumer: pull failed; retrying", "error", err, "pause", pause)
 		if !sleep(ctx, pause) {
 			return nil
 		}
@@ -185,14 +185,14 @@ func (c *Consumer) deliver(ctx, work context.Context, msg jetstream.Msg) {
 	log := c.cfg.Logger.With("subject", msg.Subject())
 	dec, err := Decode(msg)
 	if err != nil {
-		log.ErrorContext(ctx, "nats: consumer: terminating a message that cannot be decoded (never redelivered)", "error", err)
+		log.ErrorContext(ctx, "natstransport: consumer: terminating a message that cannot be decoded (never redelivered)", "error", err)
 		_ = msg.Term()
 		return
 	}
 	log = log.With("message_id", dec.ID, "stream_sequence", dec.Sequence)
 	m := &dec.Message
 	if _, err := c.in.Key(m); err != nil {
-		log.ErrorContext(ctx, "nats: consumer: terminating a message that has no inbox key (never redelivered)", "error", err)
+		log.ErrorContext(ctx, "natstransport: consumer: terminating a message that has no inbox key (never redelivered)", "error", err)
 		_ = msg.Term()
 		return
 	}
@@ -205,7 +205,7 @@ func (c *Consumer) deliver(ctx, work context.Context, msg jetstream.Msg) {
 			}
 			actx, cancel := context.WithTimeout(work, 5*time.Second)
 			if err := msg.DoubleAck(actx); err != nil {
-				log.WarnContext(ctx, "nats: consumer: acknowledgement failed; the message comes again and is skipped as a duplicate", "error", err)
+				log.WarnContext(ctx, "natstransport: consumer: acknowledgement failed; the message comes again and is skipped as a duplicate", "error", err)
 			}
 			cancel()
 			return
@@ -213,7 +213,7 @@ func (c *Consumer) deliver(ctx, work context.Context, msg jetstream.Msg) {
 		if work.Err() != nil {
 			return
 		}
-		log.WarnContext(ctx, "nats: consumer: message failed; retrying it in place", "error", err, "pause", pause)
+		log.WarnContext(ctx, "natstransport: consumer: message failed; retrying it in place", "error", err, "pause", pause)
 		_ = msg.InProgress() // restarts the server's AckWait
 		if !sleep(ctx, pause) {
 			return // left unacknowledged: the server delivers it again

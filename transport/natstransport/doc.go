@@ -38,9 +38,9 @@
 //   - [Transport.Publish] hands the whole batch to the connection as asynchronous
 //     publishes (PublishMsgAsync) and waits once for the acknowledgements. It returns
 //     nil only when the stream acknowledged every message (a dropped duplicate counts:
-//     the stream has the message). Otherwise it returns a [*outbox.PublishError]
+//     the stream has the message). Otherwise it returns a [*driver.PublishError]
 //     naming each message that was not acknowledged. Permanent failures
-//     ([outbox.Permanent]): no stream captures the subject (checked with a stream
+//     ([driver.Permanent]): no stream captures the subject (checked with a stream
 //     lookup once nothing answered), a topic that maps to an invalid subject, a
 //     message over [Config.MaxMessageSize], the server's max_payload or the stream's
 //     max_msg_size (also wrapping [outbox.ErrTooLarge]), JetStream not enabled.
@@ -49,14 +49,14 @@
 //     exists but did not answer — is transient.
 //   - Per-key order: JetStream stores one connection's publishes to one stream in the
 //     order they were sent. By default ([Config.PipelineKeys] false) the transport
-//     does not promise [outbox.KeyOrderKeeper], so the dispatcher puts at most one
+//     does not promise [driver.KeyOrderKeeper], so the relay puts at most one
 //     message per key in a Publish call and publishes a key's next message only after
 //     the stream acknowledged the previous one: a key's first deliveries keep their
 //     commit order through every failure, as long as one stream captures the key's
 //     topic. With PipelineKeys a key's messages share a call; see its documentation
 //     for when that order can break.
-//   - [Transport.Ping] ([outbox.Pinger]) asks JetStream for the account's information,
-//     so the dispatcher can tell an unreachable server from refused messages.
+//   - [Transport.Ping] ([driver.Pinger]) asks JetStream for the account's information,
+//     so the relay can tell an unreachable server from refused messages.
 //
 // # Limitations
 //
@@ -66,7 +66,7 @@
 //     on the message id.
 //   - A message handed to a connection that then drops may be lost or may reach the
 //     stream later from the client's reconnect buffer; the transport reports it failed
-//     (transient) either way and the dispatcher publishes it again.
+//     (transient) either way and the relay publishes it again.
 //   - Publish stops waiting after [Config.AckTimeout]; the JetStream context still
 //     tracks the unacknowledged publishes until their acknowledgement arrives or the
 //     connection reconnects, and they count against its limit of pending async

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // Headers the transport writes besides the application's. See the package
@@ -90,7 +91,7 @@ func plainHeaders(hs []outbox.Header) bool {
 }
 
 // encode builds the NATS message for env.
-func (t *Transport) encode(env *outbox.Envelope, subject string) (*nats.Msg, error) {
+func (t *Transport) encode(env *driver.Envelope, subject string) (*nats.Msg, error) {
 	id := env.ID.String()
 	h := make(nats.Header, len(env.Headers)+4)
 	h[jetstream.MsgIDHeader] = []string{id}
@@ -121,10 +122,10 @@ func (t *Transport) encode(env *outbox.Envelope, subject string) (*nats.Msg, err
 		h[HeaderTopic] = []string{env.Topic}
 	}
 	if size := env.Size(); size > t.cfg.MaxMessageSize {
-		return nil, outbox.Permanent(fmt.Errorf("%w: nats: message of %d bytes exceeds the transport's limit of %d (Config.MaxMessageSize)", outbox.ErrTooLarge, size, t.cfg.MaxMessageSize))
+		return nil, driver.Permanent(fmt.Errorf("%w: natstransport: message of %d bytes exceeds the transport's limit of %d (Config.MaxMessageSize)", outbox.ErrTooLarge, size, t.cfg.MaxMessageSize))
 	}
 	if size := wireSize(h, env.Payload); size > t.maxPayload {
-		return nil, outbox.Permanent(fmt.Errorf("%w: nats: message takes %d bytes once encoded (headers and payload), more than the server's max_payload of %d; binary keys and headers are sent base64", outbox.ErrTooLarge, size, t.maxPayload))
+		return nil, driver.Permanent(fmt.Errorf("%w: natstransport: message takes %d bytes once encoded (headers and payload), more than the server's max_payload of %d; binary keys and headers are sent base64", outbox.ErrTooLarge, size, t.maxPayload))
 	}
 	return &nats.Msg{Subject: subject, Header: h, Data: env.Payload}, nil
 }
@@ -211,14 +212,14 @@ func decode(subject string, h nats.Header, data []byte) (Delivery, error) {
 	} else if vs, ok := h[HeaderKeyBase64]; ok && len(vs) > 0 {
 		key, err := base64.StdEncoding.DecodeString(vs[0])
 		if err != nil {
-			return d, fmt.Errorf("%w: nats: message on %q: %s header: %w", outbox.ErrInvalidMessage, subject, HeaderKeyBase64, err)
+			return d, fmt.Errorf("%w: natstransport: message on %q: %s header: %w", outbox.ErrInvalidMessage, subject, HeaderKeyBase64, err)
 		}
 		d.Key = key
 	}
 	if vs, ok := h[HeaderPacked]; ok && len(vs) > 0 {
 		hs, err := unpackHeaders(vs[0])
 		if err != nil {
-			return d, fmt.Errorf("%w: nats: message on %q: %s header: %w", outbox.ErrInvalidMessage, subject, HeaderPacked, err)
+			return d, fmt.Errorf("%w: natstransport: message on %q: %s header: %w", outbox.ErrInvalidMessage, subject, HeaderPacked, err)
 		}
 		d.Headers = hs
 		for _, v := range h[outbox.HeaderIdempotencyKey] {
@@ -240,12 +241,12 @@ func decode(subject string, h nats.Header, data []byte) (Delivery, error) {
 	}
 	raw := h.Get(outbox.HeaderMessageID)
 	if raw == "" {
-		return d, fmt.Errorf("%w: nats: message on %q has no %s header: it did not come through the outbox", outbox.ErrInvalidMessage, subject, outbox.HeaderMessageID)
+		return d, fmt.Errorf("%w: natstransport: message on %q has no %s header: it did not come through the outbox", outbox.ErrInvalidMessage, subject, outbox.HeaderMessageID)
 	}
 	d.Headers = append(d.Headers, outbox.Header{Key: outbox.HeaderMessageID, Value: []byte(raw)})
 	id, err := parseID(raw)
 	if err != nil {
-		return d, fmt.Errorf("%w: nats: message on %q: %s header %q: %w", outbox.ErrInvalidMessage, subject, outbox.HeaderMessageID, raw, err)
+		return d, fmt.Errorf("%w: natstransport: message on %q: %s header %q: %w", outbox.ErrInvalidMessage, subject, outbox.HeaderMessageID, raw, err)
 	}
 	d.ID = id
 	return d, nil

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // testTransport is a transport with its defaults, for encoding without a server.
@@ -41,9 +42,9 @@ func wire(t testing.TB, msg *nats.Msg) nats.Header {
 	return h
 }
 
-func roundTrip(t testing.TB, tr *Transport, m outbox.Message) (*outbox.Envelope, Delivery) {
+func roundTrip(t testing.TB, tr *Transport, m outbox.Message) (*driver.Envelope, Delivery) {
 	t.Helper()
-	env, err := outbox.NewEnvelope(m, outbox.DefaultBucketCount)
+	env, err := driver.NewEnvelope(m, driver.DefaultBucketCount)
 	require.NoError(t, err)
 	subject := env.Topic
 	if tr.cfg.Subject != nil {
@@ -116,7 +117,7 @@ func TestEncodeRoundTrip(t *testing.T) {
 }
 
 func TestEncodeStampsMessageIDForTheDuplicateWindow(t *testing.T) {
-	env, err := outbox.NewEnvelope(outbox.Message{Topic: "t", Payload: []byte("p")}, 1)
+	env, err := driver.NewEnvelope(outbox.Message{Topic: "t", Payload: []byte("p")}, 1)
 	require.NoError(t, err)
 	msg, err := testTransport(Config{}).encode(env, "t")
 	require.NoError(t, err)
@@ -138,18 +139,18 @@ func TestSubjectMappingKeepsTheTopic(t *testing.T) {
 
 func TestEncodeRefusesOversizedMessages(t *testing.T) {
 	tr := testTransport(Config{MaxMessageSize: 100})
-	env, err := outbox.NewEnvelope(outbox.Message{Topic: "t", Payload: make([]byte, 200)}, 1)
+	env, err := driver.NewEnvelope(outbox.Message{Topic: "t", Payload: make([]byte, 200)}, 1)
 	require.NoError(t, err)
 	_, err = tr.encode(env, "t")
-	assert.True(t, outbox.IsPermanent(err))
+	assert.True(t, driver.IsPermanent(err))
 	assert.ErrorIs(t, err, outbox.ErrTooLarge)
 
 	// Within MaxMessageSize, but a binary key takes 4/3 on the wire.
 	tr = testTransport(Config{})
-	env, err = outbox.NewEnvelope(outbox.Message{Topic: "t", Key: bytes.Repeat([]byte{0xff}, DefaultMaxPayload-framingAllowance-10)}, 1)
+	env, err = driver.NewEnvelope(outbox.Message{Topic: "t", Key: bytes.Repeat([]byte{0xff}, DefaultMaxPayload-framingAllowance-10)}, 1)
 	require.NoError(t, err)
 	_, err = tr.encode(env, "t")
-	assert.True(t, outbox.IsPermanent(err))
+	assert.True(t, driver.IsPermanent(err))
 	assert.ErrorIs(t, err, outbox.ErrTooLarge)
 	assert.ErrorContains(t, err, "max_payload")
 }
@@ -162,19 +163,19 @@ func TestValidSubject(t *testing.T) {
 		assert.Error(t, validSubject(s), "%q", s)
 	}
 	si := testTransport(Config{Subject: func(string) string { return "orders.*" }}).subjectOf("orders")
-	assert.True(t, outbox.IsPermanent(si.err))
+	assert.True(t, driver.IsPermanent(si.err))
 	assert.ErrorIs(t, si.err, outbox.ErrInvalidMessage)
 }
 
 func TestHoldBackTails(t *testing.T) {
-	mk := func(key string) *outbox.Envelope {
-		env, err := outbox.NewEnvelope(outbox.Message{Topic: "t", Key: []byte(key), Payload: []byte("p")}, 1)
+	mk := func(key string) *driver.Envelope {
+		env, err := driver.NewEnvelope(outbox.Message{Topic: "t", Key: []byte(key), Payload: []byte("p")}, 1)
 		require.NoError(t, err)
 		return env
 	}
-	batch := []*outbox.Envelope{mk("a"), mk("b"), mk("a"), mk("b"), mk("c"), mk("c")}
+	batch := []*driver.Envelope{mk("a"), mk("b"), mk("a"), mk("b"), mk("c"), mk("c")}
 	transient := errors.New("lost")
-	errs := []error{transient, outbox.Permanent(errors.New("too big")), nil, nil, nil, nil}
+	errs := []error{transient, driver.Permanent(errors.New("too big")), nil, nil, nil, nil}
 	holdBackTails(batch, errs)
 	assert.ErrorIs(t, errs[2], errHeldBack, "a's later message follows a transient failure")
 	assert.ErrorIs(t, errs[3], errHeldBack, "b's later message waits until the dispatcher parked the earlier one")

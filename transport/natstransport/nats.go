@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // DefaultMaxPayload is NATS's default max_payload (1 MiB), assumed when the
@@ -53,13 +54,13 @@ type Config struct {
 	// AckTimeout bounds how long Publish waits for the stream's acknowledgements
 	// after the batch was handed to the connection. Messages not acknowledged by then
 	// are reported failed, transient; the connection may still deliver them, and the
-	// stream's duplicate window drops the dispatcher's retry if it does. Keep it well
-	// under the dispatcher's LeaseDuration. Defaults to 10 s; a negative value waits
+	// stream's duplicate window drops the relay's retry if it does. Keep it well
+	// under the relay's LeaseDuration. Defaults to 10 s; a negative value waits
 	// until ctx ends.
 	AckTimeout time.Duration
 
-	// PipelineKeys lets the dispatcher put several messages of one key in one
-	// Publish call ([outbox.KeyOrderKeeper]). They are published back to back and
+	// PipelineKeys lets the relay put several messages of one key in one
+	// Publish call ([driver.KeyOrderKeeper]). They are published back to back and
 	// acknowledged together, which is faster for workloads where a few keys carry
 	// most messages, but a key's order then holds only while nothing fails: if the
 	// connection drops mid-batch, or the stream refuses one message (a limit, a full
@@ -67,7 +68,7 @@ type Config struct {
 	// retry of the earlier one. The transport then reports the key's later messages
 	// failed too, so they are retried (the duplicate window drops the copies the
 	// stream already has) — but the stream keeps them where they landed. Defaults to
-	// false: the dispatcher sends at most one message per key per call, and a key's
+	// false: the relay sends at most one message per key per call, and a key's
 	// order always holds.
 	PipelineKeys bool
 }
@@ -77,7 +78,7 @@ type Config struct {
 // connection's max_payload.
 func (c Config) Validate() error {
 	if c.MaxMessageSize < 0 {
-		return fmt.Errorf("%w: nats: Config.MaxMessageSize is %d; it must be positive (or 0 for the default)", outbox.ErrMisconfigured, c.MaxMessageSize)
+		return fmt.Errorf("%w: natstransport: Config.MaxMessageSize is %d; it must be positive (or 0 for the default)", outbox.ErrMisconfigured, c.MaxMessageSize)
 	}
 	return nil
 }
@@ -92,10 +93,10 @@ type Transport struct {
 }
 
 var (
-	_ outbox.Transport      = (*Transport)(nil)
-	_ outbox.SizeLimiter    = (*Transport)(nil)
-	_ outbox.KeyOrderKeeper = (*Transport)(nil)
-	_ outbox.Pinger         = (*Transport)(nil)
+	_ driver.Transport      = (*Transport)(nil)
+	_ driver.SizeLimiter    = (*Transport)(nil)
+	_ driver.KeyOrderKeeper = (*Transport)(nil)
+	_ driver.Pinger         = (*Transport)(nil)
 )
 
 // New returns a transport that publishes through js, a JetStream context the caller
@@ -109,7 +110,7 @@ var (
 // max_payload less 512 bytes).
 func New(js jetstream.JetStream, cfg Config) (*Transport, error) {
 	if js == nil || js.Conn() == nil {
-		return nil, fmt.Errorf("%w: nats: JetStream context is nil: pass jetstream.New(nc) on a connection from nats.Connect", outbox.ErrMisconfigured)
+		return nil, fmt.Errorf("%w: natstransport: JetStream context is nil: pass jetstream.New(nc) on a connection from nats.Connect", outbox.ErrMisconfigured)
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -123,7 +124,7 @@ func New(js jetstream.JetStream, cfg Config) (*Transport, error) {
 	case cfg.MaxMessageSize == 0:
 		cfg.MaxMessageSize = capacity
 	case cfg.MaxMessageSize > capacity:
-		return nil, fmt.Errorf("%w: nats: Config.MaxMessageSize %d exceeds the server's max_payload (%d) less %d bytes for headers: raise max_payload on the server to at least %d, or lower the setting", outbox.ErrMisconfigured, cfg.MaxMessageSize, maxPayload, framingAllowance, cfg.MaxMessageSize+framingAllowance)
+		return nil, fmt.Errorf("%w: natstransport: Config.MaxMessageSize %d exceeds the server's max_payload (%d) less %d bytes for headers: raise max_payload on the server to at least %d, or lower the setting", outbox.ErrMisconfigured, cfg.MaxMessageSize, maxPayload, framingAllowance, cfg.MaxMessageSize+framingAllowance)
 	}
 	if cfg.AckTimeout == 0 {
 		cfg.AckTimeout = DefaultAckTimeout
@@ -131,10 +132,10 @@ func New(js jetstream.JetStream, cfg Config) (*Transport, error) {
 	return &Transport{js: js, cfg: cfg, maxPayload: maxPayload}, nil
 }
 
-// KeepsKeyOrder implements [outbox.KeyOrderKeeper]: it reports [Config.PipelineKeys].
+// KeepsKeyOrder implements [driver.KeyOrderKeeper]: it reports [Config.PipelineKeys].
 func (t *Transport) KeepsKeyOrder() bool { return t.cfg.PipelineKeys }
 
-// MaxMessageSize implements [outbox.SizeLimiter]: [Config.MaxMessageSize], or its
+// MaxMessageSize implements [driver.SizeLimiter]: [Config.MaxMessageSize], or its
 // default.
 func (t *Transport) MaxMessageSize() int { return t.cfg.MaxMessageSize }
 
@@ -152,18 +153,18 @@ func (t *Transport) As(target any) bool {
 	return false
 }
 
-// Ping implements [outbox.Pinger]: it asks JetStream for the account's information,
+// Ping implements [driver.Pinger]: it asks JetStream for the account's information,
 // which publishes nothing. It fails when the connection is down or JetStream does not
 // answer (wrapping [outbox.ErrMisconfigured] when JetStream is not enabled).
 func (t *Transport) Ping(ctx context.Context) error {
 	if nc := t.js.Conn(); !nc.IsConnected() {
-		return fmt.Errorf("nats: ping: connection is %s", nc.Status())
+		return fmt.Errorf("natstransport: ping: connection is %s", nc.Status())
 	}
 	if _, err := t.js.AccountInfo(ctx); err != nil {
 		if errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) {
-			return fmt.Errorf("%w: nats: ping: %w: enable JetStream on the server (-js) and for the account", outbox.ErrMisconfigured, err)
+			return fmt.Errorf("%w: natstransport: ping: %w: enable JetStream on the server (-js) and for the account", outbox.ErrMisconfigured, err)
 		}
-		return fmt.Errorf("nats: ping: %w", err)
+		return fmt.Errorf("natstransport: ping: %w", err)
 	}
 	return nil
 }
@@ -171,10 +172,10 @@ func (t *Transport) Ping(ctx context.Context) error {
 // Publish hands every envelope of the batch to the connection as an asynchronous
 // JetStream publish and waits once for the stream's acknowledgements. It returns nil
 // when every message was acknowledged (a duplicate the stream dropped counts as
-// acknowledged: the stream has it), a [*outbox.PublishError] naming the envelopes
-// that were not (each cause marked [outbox.Permanent] when retrying cannot help), or
+// acknowledged: the stream has it), a [*driver.PublishError] naming the envelopes
+// that were not (each cause marked [driver.Permanent] when retrying cannot help), or
 // ctx's error when ctx ended first (then nothing may be assumed sent).
-func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error {
+func (t *Transport) Publish(ctx context.Context, batch []*driver.Envelope) error {
 	if len(batch) == 0 {
 		return nil
 	}
@@ -242,10 +243,10 @@ func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error
 	if t.cfg.PipelineKeys {
 		holdBackTails(batch, errs)
 	}
-	pe := &outbox.PublishError{}
+	pe := &driver.PublishError{}
 	for i, err := range errs {
 		if err != nil {
-			pe.Failed = append(pe.Failed, outbox.MessageError{ID: batch[i].ID, Err: err})
+			pe.Failed = append(pe.Failed, driver.MessageError{ID: batch[i].ID, Err: err})
 		}
 	}
 	return pe
@@ -264,9 +265,9 @@ func resolved(f jetstream.PubAckFuture) error {
 }
 
 // holdBackTails reports every message after a key's first failure as failed too, so
-// the dispatcher never completes a key's later message while retrying (or parking) an
+// the relay never completes a key's later message while retrying (or parking) an
 // earlier one.
-func holdBackTails(batch []*outbox.Envelope, errs []error) {
+func holdBackTails(batch []*driver.Envelope, errs []error) {
 	var failedKeys map[string]bool
 	for i, env := range batch {
 		if env.Key == nil {
@@ -286,10 +287,10 @@ func holdBackTails(batch []*outbox.Envelope, errs []error) {
 
 var (
 	// errNoAck reports messages the stream did not acknowledge within AckTimeout.
-	errNoAck = errors.New("nats: no acknowledgement within Config.AckTimeout; the stream may still store the message (its duplicate window drops the retry)")
+	errNoAck = errors.New("natstransport: no acknowledgement within Config.AckTimeout; the stream may still store the message (its duplicate window drops the retry)")
 	// errHeldBack is reported for a message of a key whose earlier message in the
 	// same batch failed.
-	errHeldBack = errors.New("nats: reported failed: an earlier message of its key in the batch failed (with Config.PipelineKeys)")
+	errHeldBack = errors.New("natstransport: reported failed: an earlier message of its key in the batch failed (with Config.PipelineKeys)")
 )
 
 // subjectInfo is what Publish learns about one topic in one call.
@@ -308,7 +309,7 @@ func (t *Transport) subjectOf(topic string) *subjectInfo {
 		subject = t.cfg.Subject(topic)
 	}
 	if err := validSubject(subject); err != nil {
-		return &subjectInfo{subject: subject, err: outbox.Permanent(fmt.Errorf("%w: nats: topic %q: %w", outbox.ErrInvalidMessage, topic, err))}
+		return &subjectInfo{subject: subject, err: driver.Permanent(fmt.Errorf("%w: natstransport: topic %q: %w", outbox.ErrInvalidMessage, topic, err))}
 	}
 	return &subjectInfo{subject: subject}
 }
@@ -344,28 +345,28 @@ var permanentCodes = map[jetstream.ErrorCode]bool{
 
 // classify turns one message's failure into the error reported for it: the one
 // place client and server errors are translated.
-func (t *Transport) classify(ctx context.Context, env *outbox.Envelope, si *subjectInfo, err error) error {
+func (t *Transport) classify(ctx context.Context, env *driver.Envelope, si *subjectInfo, err error) error {
 	var apiErr *jetstream.APIError
 	switch {
 	case errors.Is(err, errNoAck):
 		return err
 	case errors.Is(err, nats.ErrMaxPayload):
-		return outbox.Permanent(fmt.Errorf("%w: nats: message to %q exceeds the server's max_payload (%d bytes) once encoded: %w", outbox.ErrTooLarge, si.subject, t.maxPayload, err))
+		return driver.Permanent(fmt.Errorf("%w: natstransport: message to %q exceeds the server's max_payload (%d bytes) once encoded: %w", outbox.ErrTooLarge, si.subject, t.maxPayload, err))
 	case errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum:
-		return outbox.Permanent(fmt.Errorf("%w: nats: the stream for %q refuses the message: %w; raise the stream's max_msg_size or lower Config.MaxMessageSize", outbox.ErrTooLarge, si.subject, err))
+		return driver.Permanent(fmt.Errorf("%w: natstransport: the stream for %q refuses the message: %w; raise the stream's max_msg_size or lower Config.MaxMessageSize", outbox.ErrTooLarge, si.subject, err))
 	case errors.As(err, &apiErr) && permanentCodes[apiErr.ErrorCode]:
-		return outbox.Permanent(fmt.Errorf("nats: publish to %q: %w", si.subject, err))
+		return driver.Permanent(fmt.Errorf("natstransport: publish to %q: %w", si.subject, err))
 	case errors.Is(err, jetstream.ErrNoStreamResponse):
 		// Nothing answered on the subject: either no stream captures it (permanent)
 		// or its stream did not answer in time (a leader election, a restart).
 		if noStream := t.lookupStream(ctx, si); noStream != nil {
 			return noStream
 		}
-		return fmt.Errorf("nats: publish to %q: %w (a stream captures the subject but did not answer)", si.subject, err)
+		return fmt.Errorf("natstransport: publish to %q: %w (a stream captures the subject but did not answer)", si.subject, err)
 	case errors.Is(err, nats.ErrBadSubject), errors.Is(err, nats.ErrBadHeaderMsg):
-		return outbox.Permanent(fmt.Errorf("%w: nats: publish to %q: %w", outbox.ErrInvalidMessage, si.subject, err))
+		return driver.Permanent(fmt.Errorf("%w: natstransport: publish to %q: %w", outbox.ErrInvalidMessage, si.subject, err))
 	}
-	return fmt.Errorf("nats: publish to %q: %w", si.subject, err)
+	return fmt.Errorf("natstransport: publish to %q: %w", si.subject, err)
 }
 
 // lookupStream asks, once per subject per call, whether any stream captures the
@@ -378,7 +379,7 @@ func (t *Transport) lookupStream(ctx context.Context, si *subjectInfo) error {
 	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if _, err := t.js.StreamNameBySubject(lctx, si.subject); errors.Is(err, jetstream.ErrStreamNotFound) {
-		si.noStream = outbox.Permanent(fmt.Errorf("%w: nats: no stream captures subject %q: add it to a stream's subjects (or map the topic elsewhere with Config.Subject): %w", outbox.ErrMisconfigured, si.subject, err))
+		si.noStream = driver.Permanent(fmt.Errorf("%w: natstransport: no stream captures subject %q: add it to a stream's subjects (or map the topic elsewhere with Config.Subject): %w", outbox.ErrMisconfigured, si.subject, err))
 	}
 	return si.noStream
 }

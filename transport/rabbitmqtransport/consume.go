@@ -51,11 +51,11 @@ type ConsumerConfig struct {
 func (c ConsumerConfig) Validate() error {
 	switch {
 	case c.Queue == "":
-		return fmt.Errorf("%w: rabbitmq: ConsumerConfig.Queue is required", outbox.ErrMisconfigured)
+		return fmt.Errorf("%w: rabbitmqtransport: ConsumerConfig.Queue is required", outbox.ErrMisconfigured)
 	case c.Prefetch < 0 || c.Prefetch > 65535:
-		return fmt.Errorf("%w: rabbitmq: ConsumerConfig.Prefetch %d: AMQP takes 0 (the default) to 65535", outbox.ErrMisconfigured, c.Prefetch)
+		return fmt.Errorf("%w: rabbitmqtransport: ConsumerConfig.Prefetch %d: AMQP takes 0 (the default) to 65535", outbox.ErrMisconfigured, c.Prefetch)
 	case c.StopTimeout < 0:
-		return fmt.Errorf("%w: rabbitmq: ConsumerConfig.StopTimeout %v is negative", outbox.ErrMisconfigured, c.StopTimeout)
+		return fmt.Errorf("%w: rabbitmqtransport: ConsumerConfig.StopTimeout %v is negative", outbox.ErrMisconfigured, c.StopTimeout)
 	}
 	return nil
 }
@@ -116,11 +116,11 @@ type Consumer struct {
 func NewConsumer(dial Dialer, in *inbox.Inbox, handle ConsumeHandler, cfg ConsumerConfig) (*Consumer, error) {
 	switch {
 	case dial == nil:
-		return nil, fmt.Errorf("%w: rabbitmq: NewConsumer needs a Dialer", outbox.ErrMisconfigured)
+		return nil, fmt.Errorf("%w: rabbitmqtransport: NewConsumer needs a Dialer", outbox.ErrMisconfigured)
 	case in == nil:
-		return nil, fmt.Errorf("%w: rabbitmq: NewConsumer needs an *inbox.Inbox (inbox.New on the store the handler writes to)", outbox.ErrMisconfigured)
+		return nil, fmt.Errorf("%w: rabbitmqtransport: NewConsumer needs an *inbox.Inbox (inbox.New on the store the handler writes to)", outbox.ErrMisconfigured)
 	case handle == nil:
-		return nil, fmt.Errorf("%w: rabbitmq: NewConsumer needs a ConsumeHandler", outbox.ErrMisconfigured)
+		return nil, fmt.Errorf("%w: rabbitmqtransport: NewConsumer needs a ConsumeHandler", outbox.ErrMisconfigured)
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -156,7 +156,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		if consumed {
 			pause = minPause
 		}
-		c.cfg.Logger.WarnContext(ctx, "rabbitmq: consumer: connection lost; dialing again", "queue", c.cfg.Queue, "error", err, "pause", pause)
+		c.cfg.Logger.WarnContext(ctx, "rabbitmqtransport: consumer: connection lost; dialing again", "queue", c.cfg.Queue, "error", err, "pause", pause)
 		if !sleep(ctx, pause) {
 			return nil
 		}
@@ -174,7 +174,7 @@ func (c *Consumer) session(ctx, work context.Context) (consumed bool, err error)
 	}
 	defer conn.Close()
 	if conn.IsRecoveryEnabled() {
-		return false, fmt.Errorf("%w: rabbitmq: dial returned a connection with amqp.Config.Recovery set: leave Recovery nil, the consumer reconnects by itself", outbox.ErrMisconfigured)
+		return false, fmt.Errorf("%w: rabbitmqtransport: dial returned a connection with amqp.Config.Recovery set: leave Recovery nil, the consumer reconnects by itself", outbox.ErrMisconfigured)
 	}
 	ch, err := conn.Channel()
 	if err != nil {
@@ -212,13 +212,13 @@ func (c *Consumer) deliver(ctx, work context.Context, d amqp.Delivery) bool {
 	log := c.cfg.Logger.With("queue", c.cfg.Queue, "message_id", d.MessageId, "delivery_tag", d.DeliveryTag)
 	dec, err := Decode(d)
 	if err != nil {
-		log.ErrorContext(ctx, "rabbitmq: consumer: rejecting a delivery that cannot be decoded (not requeued; a dead-letter exchange keeps it)", "error", err)
+		log.ErrorContext(ctx, "rabbitmqtransport: consumer: rejecting a delivery that cannot be decoded (not requeued; a dead-letter exchange keeps it)", "error", err)
 		_ = d.Reject(false)
 		return true
 	}
 	msg := &dec.Message
 	if _, err := c.in.Key(msg); err != nil {
-		log.ErrorContext(ctx, "rabbitmq: consumer: rejecting a delivery that has no inbox key (not requeued)", "error", err)
+		log.ErrorContext(ctx, "rabbitmqtransport: consumer: rejecting a delivery that has no inbox key (not requeued)", "error", err)
 		_ = d.Reject(false)
 		return true
 	}
@@ -230,14 +230,14 @@ func (c *Consumer) deliver(ctx, work context.Context, d amqp.Delivery) bool {
 				c.cfg.Processed(&dec, res)
 			}
 			if err := d.Ack(false); err != nil {
-				log.WarnContext(ctx, "rabbitmq: consumer: acknowledgement failed; the delivery comes again and is skipped as a duplicate", "error", err)
+				log.WarnContext(ctx, "rabbitmqtransport: consumer: acknowledgement failed; the delivery comes again and is skipped as a duplicate", "error", err)
 			}
 			return true
 		}
 		if work.Err() != nil {
 			return false
 		}
-		log.WarnContext(ctx, "rabbitmq: consumer: delivery failed; retrying it in place", "error", err, "pause", pause)
+		log.WarnContext(ctx, "rabbitmqtransport: consumer: delivery failed; retrying it in place", "error", err, "pause", pause)
 		if !sleep(ctx, pause) {
 			return false // left unacknowledged: the broker delivers it again
 		}

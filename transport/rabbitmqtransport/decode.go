@@ -59,16 +59,16 @@ func Decode(d amqp.Delivery) (Delivery, error) {
 	}
 	headers, err := decodeHeaders(d.Headers)
 	if err != nil {
-		return out, fmt.Errorf("%w: rabbitmq: delivery %q from exchange %q: %w", outbox.ErrInvalidMessage, d.MessageId, d.Exchange, err)
+		return out, fmt.Errorf("%w: rabbitmqtransport: delivery %q from exchange %q: %w", outbox.ErrInvalidMessage, d.MessageId, d.Exchange, err)
 	}
 	out.Headers = headers
 	raw, ok := out.Header(outbox.HeaderMessageID)
 	if !ok {
-		return out, fmt.Errorf("%w: rabbitmq: delivery %q from exchange %q has no %s header", outbox.ErrInvalidMessage, d.MessageId, d.Exchange, outbox.HeaderMessageID)
+		return out, fmt.Errorf("%w: rabbitmqtransport: delivery %q from exchange %q has no %s header", outbox.ErrInvalidMessage, d.MessageId, d.Exchange, outbox.HeaderMessageID)
 	}
 	id, err := uuid.ParseBytes(raw)
 	if err != nil {
-		return out, fmt.Errorf("%w: rabbitmq: delivery from exchange %q: %s header %q: %w", outbox.ErrInvalidMessage, d.Exchange, outbox.HeaderMessageID, raw, err)
+		return out, fmt.Errorf("%w: rabbitmqtransport: delivery from exchange %q: %s header %q: %w", outbox.ErrInvalidMessage, d.Exchange, outbox.HeaderMessageID, raw, err)
 	}
 	out.ID = id
 	return out, nil

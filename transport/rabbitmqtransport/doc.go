@@ -1,4 +1,4 @@
-// Package rabbitmq is the outbox transport for RabbitMQ (and any AMQP 0-9-1 broker),
+// Package rabbitmqtransport is the outbox transport for RabbitMQ (and any AMQP 0-9-1 broker),
 // built on github.com/rabbitmq/amqp091-go.
 //
 // The caller writes a [Dialer] (URL, credentials, TLS, heartbeat: every connection
@@ -28,7 +28,7 @@
 //     unroutable. A confirm means the broker took responsibility for the message: for
 //     a durable queue, that it was written to disk (classic queues) or to a quorum of
 //     replicas (quorum queues).
-//   - Permanent failures ([outbox.Permanent]; the dispatcher parks the message): a
+//   - Permanent failures ([driver.Permanent]; the relay parks the message): a
 //     message that no queue is bound to receive (basic.return, 312 NO_ROUTE; it also
 //     wraps [outbox.ErrInvalidMessage]), an exchange that does not exist (unless
 //     [Config.MissingExchangeTransient]), write access refused on the exchange, a
@@ -51,8 +51,8 @@
 //     route's exchange is not the topic.
 //   - Reconnection: a Publish or Ping that finds the connection closed dials again.
 //     A Publish that cannot dial returns the dial error (not a PublishError: nothing
-//     was sent), and the dispatcher retries the batch. The transport implements
-//     [outbox.Pinger] with a passive declare of amq.direct, so a relay cut off from
+//     was sent), and the relay retries the batch. The transport implements
+//     [driver.Pinger] with a passive declare of amq.direct, so a relay cut off from
 //     its broker steps aside instead of parking messages.
 //   - Concurrency: each Publish call takes a channel of its own from a pool, so calls
 //     run in parallel over one connection.
@@ -68,7 +68,7 @@
 //     confirms before the next, and RabbitMQ keeps a channel's publishes in order
 //     into a queue. Within one call the broker may confirm a key's later message
 //     after refusing an earlier one, so the transport does not implement
-//     [outbox.KeyOrderKeeper]: the dispatcher puts at most one message of a key in a
+//     [driver.KeyOrderKeeper]: the relay puts at most one message of a key in a
 //     call, and a key's messages go out one confirm round trip apart. Order across
 //     queues (a consistent-hash exchange rebalanced, several consumers on one queue,
 //     a requeue after a consumer's nack) is not kept.
@@ -78,7 +78,7 @@
 //     blocks publishers (a memory or disk alarm, connection.blocked) or the network
 //     drops packets without resetting the connection, a Publish can wait until the
 //     heartbeat notices the dead connection (amqp.Config.Heartbeat, 10 s by default)
-//     despite ctx. Set a heartbeat that suits the dispatcher's LeaseDuration.
+//     despite ctx. Set a heartbeat that suits the relay's LeaseDuration.
 //   - The client's own recovery (amqp.Config.Recovery) must stay off: a connection
 //     with it is refused with [outbox.ErrMisconfigured].
 package rabbitmqtransport

@@ -7,6 +7,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // Header table entries the transport writes beside the message's own headers.
@@ -47,15 +48,15 @@ const (
 
 // encode builds the AMQP message for env, or the permanent failure that keeps it from
 // being sent. frameMax is the connection's negotiated frame size (0: unbounded).
-func (t *Transport) encode(env *outbox.Envelope, exchange, routingKey string, frameMax int) (amqp.Publishing, error) {
+func (t *Transport) encode(env *driver.Envelope, exchange, routingKey string, frameMax int) (amqp.Publishing, error) {
 	if size := env.Size(); size > t.cfg.MaxMessageSize {
-		return amqp.Publishing{}, outbox.Permanent(fmt.Errorf("%w: rabbitmq: message of %d bytes exceeds the transport's limit of %d (Config.MaxMessageSize)", outbox.ErrTooLarge, size, t.cfg.MaxMessageSize))
+		return amqp.Publishing{}, driver.Permanent(fmt.Errorf("%w: rabbitmqtransport: message of %d bytes exceeds the transport's limit of %d (Config.MaxMessageSize)", outbox.ErrTooLarge, size, t.cfg.MaxMessageSize))
 	}
 	if len(exchange) > maxShortString {
-		return amqp.Publishing{}, outbox.Permanent(fmt.Errorf("%w: rabbitmq: exchange name of %d bytes exceeds AMQP's %d: shorten the topic or set Config.Route", outbox.ErrInvalidMessage, len(exchange), maxShortString))
+		return amqp.Publishing{}, driver.Permanent(fmt.Errorf("%w: rabbitmqtransport: exchange name of %d bytes exceeds AMQP's %d: shorten the topic or set Config.Route", outbox.ErrInvalidMessage, len(exchange), maxShortString))
 	}
 	if len(routingKey) > maxShortString {
-		return amqp.Publishing{}, outbox.Permanent(fmt.Errorf("%w: rabbitmq: routing key of %d bytes exceeds AMQP's %d: messages with longer keys need a Config.Route that maps them to a shorter routing key", outbox.ErrInvalidMessage, len(routingKey), maxShortString))
+		return amqp.Publishing{}, driver.Permanent(fmt.Errorf("%w: rabbitmqtransport: routing key of %d bytes exceeds AMQP's %d: messages with longer keys need a Config.Route that maps them to a shorter routing key", outbox.ErrInvalidMessage, len(routingKey), maxShortString))
 	}
 	id := env.ID.String()
 	names := make([]any, 0, len(env.Headers)+2)
@@ -79,10 +80,10 @@ func (t *Transport) encode(env *outbox.Envelope, exchange, routingKey string, fr
 	}
 	for _, h := range env.Headers {
 		if len(h.Key) > maxShortString {
-			return amqp.Publishing{}, outbox.Permanent(fmt.Errorf("%w: rabbitmq: header name of %d bytes exceeds AMQP's %d", outbox.ErrInvalidMessage, len(h.Key), maxShortString))
+			return amqp.Publishing{}, driver.Permanent(fmt.Errorf("%w: rabbitmqtransport: header name of %d bytes exceeds AMQP's %d", outbox.ErrInvalidMessage, len(h.Key), maxShortString))
 		}
 		if reserved(h.Key) {
-			return amqp.Publishing{}, outbox.Permanent(fmt.Errorf("%w: rabbitmq: header %q is written by the transport: rename the application's header", outbox.ErrInvalidMessage, h.Key))
+			return amqp.Publishing{}, driver.Permanent(fmt.Errorf("%w: rabbitmqtransport: header %q is written by the transport: rename the application's header", outbox.ErrInvalidMessage, h.Key))
 		}
 		add(h.Key, h.Value)
 	}
@@ -109,7 +110,7 @@ func (t *Transport) encode(env *outbox.Envelope, exchange, routingKey string, fr
 		size += 1 + len(HeaderTopic) + 1 + 4 + len(env.Topic)
 	}
 	if frame := frameOverhead + headerFixed + fixedProps + 4 + size; frameMax > 0 && frame > frameMax {
-		return amqp.Publishing{}, outbox.Permanent(fmt.Errorf("%w: rabbitmq: the message's key and headers take %d bytes in its content header frame, more than the connection's frame size of %d (the broker's frame_max): AMQP cannot split that frame", outbox.ErrTooLarge, frame, frameMax))
+		return amqp.Publishing{}, driver.Permanent(fmt.Errorf("%w: rabbitmqtransport: the message's key and headers take %d bytes in its content header frame, more than the connection's frame size of %d (the broker's frame_max): AMQP cannot split that frame", outbox.ErrTooLarge, frame, frameMax))
 	}
 	return amqp.Publishing{
 		Headers:      table,

@@ -9,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // FuzzRoundTrip: any message capture accepts is encoded and decoded back byte for
@@ -27,14 +28,14 @@ func FuzzRoundTrip(f *testing.F) {
 			key = nil
 		}
 		msg := outbox.Message{Topic: "t", Key: key, Payload: payload, Headers: []outbox.Header{{Key: n1, Value: v1}, {Key: n2, Value: v2}}}
-		env, err := outbox.NewEnvelope(msg, 8)
+		env, err := driver.NewEnvelope(msg, 8)
 		if err != nil {
 			return // capture refuses it
 		}
 		ex, rk := tr.cfg.Route(env)
 		pub, err := tr.encode(env, ex, rk, 131072)
 		if err != nil {
-			if !outbox.IsPermanent(err) || !errors.Is(err, outbox.ErrInvalidMessage) {
+			if !driver.IsPermanent(err) || !errors.Is(err, outbox.ErrInvalidMessage) {
 				t.Fatalf("a refusal is permanent and wraps ErrInvalidMessage: %v", err)
 			}
 			return

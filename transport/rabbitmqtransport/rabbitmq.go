@@ -12,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // DefaultMaxMessageSize is the default [Config.MaxMessageSize]: 16 MiB, RabbitMQ 4's
@@ -43,13 +44,13 @@ const maxShortString = 255
 type Dialer func(ctx context.Context) (*amqp.Connection, error)
 
 // Route maps an envelope to the exchange and routing key it is published with.
-type Route func(env *outbox.Envelope) (exchange, routingKey string)
+type Route func(env *driver.Envelope) (exchange, routingKey string)
 
 // DefaultRoute publishes to the exchange named by the topic with the message key as
 // the routing key (an empty routing key for a keyless message). With a direct or
 // topic exchange, queues bind by key; with a fanout exchange the key is ignored; with
 // the consistent-hash exchange plugin, a key's messages always reach the same queue.
-func DefaultRoute(env *outbox.Envelope) (exchange, routingKey string) {
+func DefaultRoute(env *driver.Envelope) (exchange, routingKey string) {
 	return env.Topic, string(env.Key)
 }
 
@@ -79,14 +80,14 @@ type Config struct {
 	// confirms. When it passes, every unconfirmed message of the batch is reported
 	// failed, transient, and the channel is abandoned (closed in the background); the
 	// broker may still have routed those messages, so the retry can be a duplicate.
-	// Keep it well under the dispatcher's LeaseDuration. Defaults to 10 s; a negative
+	// Keep it well under the relay's LeaseDuration. Defaults to 10 s; a negative
 	// value waits until ctx ends.
 	ConfirmTimeout time.Duration
 
 	// MissingExchangeTransient reports a publish to an exchange that does not exist
 	// as a transient failure, retried with backoff, for exchanges a deployment
 	// declares after the application starts. Defaults to false: the message fails
-	// permanently and the dispatcher parks it.
+	// permanently and the relay parks it.
 	MissingExchangeTransient bool
 
 	// Logger receives reconnections. Defaults to slog.Default().
@@ -97,7 +98,7 @@ type Config struct {
 // are valid: they take their defaults.
 func (c Config) Validate() error {
 	if c.MaxMessageSize < 0 {
-		return fmt.Errorf("%w: rabbitmq: Config.MaxMessageSize is %d; it must be positive (or 0 for the default of %d)", outbox.ErrMisconfigured, c.MaxMessageSize, DefaultMaxMessageSize)
+		return fmt.Errorf("%w: rabbitmqtransport: Config.MaxMessageSize is %d; it must be positive (or 0 for the default of %d)", outbox.ErrMisconfigured, c.MaxMessageSize, DefaultMaxMessageSize)
 	}
 	return nil
 }
@@ -121,9 +122,9 @@ type Transport struct {
 }
 
 var (
-	_ outbox.Transport   = (*Transport)(nil)
-	_ outbox.SizeLimiter = (*Transport)(nil)
-	_ outbox.Pinger      = (*Transport)(nil)
+	_ driver.Transport   = (*Transport)(nil)
+	_ driver.SizeLimiter = (*Transport)(nil)
+	_ driver.Pinger      = (*Transport)(nil)
 )
 
 // pubChannel is one channel in confirm mode with its listeners.
@@ -150,7 +151,7 @@ const returnBuffer = 256
 // while letting the transport reconnect.
 func New(dial Dialer, cfg Config) (*Transport, error) {
 	if dial == nil {
-		return nil, fmt.Errorf("%w: rabbitmq: dial is nil: pass a func that calls amqp.DialConfig with your URL", outbox.ErrMisconfigured)
+		return nil, fmt.Errorf("%w: rabbitmqtransport: dial is nil: pass a func that calls amqp.DialConfig with your URL", outbox.ErrMisconfigured)
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -171,7 +172,7 @@ func New(dial Dialer, cfg Config) (*Transport, error) {
 	return &Transport{dial: dial, cfg: cfg, log: log}, nil
 }
 
-// MaxMessageSize implements [outbox.SizeLimiter]: [Config.MaxMessageSize], or its
+// MaxMessageSize implements [driver.SizeLimiter]: [Config.MaxMessageSize], or its
 // default.
 func (t *Transport) MaxMessageSize() int { return t.cfg.MaxMessageSize }
 
@@ -207,14 +208,14 @@ func (t *Transport) Close() error {
 	var err error
 	if conn != nil && !conn.IsClosed() {
 		if cerr := conn.CloseDeadline(time.Now().Add(5 * time.Second)); cerr != nil && !errors.Is(cerr, amqp.ErrClosed) {
-			err = fmt.Errorf("rabbitmq: close connection: %w", cerr)
+			err = fmt.Errorf("rabbitmqtransport: close connection: %w", cerr)
 		}
 	}
 	t.wg.Wait()
 	return err
 }
 
-var errClosed = fmt.Errorf("%w: rabbitmq: the transport was closed", outbox.ErrClosed)
+var errClosed = fmt.Errorf("%w: rabbitmqtransport: the transport was closed", outbox.ErrClosed)
 
 // acquire returns a channel in confirm mode for one caller's exclusive use, dialing
 // when the transport has no open connection.
@@ -232,17 +233,17 @@ func (t *Transport) acquire(ctx context.Context) (*pubChannel, error) {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
-			return nil, fmt.Errorf("rabbitmq: dial: %w", err)
+			return nil, fmt.Errorf("rabbitmqtransport: dial: %w", err)
 		}
 		if conn == nil {
-			return nil, fmt.Errorf("%w: rabbitmq: dial returned no connection and no error", outbox.ErrMisconfigured)
+			return nil, fmt.Errorf("%w: rabbitmqtransport: dial returned no connection and no error", outbox.ErrMisconfigured)
 		}
 		if conn.IsRecoveryEnabled() {
 			_ = conn.Close()
-			return nil, fmt.Errorf("%w: rabbitmq: dial returned a connection with amqp.Config.Recovery set: leave Recovery nil, the transport reconnects by itself", outbox.ErrMisconfigured)
+			return nil, fmt.Errorf("%w: rabbitmqtransport: dial returned a connection with amqp.Config.Recovery set: leave Recovery nil, the transport reconnects by itself", outbox.ErrMisconfigured)
 		}
 		if lost {
-			t.log.Info("rabbitmq: reconnected after the connection broke")
+			t.log.Info("rabbitmqtransport: reconnected after the connection broke")
 		}
 		t.conn = conn
 	}
@@ -255,11 +256,11 @@ func (t *Transport) acquire(ctx context.Context) (*pubChannel, error) {
 	}
 	ch, err := t.conn.Channel()
 	if err != nil {
-		return nil, fmt.Errorf("rabbitmq: open channel: %w", err)
+		return nil, fmt.Errorf("rabbitmqtransport: open channel: %w", err)
 	}
 	if err := ch.Confirm(false); err != nil {
 		_ = ch.Close()
-		return nil, fmt.Errorf("rabbitmq: put channel in confirm mode: %w", err)
+		return nil, fmt.Errorf("rabbitmqtransport: put channel in confirm mode: %w", err)
 	}
 	return &pubChannel{
 		conn:    t.conn,
@@ -302,7 +303,7 @@ func (t *Transport) abandon(pc *pubChannel) {
 	}()
 }
 
-// Ping implements [outbox.Pinger]: it dials if the transport has no connection, and
+// Ping implements [driver.Pinger]: it dials if the transport has no connection, and
 // asks the broker for the amq.direct exchange every virtual host has (a passive
 // declare: one round trip, nothing published). It returns nil when the broker
 // answers.
@@ -326,7 +327,7 @@ func (t *Transport) Ping(ctx context.Context) error {
 	select {
 	case err := <-done:
 		if err != nil {
-			return fmt.Errorf("rabbitmq: ping: %w", err)
+			return fmt.Errorf("rabbitmqtransport: ping: %w", err)
 		}
 		t.release(pc)
 		return nil
@@ -347,10 +348,10 @@ type sent struct {
 // Publish publishes every envelope of the batch on one channel in confirm mode, with
 // the mandatory flag, and waits once for the broker's confirms. It returns nil when
 // every message was routed to at least one queue and confirmed, a
-// [*outbox.PublishError] naming the envelopes that were not (each cause marked
-// [outbox.Permanent] when retrying cannot help), ctx's error when ctx ended first, or
+// [*driver.PublishError] naming the envelopes that were not (each cause marked
+// [driver.Permanent] when retrying cannot help), ctx's error when ctx ended first, or
 // another error (the broker could not be reached: nothing was sent).
-func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error {
+func (t *Transport) Publish(ctx context.Context, batch []*driver.Envelope) error {
 	if len(batch) == 0 {
 		return nil
 	}
@@ -382,11 +383,11 @@ func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error
 		return err
 	}
 	failed := false
-	pe := &outbox.PublishError{}
+	pe := &driver.PublishError{}
 	for i, err := range errs {
 		if err != nil {
 			failed = true
-			pe.Failed = append(pe.Failed, outbox.MessageError{ID: batch[i].ID, Err: err})
+			pe.Failed = append(pe.Failed, driver.MessageError{ID: batch[i].ID, Err: err})
 		}
 	}
 	if !failed {
@@ -398,7 +399,7 @@ func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error
 // send publishes the encoded messages (those without an error yet) on pc, waits for
 // their confirms and records each failure in errs. It returns ctx's error alone when
 // ctx ended first.
-func (t *Transport) send(ctx context.Context, pc *pubChannel, batch []*outbox.Envelope, pubs []amqp.Publishing, exchanges, keys []string, errs []error) error {
+func (t *Transport) send(ctx context.Context, pc *pubChannel, batch []*driver.Envelope, pubs []amqp.Publishing, exchanges, keys []string, errs []error) error {
 	out := make([]sent, 0, len(batch))
 	for i := range batch {
 		if errs[i] != nil {
@@ -462,7 +463,7 @@ wait:
 	for _, s := range out {
 		env := batch[s.index]
 		if r, ok := returned[env.ID.String()]; ok {
-			errs[s.index] = outbox.Permanent(fmt.Errorf("%w: rabbitmq: exchange %q routed the message to no queue (routing key %q; %d %s): bind a queue that matches, or change Config.Route", outbox.ErrInvalidMessage, r.Exchange, r.RoutingKey, r.ReplyCode, r.ReplyText))
+			errs[s.index] = driver.Permanent(fmt.Errorf("%w: rabbitmqtransport: exchange %q routed the message to no queue (routing key %q; %d %s): bind a queue that matches, or change Config.Route", outbox.ErrInvalidMessage, r.Exchange, r.RoutingKey, r.ReplyCode, r.ReplyText))
 			continue
 		}
 		if s.dc != nil {
@@ -522,33 +523,33 @@ func (pc *pubChannel) reason() *amqp.Error {
 	return pc.closeErr
 }
 
-var errNacked = errors.New("rabbitmq: the broker refused the message (basic.nack): a queue may be full with x-overflow=reject-publish, or the broker hit an internal error")
+var errNacked = errors.New("rabbitmqtransport: the broker refused the message (basic.nack): a queue may be full with x-overflow=reject-publish, or the broker hit an internal error")
 
 func errNoConfirm(d time.Duration) error {
-	return fmt.Errorf("rabbitmq: no publisher confirm within Config.ConfirmTimeout (%s); the broker may still have the message", d)
+	return fmt.Errorf("rabbitmqtransport: no publisher confirm within Config.ConfirmTimeout (%s); the broker may still have the message", d)
 }
 
 // classify turns a channel or connection failure into the error reported for an
 // unconfirmed envelope: the one place broker errors are translated.
-func (t *Transport) classify(env *outbox.Envelope, exchange string, closed *amqp.Error, publishErr error) error {
+func (t *Transport) classify(env *driver.Envelope, exchange string, closed *amqp.Error, publishErr error) error {
 	if closed == nil {
 		if publishErr == nil {
 			publishErr = amqp.ErrClosed
 		}
-		return fmt.Errorf("rabbitmq: publish to exchange %q: %w", exchange, publishErr)
+		return fmt.Errorf("rabbitmqtransport: publish to exchange %q: %w", exchange, publishErr)
 	}
-	wrapped := fmt.Errorf("rabbitmq: publish to exchange %q: channel closed: %w", exchange, closed)
+	wrapped := fmt.Errorf("rabbitmqtransport: publish to exchange %q: channel closed: %w", exchange, closed)
 	names := strings.Contains(closed.Reason, "exchange '"+exchange+"'")
 	switch {
 	case closed.Code == amqp.NotFound && names:
 		if t.cfg.MissingExchangeTransient {
 			return fmt.Errorf("%w (declare the exchange)", wrapped)
 		}
-		return outbox.Permanent(fmt.Errorf("%w: declare exchange %q before publishing, or change Config.Route (Config.MissingExchangeTransient retries instead)", wrapped, exchange))
+		return driver.Permanent(fmt.Errorf("%w: declare exchange %q before publishing, or change Config.Route (Config.MissingExchangeTransient retries instead)", wrapped, exchange))
 	case closed.Code == amqp.AccessRefused && names:
-		return outbox.Permanent(fmt.Errorf("%w: grant the user write permission on exchange %q", wrapped, exchange))
+		return driver.Permanent(fmt.Errorf("%w: grant the user write permission on exchange %q", wrapped, exchange))
 	case closed.Code == amqp.PreconditionFailed && strings.Contains(closed.Reason, fmt.Sprintf("message size %d is larger", len(env.Payload))):
-		return outbox.Permanent(fmt.Errorf("%w: %w: lower Config.MaxMessageSize to the broker's max_message_size", outbox.ErrTooLarge, wrapped))
+		return driver.Permanent(fmt.Errorf("%w: %w: lower Config.MaxMessageSize to the broker's max_message_size", outbox.ErrTooLarge, wrapped))
 	}
 	return wrapped
 }

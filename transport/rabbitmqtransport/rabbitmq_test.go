@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 func newTestTransport(t *testing.T, cfg Config) *Transport {
@@ -35,7 +36,7 @@ func TestDefaults(t *testing.T) {
 	tr := newTestTransport(t, Config{})
 	require.Equal(t, DefaultMaxMessageSize, tr.MaxMessageSize())
 	require.Equal(t, DefaultConfirmTimeout, tr.cfg.ConfirmTimeout)
-	ex, rk := tr.cfg.Route(&outbox.Envelope{Message: outbox.Message{Topic: "orders", Key: []byte("k1")}})
+	ex, rk := tr.cfg.Route(&driver.Envelope{Message: outbox.Message{Topic: "orders", Key: []byte("k1")}})
 	require.Equal(t, "orders", ex)
 	require.Equal(t, "k1", rk)
 }
@@ -44,16 +45,16 @@ func TestDefaults(t *testing.T) {
 // was sent.
 func TestPublishWithoutBrokerReportsDialError(t *testing.T) {
 	tr := newTestTransport(t, Config{})
-	env, err := outbox.NewEnvelope(outbox.Message{Topic: "t", Payload: []byte("p")}, 8)
+	env, err := driver.NewEnvelope(outbox.Message{Topic: "t", Payload: []byte("p")}, 8)
 	require.NoError(t, err)
-	err = tr.Publish(context.Background(), []*outbox.Envelope{env})
-	var pe *outbox.PublishError
+	err = tr.Publish(context.Background(), []*driver.Envelope{env})
+	var pe *driver.PublishError
 	require.False(t, errors.As(err, &pe), "a dial failure is not a per-message failure: %v", err)
-	require.ErrorContains(t, err, "rabbitmq: dial: no broker in unit tests")
+	require.ErrorContains(t, err, "rabbitmqtransport: dial: no broker in unit tests")
 	require.Error(t, tr.Ping(context.Background()))
 	require.NoError(t, tr.Close())
 	require.NoError(t, tr.Close(), "closing twice is a no-op")
-	require.ErrorIs(t, tr.Publish(context.Background(), []*outbox.Envelope{env}), outbox.ErrClosed)
+	require.ErrorIs(t, tr.Publish(context.Background(), []*driver.Envelope{env}), outbox.ErrClosed)
 }
 
 // delivery turns what encode built into the delivery a consumer would receive.
@@ -80,7 +81,7 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 		{Topic: "t", Key: []byte("tomb"), Payload: nil},
 	}
 	for _, m := range msgs {
-		env, err := outbox.NewEnvelope(m, 8)
+		env, err := driver.NewEnvelope(m, 8)
 		require.NoError(t, err)
 		ex, rk := tr.cfg.Route(env)
 		pub, err := tr.encode(env, ex, rk, 131072)
@@ -124,7 +125,7 @@ func TestEncodeRefusals(t *testing.T) {
 	big := newTestTransport(t, Config{})
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			env, err := outbox.NewEnvelope(tc.msg, 8)
+			env, err := driver.NewEnvelope(tc.msg, 8)
 			require.NoError(t, err)
 			tr := tr
 			if tc.name != "too large" {
@@ -133,12 +134,12 @@ func TestEncodeRefusals(t *testing.T) {
 			ex, rk := tr.cfg.Route(env)
 			_, err = tr.encode(env, ex, rk, 131072)
 			require.ErrorIs(t, err, tc.want)
-			require.True(t, outbox.IsPermanent(err))
+			require.True(t, driver.IsPermanent(err))
 			require.ErrorContains(t, err, tc.text)
 		})
 	}
 	// Headers that do not fit the connection's frame.
-	env, err := outbox.NewEnvelope(outbox.Message{Topic: "t", Headers: []outbox.Header{{Key: "h", Value: make([]byte, 5000)}}}, 8)
+	env, err := driver.NewEnvelope(outbox.Message{Topic: "t", Headers: []outbox.Header{{Key: "h", Value: make([]byte, 5000)}}}, 8)
 	require.NoError(t, err)
 	_, err = big.encode(env, "t", "", 4096)
 	require.ErrorIs(t, err, outbox.ErrTooLarge)

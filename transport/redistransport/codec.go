@@ -95,7 +95,7 @@ func Decode(stream string, entry redis.XMessage) (Delivery, error) {
 		}
 		s, ok := v.(string)
 		if !ok {
-			return "", true, fmt.Errorf("%w: redis: entry %s of %q: field %s is a %T, not a string", outbox.ErrInvalidMessage, entry.ID, stream, name, v)
+			return "", true, fmt.Errorf("%w: redistransport: entry %s of %q: field %s is a %T, not a string", outbox.ErrInvalidMessage, entry.ID, stream, name, v)
 		}
 		return s, true, nil
 	}
@@ -119,7 +119,7 @@ func Decode(stream string, entry redis.XMessage) (Delivery, error) {
 	} else if ok {
 		hs, err := unpackHeaders(v)
 		if err != nil {
-			return d, fmt.Errorf("%w: redis: entry %s of %q: field %s: %w", outbox.ErrInvalidMessage, entry.ID, stream, FieldHeaders, err)
+			return d, fmt.Errorf("%w: redistransport: entry %s of %q: field %s: %w", outbox.ErrInvalidMessage, entry.ID, stream, FieldHeaders, err)
 		}
 		d.Headers = hs
 	}
@@ -133,12 +133,12 @@ func Decode(stream string, entry redis.XMessage) (Delivery, error) {
 		return d, err
 	}
 	if !ok {
-		return d, fmt.Errorf("%w: redis: entry %s of %q has no %s field: it did not come through the outbox", outbox.ErrInvalidMessage, entry.ID, stream, FieldMessageID)
+		return d, fmt.Errorf("%w: redistransport: entry %s of %q has no %s field: it did not come through the outbox", outbox.ErrInvalidMessage, entry.ID, stream, FieldMessageID)
 	}
 	d.Headers = append(d.Headers, outbox.Header{Key: outbox.HeaderMessageID, Value: []byte(raw)})
 	id, err := uuid.Parse(raw)
 	if err != nil {
-		return d, fmt.Errorf("%w: redis: entry %s of %q: %s field %q: %w", outbox.ErrInvalidMessage, entry.ID, stream, FieldMessageID, raw, err)
+		return d, fmt.Errorf("%w: redistransport: entry %s of %q: %s field %q: %w", outbox.ErrInvalidMessage, entry.ID, stream, FieldMessageID, raw, err)
 	}
 	d.ID = id
 	return d, nil

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // entry turns XADD arguments into the entry a reader gets back: go-redis returns
@@ -35,9 +36,9 @@ func entry(t testing.TB, args *redis.XAddArgs) redis.XMessage {
 	return m
 }
 
-func roundTrip(t testing.TB, tr *Transport, m outbox.Message) (*outbox.Envelope, Delivery) {
+func roundTrip(t testing.TB, tr *Transport, m outbox.Message) (*driver.Envelope, Delivery) {
 	t.Helper()
-	env, err := outbox.NewEnvelope(m, outbox.DefaultBucketCount)
+	env, err := driver.NewEnvelope(m, driver.DefaultBucketCount)
 	require.NoError(t, err)
 	args, err := tr.encode(env)
 	require.NoError(t, err)
@@ -106,7 +107,7 @@ func TestCodecRoundTrip(t *testing.T) {
 }
 
 func TestEncodeOptions(t *testing.T) {
-	env, err := outbox.NewEnvelope(outbox.Message{Topic: "order-placed", Payload: []byte("p")}, 1)
+	env, err := driver.NewEnvelope(outbox.Message{Topic: "order-placed", Payload: []byte("p")}, 1)
 	require.NoError(t, err)
 
 	args, err := testTransport(t, Config{MaxLen: 1000}).encode(env)
@@ -125,23 +126,23 @@ func TestEncodeOptions(t *testing.T) {
 	assert.Equal(t, "order-placed", d.Topic, "the topic travels when the stream key differs")
 
 	_, err = testTransport(t, Config{Stream: func(string) string { return "" }}).encode(env)
-	assert.True(t, outbox.IsPermanent(err))
+	assert.True(t, driver.IsPermanent(err))
 	assert.ErrorIs(t, err, outbox.ErrInvalidMessage)
 
-	big, err := outbox.NewEnvelope(outbox.Message{Topic: "t", Payload: make([]byte, 200)}, 1)
+	big, err := driver.NewEnvelope(outbox.Message{Topic: "t", Payload: make([]byte, 200)}, 1)
 	require.NoError(t, err)
 	_, err = testTransport(t, Config{MaxMessageSize: 100}).encode(big)
-	assert.True(t, outbox.IsPermanent(err))
+	assert.True(t, driver.IsPermanent(err))
 	assert.ErrorIs(t, err, outbox.ErrTooLarge)
 }
 
 func TestHoldBackTails(t *testing.T) {
-	mk := func(key []byte) *outbox.Envelope {
-		env, err := outbox.NewEnvelope(outbox.Message{Topic: "t", Key: key, Payload: []byte("p")}, 1)
+	mk := func(key []byte) *driver.Envelope {
+		env, err := driver.NewEnvelope(outbox.Message{Topic: "t", Key: key, Payload: []byte("p")}, 1)
 		require.NoError(t, err)
 		return env
 	}
-	batch := []*outbox.Envelope{mk([]byte("a")), mk(nil), mk([]byte("a")), mk(nil), mk([]byte("b"))}
+	batch := []*driver.Envelope{mk([]byte("a")), mk(nil), mk([]byte("a")), mk(nil), mk([]byte("b"))}
 	errs := []error{errors.New("lost"), errors.New("lost"), nil, nil, nil}
 	holdBackTails(batch, errs)
 	assert.ErrorIs(t, errs[2], errHeldBack)

@@ -58,15 +58,15 @@ type ConsumerConfig struct {
 func (c ConsumerConfig) Validate() error {
 	switch {
 	case c.Stream == "":
-		return fmt.Errorf("%w: redis: ConsumerConfig.Stream is required", outbox.ErrMisconfigured)
+		return fmt.Errorf("%w: redistransport: ConsumerConfig.Stream is required", outbox.ErrMisconfigured)
 	case c.Group == "":
-		return fmt.Errorf("%w: redis: ConsumerConfig.Group is required", outbox.ErrMisconfigured)
+		return fmt.Errorf("%w: redistransport: ConsumerConfig.Group is required", outbox.ErrMisconfigured)
 	case c.Name == "":
-		return fmt.Errorf("%w: redis: ConsumerConfig.Name is required (a stable name per consumer process)", outbox.ErrMisconfigured)
+		return fmt.Errorf("%w: redistransport: ConsumerConfig.Name is required (a stable name per consumer process)", outbox.ErrMisconfigured)
 	case c.ReadCount < 0:
-		return fmt.Errorf("%w: redis: ConsumerConfig.ReadCount %d is negative", outbox.ErrMisconfigured, c.ReadCount)
+		return fmt.Errorf("%w: redistransport: ConsumerConfig.ReadCount %d is negative", outbox.ErrMisconfigured, c.ReadCount)
 	case c.StopTimeout < 0:
-		return fmt.Errorf("%w: redis: ConsumerConfig.StopTimeout %v is negative", outbox.ErrMisconfigured, c.StopTimeout)
+		return fmt.Errorf("%w: redistransport: ConsumerConfig.StopTimeout %v is negative", outbox.ErrMisconfigured, c.StopTimeout)
 	}
 	return nil
 }
@@ -129,11 +129,11 @@ type Consumer struct {
 func NewConsumer(client redis.UniversalClient, in *inbox.Inbox, handle ConsumeHandler, cfg ConsumerConfig) (*Consumer, error) {
 	switch {
 	case client == nil:
-		return nil, fmt.Errorf("%w: redis: NewConsumer needs a client (redis.NewClient)", outbox.ErrMisconfigured)
+		return nil, fmt.Errorf("%w: redistransport: NewConsumer needs a client (redis.NewClient)", outbox.ErrMisconfigured)
 	case in == nil:
-		return nil, fmt.Errorf("%w: redis: NewConsumer needs an *inbox.Inbox (inbox.New on the store the handler writes to)", outbox.ErrMisconfigured)
+		return nil, fmt.Errorf("%w: redistransport: NewConsumer needs an *inbox.Inbox (inbox.New on the store the handler writes to)", outbox.ErrMisconfigured)
 	case handle == nil:
-		return nil, fmt.Errorf("%w: redis: NewConsumer needs a ConsumeHandler", outbox.ErrMisconfigured)
+		return nil, fmt.Errorf("%w: redistransport: NewConsumer needs a ConsumeHandler", outbox.ErrMisconfigured)
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -179,9 +179,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 			pause = minPause
 			continue
 		case err != nil && strings.HasPrefix(err.Error(), "NOGROUP"):
-			return fmt.Errorf("%w: redis: consumer: stream %q has no group %q: create it (XGROUP CREATE %s %s $ MKSTREAM): %w", outbox.ErrMisconfigured, c.cfg.Stream, c.cfg.Group, c.cfg.Stream, c.cfg.Group, err)
+			return fmt.Errorf("%w: redistransport: consumer: stream %q has no group %q: create it (XGROUP CREATE %s %s $ MKSTREAM): %w", outbox.ErrMisconfigured, c.cfg.Stream, c.cfg.Group, c.cfg.Stream, c.cfg.Group, err)
 		case err != nil:
-			c.cfg.Logger.WarnContext(ctx, "redis: consumer: read failed; retrying", "stream", c.cfg.Stream, "error", err, "pause", pause)
+			c.cfg.Logger.WarnContext(ctx, "redistransport: consumer: read failed; retrying", "stream", c.cfg.Stream, "error", err, "pause", pause)
 			if !sleep(ctx, pause) {
 				return nil
 			}
@@ -216,14 +216,14 @@ func (c *Consumer) deliver(ctx, work context.Context, stream string, entry redis
 	}
 	dec, err := Decode(stream, entry)
 	if err != nil {
-		log.ErrorContext(ctx, "redis: consumer: dropping an entry that cannot be decoded (acknowledged unprocessed)", "error", err)
+		log.ErrorContext(ctx, "redistransport: consumer: dropping an entry that cannot be decoded (acknowledged unprocessed)", "error", err)
 		c.ack(ctx, work, log, stream, entry.ID)
 		return true
 	}
 	log = log.With("message_id", dec.ID)
 	m := &dec.Message
 	if _, err := c.in.Key(m); err != nil {
-		log.ErrorContext(ctx, "redis: consumer: dropping an entry that has no inbox key (acknowledged unprocessed)", "error", err)
+		log.ErrorContext(ctx, "redistransport: consumer: dropping an entry that has no inbox key (acknowledged unprocessed)", "error", err)
 		c.ack(ctx, work, log, stream, entry.ID)
 		return true
 	}
@@ -240,7 +240,7 @@ func (c *Consumer) deliver(ctx, work context.Context, stream string, entry redis
 		if work.Err() != nil {
 			return false
 		}
-		log.WarnContext(ctx, "redis: consumer: entry failed; retrying it in place", "error", err, "pause", pause)
+		log.WarnContext(ctx, "redistransport: consumer: entry failed; retrying it in place", "error", err, "pause", pause)
 		if !sleep(ctx, pause) {
 			return false // left pending under this name
 		}
@@ -252,7 +252,7 @@ func (c *Consumer) ack(ctx, work context.Context, log *slog.Logger, stream, id s
 	actx, cancel := context.WithTimeout(work, 5*time.Second)
 	defer cancel()
 	if err := c.client.XAck(actx, stream, c.cfg.Group, id).Err(); err != nil {
-		log.WarnContext(ctx, "redis: consumer: XACK failed; the entry stays pending and is skipped as a duplicate when processed again", "error", err)
+		log.WarnContext(ctx, "redistransport: consumer: XACK failed; the entry stays pending and is skipped as a duplicate when processed again", "error", err)
 	}
 }
 

@@ -27,7 +27,7 @@
 //   - [Transport.Publish] sends the whole batch as one pipeline — one XADD per
 //     message, with MAXLEN ~ [Config.MaxLen] when set, and a final WAIT when
 //     [Config.WaitReplicas] is set — in one round trip, and reports per message what
-//     Redis acknowledged. Permanent failures ([outbox.Permanent]): a key holding
+//     Redis acknowledged. Permanent failures ([driver.Permanent]): a key holding
 //     another type than a stream (WRONGTYPE), an ACL that denies the append (NOPERM),
 //     a topic that maps to an empty key, a message over [Config.MaxMessageSize] (also
 //     wrapping [outbox.ErrTooLarge]). Everything else — a dropped connection, a
@@ -36,11 +36,11 @@
 //   - Per-key order: Redis executes one connection's pipeline in order, so within a
 //     batch a key's entries land in publish order, and what executed before a
 //     dropped connection is a prefix of the batch. After a key's first failure the
-//     transport reports the key's later entries failed too ([outbox.KeyOrderKeeper]),
-//     so the dispatcher retries them after the failed one. A key's first deliveries
+//     transport reports the key's later entries failed too ([driver.KeyOrderKeeper]),
+//     so the relay retries them after the failed one. A key's first deliveries
 //     therefore keep their commit order, as long as one stream holds the topic (a
 //     cluster client sends each stream's entries to the stream's node).
-//   - [Transport.Ping] ([outbox.Pinger]) sends PING.
+//   - [Transport.Ping] ([driver.Pinger]) sends PING.
 //
 // # Limitations
 //
@@ -55,7 +55,7 @@
 //     not be the one promoted, and WAIT does not make Redis strongly consistent).
 //   - Delivery is at least once, and Redis has no duplicate window: a batch whose
 //     replies were lost (a dropped connection, a timeout, too few replicas) is
-//     appended again by the dispatcher's retry. Consumers deduplicate on the message
+//     appended again by the relay's retry. Consumers deduplicate on the message
 //     id.
 //   - [Config.MaxLen] trims the oldest entries whether or not consumers have read
 //     them.

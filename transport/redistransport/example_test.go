@@ -7,6 +7,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/transport/redistransport"
 )
 
@@ -22,11 +23,11 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	env, err := outbox.NewEnvelope(outbox.Message{Topic: "order-placed", Key: []byte("order-7"), Payload: []byte(`{"id":"order-7"}`)}, outbox.DefaultBucketCount)
+	env, err := driver.NewEnvelope(outbox.Message{Topic: "order-placed", Key: []byte("order-7"), Payload: []byte(`{"id":"order-7"}`)}, driver.DefaultBucketCount)
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := transport.Publish(context.Background(), []*outbox.Envelope{env}); err != nil {
+	if err := transport.Publish(context.Background(), []*driver.Envelope{env}); err != nil {
 		log.Fatal(err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // Entry fields the transport writes. See the package documentation for when each is
@@ -71,7 +72,7 @@ type Config struct {
 	// WaitTimeout in the same round trip, and reports the batch's entries failed
 	// (transient) unless that many replicas acknowledged them: an entry the primary
 	// acknowledged but no replica has is lost if the primary fails over. The entries
-	// stay in the primary's streams, so the dispatcher's retry appends them again (a
+	// stay in the primary's streams, so the relay's retry appends them again (a
 	// duplicate). WAIT makes loss on failover unlikely, not impossible (see the
 	// package documentation). Defaults to 0: no WAIT; an acknowledged entry may be
 	// lost on a restart or failover. Refused with a *redis.ClusterClient, where WAIT
@@ -89,13 +90,13 @@ type Config struct {
 func (c Config) Validate() error {
 	switch {
 	case c.MaxMessageSize < 0 || c.MaxMessageSize > maxBulk:
-		return fmt.Errorf("%w: redis: Config.MaxMessageSize is %d; it must be between 1 and %d (or 0 for the default)", outbox.ErrMisconfigured, c.MaxMessageSize, maxBulk)
+		return fmt.Errorf("%w: redistransport: Config.MaxMessageSize is %d; it must be between 1 and %d (or 0 for the default)", outbox.ErrMisconfigured, c.MaxMessageSize, maxBulk)
 	case c.MaxLen < 0:
-		return fmt.Errorf("%w: redis: Config.MaxLen is %d; it must be positive (or 0 for no trimming)", outbox.ErrMisconfigured, c.MaxLen)
+		return fmt.Errorf("%w: redistransport: Config.MaxLen is %d; it must be positive (or 0 for no trimming)", outbox.ErrMisconfigured, c.MaxLen)
 	case c.WaitReplicas < 0:
-		return fmt.Errorf("%w: redis: Config.WaitReplicas is %d; it must be positive (or 0 for no WAIT)", outbox.ErrMisconfigured, c.WaitReplicas)
+		return fmt.Errorf("%w: redistransport: Config.WaitReplicas is %d; it must be positive (or 0 for no WAIT)", outbox.ErrMisconfigured, c.WaitReplicas)
 	case c.WaitTimeout < 0:
-		return fmt.Errorf("%w: redis: Config.WaitTimeout is %s; it must be positive (or 0 for the default)", outbox.ErrMisconfigured, c.WaitTimeout)
+		return fmt.Errorf("%w: redistransport: Config.WaitTimeout is %s; it must be positive (or 0 for the default)", outbox.ErrMisconfigured, c.WaitTimeout)
 	}
 	return nil
 }
@@ -107,10 +108,10 @@ type Transport struct {
 }
 
 var (
-	_ outbox.Transport      = (*Transport)(nil)
-	_ outbox.SizeLimiter    = (*Transport)(nil)
-	_ outbox.KeyOrderKeeper = (*Transport)(nil)
-	_ outbox.Pinger         = (*Transport)(nil)
+	_ driver.Transport      = (*Transport)(nil)
+	_ driver.SizeLimiter    = (*Transport)(nil)
+	_ driver.KeyOrderKeeper = (*Transport)(nil)
+	_ driver.Pinger         = (*Transport)(nil)
 )
 
 // New returns a transport that appends through client (a *redis.Client, a failover
@@ -121,13 +122,13 @@ var (
 // is invalid ([Config.Validate], and WaitReplicas with a cluster client).
 func New(client redis.UniversalClient, cfg Config) (*Transport, error) {
 	if client == nil {
-		return nil, fmt.Errorf("%w: redis: client is nil: pass a client from redis.NewClient", outbox.ErrMisconfigured)
+		return nil, fmt.Errorf("%w: redistransport: client is nil: pass a client from redis.NewClient", outbox.ErrMisconfigured)
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if _, cluster := client.(*redis.ClusterClient); cluster && cfg.WaitReplicas > 0 {
-		return nil, fmt.Errorf("%w: redis: Config.WaitReplicas needs a client of one primary (redis.NewClient or redis.NewFailoverClient): on a cluster client WAIT reaches a single node", outbox.ErrMisconfigured)
+		return nil, fmt.Errorf("%w: redistransport: Config.WaitReplicas needs a client of one primary (redis.NewClient or redis.NewFailoverClient): on a cluster client WAIT reaches a single node", outbox.ErrMisconfigured)
 	}
 	if cfg.MaxMessageSize == 0 {
 		cfg.MaxMessageSize = DefaultMaxMessageSize
@@ -138,13 +139,13 @@ func New(client redis.UniversalClient, cfg Config) (*Transport, error) {
 	return &Transport{client: client, cfg: cfg}, nil
 }
 
-// KeepsKeyOrder implements [outbox.KeyOrderKeeper]: a batch is one pipeline on one
+// KeepsKeyOrder implements [driver.KeyOrderKeeper]: a batch is one pipeline on one
 // connection, which Redis executes in order, and after a key's first failure the
-// transport reports the key's later entries failed too, so the dispatcher sends a
+// transport reports the key's later entries failed too, so the relay sends a
 // key's messages together.
 func (t *Transport) KeepsKeyOrder() bool { return true }
 
-// MaxMessageSize implements [outbox.SizeLimiter]: [Config.MaxMessageSize], or its
+// MaxMessageSize implements [driver.SizeLimiter]: [Config.MaxMessageSize], or its
 // default.
 func (t *Transport) MaxMessageSize() int { return t.cfg.MaxMessageSize }
 
@@ -171,20 +172,20 @@ func (t *Transport) As(target any) bool {
 	return false
 }
 
-// Ping implements [outbox.Pinger] with Redis's PING.
+// Ping implements [driver.Pinger] with Redis's PING.
 func (t *Transport) Ping(ctx context.Context) error {
 	if err := t.client.Ping(ctx).Err(); err != nil {
-		return fmt.Errorf("redis: ping: %w", err)
+		return fmt.Errorf("redistransport: ping: %w", err)
 	}
 	return nil
 }
 
 // Publish appends every envelope of the batch with one pipelined XADD each (and a
 // WAIT, with [Config.WaitReplicas]), in one round trip. It returns nil when Redis
-// acknowledged every entry, a [*outbox.PublishError] naming the envelopes it did not
-// (each cause marked [outbox.Permanent] when retrying cannot help), or ctx's error
+// acknowledged every entry, a [*driver.PublishError] naming the envelopes it did not
+// (each cause marked [driver.Permanent] when retrying cannot help), or ctx's error
 // when ctx ended first (then nothing may be assumed sent).
-func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error {
+func (t *Transport) Publish(ctx context.Context, batch []*driver.Envelope) error {
 	if len(batch) == 0 {
 		return nil
 	}
@@ -218,9 +219,9 @@ func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error
 	if wait != nil {
 		switch n, err := wait.Int64(); {
 		case err != nil:
-			replicated = fmt.Errorf("redis: WAIT %d: %w (the entries may be on the primary only; the retry may duplicate them)", t.cfg.WaitReplicas, err)
+			replicated = fmt.Errorf("redistransport: WAIT %d: %w (the entries may be on the primary only; the retry may duplicate them)", t.cfg.WaitReplicas, err)
 		case n < int64(t.cfg.WaitReplicas):
-			replicated = fmt.Errorf("redis: only %d of %d replicas acknowledged within %s (Config.WaitReplicas); the entries are on the primary and the retry duplicates them", n, t.cfg.WaitReplicas, t.cfg.WaitTimeout)
+			replicated = fmt.Errorf("redistransport: only %d of %d replicas acknowledged within %s (Config.WaitReplicas); the entries are on the primary and the retry duplicates them", n, t.cfg.WaitReplicas, t.cfg.WaitTimeout)
 		}
 	}
 	for i, cmd := range cmds {
@@ -238,10 +239,10 @@ func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error
 		return nil
 	}
 	holdBackTails(batch, errs)
-	pe := &outbox.PublishError{}
+	pe := &driver.PublishError{}
 	for i, err := range errs {
 		if err != nil {
-			pe.Failed = append(pe.Failed, outbox.MessageError{ID: batch[i].ID, Err: err})
+			pe.Failed = append(pe.Failed, driver.MessageError{ID: batch[i].ID, Err: err})
 		}
 	}
 	return pe
@@ -249,12 +250,12 @@ func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error
 
 // errHeldBack is reported for an entry of a key whose earlier entry in the batch
 // failed.
-var errHeldBack = errors.New("redis: reported failed: an earlier message of its key in the batch failed")
+var errHeldBack = errors.New("redistransport: reported failed: an earlier message of its key in the batch failed")
 
 // holdBackTails reports every entry after a key's first failure as failed too, so the
-// dispatcher never completes a key's later message while retrying (or parking) an
+// relay never completes a key's later message while retrying (or parking) an
 // earlier one.
-func holdBackTails(batch []*outbox.Envelope, errs []error) {
+func holdBackTails(batch []*driver.Envelope, errs []error) {
 	var failedKeys map[string]bool
 	for i, env := range batch {
 		if env.Key == nil {
@@ -281,13 +282,13 @@ func (t *Transport) streamOf(topic string) string {
 }
 
 // encode builds env's XADD, refusing what Redis must never be sent.
-func (t *Transport) encode(env *outbox.Envelope) (*redis.XAddArgs, error) {
+func (t *Transport) encode(env *driver.Envelope) (*redis.XAddArgs, error) {
 	stream := t.streamOf(env.Topic)
 	if stream == "" {
-		return nil, outbox.Permanent(fmt.Errorf("%w: redis: topic %q maps to an empty stream key (check Config.Stream)", outbox.ErrInvalidMessage, env.Topic))
+		return nil, driver.Permanent(fmt.Errorf("%w: redistransport: topic %q maps to an empty stream key (check Config.Stream)", outbox.ErrInvalidMessage, env.Topic))
 	}
 	if size := env.Size(); size > t.cfg.MaxMessageSize {
-		return nil, outbox.Permanent(fmt.Errorf("%w: redis: message of %d bytes exceeds the transport's limit of %d (Config.MaxMessageSize)", outbox.ErrTooLarge, size, t.cfg.MaxMessageSize))
+		return nil, driver.Permanent(fmt.Errorf("%w: redistransport: message of %d bytes exceeds the transport's limit of %d (Config.MaxMessageSize)", outbox.ErrTooLarge, size, t.cfg.MaxMessageSize))
 	}
 	id := env.ID.String()
 	values := make([]any, 0, 12)
@@ -318,9 +319,9 @@ func (t *Transport) encode(env *outbox.Envelope) (*redis.XAddArgs, error) {
 
 // classify turns one entry's failure into the error reported for it: the one place
 // Redis and client errors are translated.
-func (t *Transport) classify(env *outbox.Envelope, err error) error {
+func (t *Transport) classify(env *driver.Envelope, err error) error {
 	stream := t.streamOf(env.Topic)
-	wrapped := fmt.Errorf("redis: XADD %q: %w", stream, err)
+	wrapped := fmt.Errorf("redistransport: XADD %q: %w", stream, err)
 	var rerr redis.Error
 	if !errors.As(err, &rerr) {
 		return wrapped // the network, a timeout, a closed client: transient
@@ -328,11 +329,11 @@ func (t *Transport) classify(env *outbox.Envelope, err error) error {
 	msg := rerr.Error()
 	switch {
 	case strings.HasPrefix(msg, "WRONGTYPE"):
-		return outbox.Permanent(fmt.Errorf("%w: redis: key %q holds another type than a stream: map the topic to another key with Config.Stream, or delete the key: %w", outbox.ErrMisconfigured, stream, err))
+		return driver.Permanent(fmt.Errorf("%w: redistransport: key %q holds another type than a stream: map the topic to another key with Config.Stream, or delete the key: %w", outbox.ErrMisconfigured, stream, err))
 	case strings.HasPrefix(msg, "NOPERM"):
-		return outbox.Permanent(fmt.Errorf("%w: redis: the user may not XADD to %q: grant +xadd on the key (ACL SETUSER ... ~%s +xadd): %w", outbox.ErrMisconfigured, stream, stream, err))
+		return driver.Permanent(fmt.Errorf("%w: redistransport: the user may not XADD to %q: grant +xadd on the key (ACL SETUSER ... ~%s +xadd): %w", outbox.ErrMisconfigured, stream, stream, err))
 	case strings.Contains(msg, "max-bulk-len") || strings.Contains(msg, "too big"):
-		return outbox.Permanent(fmt.Errorf("%w: %w", outbox.ErrTooLarge, wrapped))
+		return driver.Permanent(fmt.Errorf("%w: %w", outbox.ErrTooLarge, wrapped))
 	}
 	// OOM, READONLY (a failover), LOADING, BUSY, CLUSTERDOWN, TRYAGAIN, MASTERDOWN,
 	// NOAUTH and every other answer: transient.

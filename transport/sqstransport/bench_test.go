@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	emulator "github.com/outboxkit/outbox/internal/sqsemulator"
 	"github.com/outboxkit/outbox/transport/sqstransport"
 )
@@ -21,7 +22,7 @@ import (
 // rawPublish is what a hand-written relay would do with the SDK: the same
 // SendMessageBatch requests of ten, byte for byte the same bodies and attributes,
 // the same number of requests in flight, no outbox bookkeeping.
-func rawPublish(ctx context.Context, client *sqs.Client, url string, batch []*outbox.Envelope, concurrency int) error {
+func rawPublish(ctx context.Context, client *sqs.Client, url string, batch []*driver.Envelope, concurrency int) error {
 	var (
 		wg       sync.WaitGroup
 		sem      = make(chan struct{}, concurrency)
@@ -88,9 +89,9 @@ func BenchmarkPublish(b *testing.B) {
 	fresh()
 
 	const batchSize = 100
-	batch := make([]*outbox.Envelope, batchSize)
+	batch := make([]*driver.Envelope, batchSize)
 	for i := range batch {
-		env, err := outbox.NewEnvelope(outbox.Message{
+		env, err := driver.NewEnvelope(outbox.Message{
 			Topic:   "bench",
 			Key:     []byte(strconv.Itoa(i % 16)),
 			Payload: randomBytes(1024),

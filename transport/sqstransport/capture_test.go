@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/memstore"
 	"github.com/outboxkit/outbox/transport/sqstransport"
@@ -46,7 +47,7 @@ func TestMessageAtTheLimitIsPublishedOneByteOverIsRefused(t *testing.T) {
 		last := &shapes[len(shapes)-1]
 		last.Payload = bytes.Repeat([]byte{0x01}, limit-last.Size())
 
-		var atLimit, over []*outbox.Envelope
+		var atLimit, over []*driver.Envelope
 		for _, m := range shapes {
 			require.Equal(t, limit, m.Size())
 			atLimit = append(atLimit, envelope(t, m.Topic, m.Key, m.Payload, m.Headers...))
@@ -64,11 +65,11 @@ func TestMessageAtTheLimitIsPublishedOneByteOverIsRefused(t *testing.T) {
 
 		ok := envelope(t, name, []byte("k"), []byte("fine"))
 		err := tr.Publish(context.Background(), append(over, ok))
-		var perr *outbox.PublishError
+		var perr *driver.PublishError
 		require.ErrorAs(t, err, &perr)
 		require.Len(t, perr.Failed, len(over))
 		for _, f := range perr.Failed {
-			assert.True(t, outbox.IsPermanent(f.Err), "%v", f.Err)
+			assert.True(t, driver.IsPermanent(f.Err), "%v", f.Err)
 			assert.ErrorIs(t, f.Err, outbox.ErrTooLarge)
 		}
 		got, _ = receive(t, client, url, 1)
@@ -90,7 +91,6 @@ func TestCaptureWiredToTheTransportRefusesWhatItCannotCarry(t *testing.T) {
 	t.Cleanup(func() { _ = store.Close() })
 	sender, err := outbox.NewSender(store, outbox.SenderConfig{Transport: tr})
 	require.NoError(t, err)
-	require.Equal(t, tr.MaxMessageSize(), sender.MaxMessageSize())
 	ctx := context.Background()
 
 	huge := outbox.Message{Topic: name, Key: []byte("k"), Payload: bytes.Repeat([]byte{'x'}, 500<<10)}
@@ -99,7 +99,7 @@ func TestCaptureWiredToTheTransportRefusesWhatItCannotCarry(t *testing.T) {
 	})
 	require.ErrorIs(t, err, outbox.ErrTooLarge)
 	require.ErrorIs(t, err, outbox.ErrInvalidMessage)
-	immediate, err := sender.WithMode(outbox.Immediate)
+	immediate, err := outbox.NewSender(store, outbox.SenderConfig{Mode: outbox.Immediate, Transport: tr})
 	require.NoError(t, err)
 	require.ErrorIs(t, immediate.Send(ctx, huge), outbox.ErrTooLarge)
 	over := outbox.Message{Topic: name, Payload: bytes.Repeat([]byte{0xff}, tr.MaxMessageSize()-len(name)+1)}
@@ -119,7 +119,7 @@ func TestCaptureWiredToTheTransportRefusesWhatItCannotCarry(t *testing.T) {
 		_, err = d.RunOnce(ctx)
 		require.NoError(t, err)
 	}
-	parked, err := store.List(ctx, outbox.Parked, outbox.Cursor{}, 10)
+	parked, err := store.Driver().(driver.Admin).List(ctx, driver.Parked, driver.Cursor{}, 10)
 	require.NoError(t, err)
 	require.Empty(t, parked, "published, not parked")
 	got, _ := receive(t, srv.Client(), url, 1)
@@ -141,9 +141,9 @@ func TestIdempotencyKeyIsAddedByTheTransport(t *testing.T) {
 	require.NoError(t, sender.Send(ctx, outbox.Message{Topic: name, Key: []byte("a"), Payload: []byte("1")}))
 	require.NoError(t, sender.Send(ctx, outbox.Message{Topic: name, Key: []byte("b"), Payload: []byte("2"),
 		Headers: []outbox.Header{{Key: outbox.HeaderIdempotencyKey, Value: []byte("charge-2")}}}))
-	var envs []*outbox.Envelope
-	for bucket := range store.BucketCount() {
-		got, err := store.Fetch(ctx, bucket, 10)
+	var envs []*driver.Envelope
+	for bucket := range store.Driver().BucketCount() {
+		got, err := store.Driver().Fetch(ctx, bucket, 10)
 		require.NoError(t, err)
 		envs = append(envs, got...)
 	}
@@ -177,8 +177,8 @@ func TestIdempotencyKeyIsAddedByTheTransport(t *testing.T) {
 // The transport's limit is what capture learns through outbox.SenderConfig.Transport.
 func TestTransportIsASizeLimiter(t *testing.T) {
 	t.Parallel()
-	var limiter outbox.SizeLimiter = offlineTransport(t, sqstransport.Config{})
-	assert.Less(t, limiter.MaxMessageSize(), sqstransport.DefaultMaxBytes)
-	big := offlineTransport(t, sqstransport.Config{MaxBytes: sqstransport.MaxBytesLimit})
-	assert.Greater(t, big.MaxMessageSize(), 3*sqstransport.MaxBytesLimit/4-4096)
+	var limiter driver.SizeLimiter = offlineTransport(t, sqstransport.Config{})
+	assert.Less(t, limiter.MaxMessageSize(), sqstransport.DefaultQueueLimit)
+	big := offlineTransport(t, sqstransport.Config{QueueLimit: sqstransport.MaxQueueLimit})
+	assert.Greater(t, big.MaxMessageSize(), 3*sqstransport.MaxQueueLimit/4-4096)
 }

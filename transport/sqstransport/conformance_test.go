@@ -4,7 +4,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	emulator "github.com/outboxkit/outbox/internal/sqsemulator"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/transport/sqstransport"
@@ -15,7 +15,7 @@ import (
 func harness(t *testing.T, fifo bool) outboxtest.TransportHarness {
 	var queues sync.Map // topic → queue URL
 	return outboxtest.TransportHarness{
-		New: func(t *testing.T, topics ...string) outbox.Transport {
+		New: func(t *testing.T, topics ...string) driver.Transport {
 			srv := emulator.Shared(t)
 			static := sqstransport.Queues{}
 			for _, topic := range topics {

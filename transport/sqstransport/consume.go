@@ -69,15 +69,15 @@ type ReceiverConfig struct {
 func (c ReceiverConfig) Validate() error {
 	switch {
 	case c.QueueURL == "":
-		return fmt.Errorf("%w: sqs: ReceiverConfig.QueueURL is required", outbox.ErrMisconfigured)
+		return fmt.Errorf("%w: sqstransport: ReceiverConfig.QueueURL is required", outbox.ErrMisconfigured)
 	case c.MaxMessages < 0 || c.MaxMessages > 10:
-		return fmt.Errorf("%w: sqs: ReceiverConfig.MaxMessages %d: SQS returns 1 to 10 messages a receive", outbox.ErrMisconfigured, c.MaxMessages)
+		return fmt.Errorf("%w: sqstransport: ReceiverConfig.MaxMessages %d: SQS returns 1 to 10 messages a receive", outbox.ErrMisconfigured, c.MaxMessages)
 	case c.WaitTime < 0 || c.WaitTime > 20*time.Second:
-		return fmt.Errorf("%w: sqs: ReceiverConfig.WaitTime %v: SQS long-polls for 0 to 20 s", outbox.ErrMisconfigured, c.WaitTime)
+		return fmt.Errorf("%w: sqstransport: ReceiverConfig.WaitTime %v: SQS long-polls for 0 to 20 s", outbox.ErrMisconfigured, c.WaitTime)
 	case c.VisibilityTimeout < 0 || c.VisibilityTimeout > 12*time.Hour:
-		return fmt.Errorf("%w: sqs: ReceiverConfig.VisibilityTimeout %v: SQS takes 0 to 12 h", outbox.ErrMisconfigured, c.VisibilityTimeout)
+		return fmt.Errorf("%w: sqstransport: ReceiverConfig.VisibilityTimeout %v: SQS takes 0 to 12 h", outbox.ErrMisconfigured, c.VisibilityTimeout)
 	case c.StopTimeout < 0:
-		return fmt.Errorf("%w: sqs: ReceiverConfig.StopTimeout %v is negative", outbox.ErrMisconfigured, c.StopTimeout)
+		return fmt.Errorf("%w: sqstransport: ReceiverConfig.StopTimeout %v is negative", outbox.ErrMisconfigured, c.StopTimeout)
 	}
 	return nil
 }
@@ -138,11 +138,11 @@ type Receiver struct {
 func NewReceiver(client ReceiveAPI, in *inbox.Inbox, handle ReceiveHandler, cfg ReceiverConfig) (*Receiver, error) {
 	switch {
 	case client == nil:
-		return nil, fmt.Errorf("%w: sqs: NewReceiver needs an SQS client", outbox.ErrMisconfigured)
+		return nil, fmt.Errorf("%w: sqstransport: NewReceiver needs an SQS client", outbox.ErrMisconfigured)
 	case in == nil:
-		return nil, fmt.Errorf("%w: sqs: NewReceiver needs an *inbox.Inbox (inbox.New on the store the handler writes to)", outbox.ErrMisconfigured)
+		return nil, fmt.Errorf("%w: sqstransport: NewReceiver needs an *inbox.Inbox (inbox.New on the store the handler writes to)", outbox.ErrMisconfigured)
 	case handle == nil:
-		return nil, fmt.Errorf("%w: sqs: NewReceiver needs a ReceiveHandler", outbox.ErrMisconfigured)
+		return nil, fmt.Errorf("%w: sqstransport: NewReceiver needs a ReceiveHandler", outbox.ErrMisconfigured)
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -179,7 +179,7 @@ func (r *Receiver) Run(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return nil
 			}
-			r.cfg.Logger.WarnContext(ctx, "sqs: receiver: receive failed; retrying", "queue", r.cfg.QueueURL, "error", err)
+			r.cfg.Logger.WarnContext(ctx, "sqstransport: receiver: receive failed; retrying", "queue", r.cfg.QueueURL, "error", err)
 			t := time.NewTimer(pause)
 			select {
 			case <-ctx.Done():
@@ -246,18 +246,18 @@ func (r *Receiver) process(ctx, work context.Context, msgs []types.Message) {
 func (r *Receiver) processMessage(ctx, work context.Context, m types.Message) bool {
 	d, err := Decode(m)
 	if err != nil {
-		r.cfg.Logger.ErrorContext(ctx, "sqs: receiver: leaving a message that cannot be decoded on the queue", "queue", r.cfg.QueueURL, "message", aws.ToString(m.MessageId), "error", err)
+		r.cfg.Logger.ErrorContext(ctx, "sqstransport: receiver: leaving a message that cannot be decoded on the queue", "queue", r.cfg.QueueURL, "message", aws.ToString(m.MessageId), "error", err)
 		return false
 	}
 	msg := &outbox.Message{Key: d.Key, Payload: d.Payload, Headers: d.Headers}
 	if _, err := r.in.Key(msg); err != nil {
-		r.cfg.Logger.ErrorContext(ctx, "sqs: receiver: leaving a message that has no inbox key on the queue", "queue", r.cfg.QueueURL, "message", aws.ToString(m.MessageId), "error", err)
+		r.cfg.Logger.ErrorContext(ctx, "sqstransport: receiver: leaving a message that has no inbox key on the queue", "queue", r.cfg.QueueURL, "message", aws.ToString(m.MessageId), "error", err)
 		return false
 	}
 	res, err := r.in.Process(work, msg, func(ctx context.Context) error { return r.handle(ctx, d) })
 	if err != nil {
 		if work.Err() == nil {
-			r.cfg.Logger.WarnContext(ctx, "sqs: receiver: message failed; it will be received again", "queue", r.cfg.QueueURL, "message", aws.ToString(m.MessageId), "error", err)
+			r.cfg.Logger.WarnContext(ctx, "sqstransport: receiver: message failed; it will be received again", "queue", r.cfg.QueueURL, "message", aws.ToString(m.MessageId), "error", err)
 		}
 		return false
 	}
@@ -281,7 +281,7 @@ func (r *Receiver) delete(ctx, work context.Context, msgs []types.Message) {
 			err = errors.New(aws.ToString(out.Failed[0].Message))
 		}
 		if err != nil {
-			r.cfg.Logger.WarnContext(ctx, "sqs: receiver: delete failed; the messages will be received again and skipped as duplicates", "queue", r.cfg.QueueURL, "messages", n, "error", err)
+			r.cfg.Logger.WarnContext(ctx, "sqstransport: receiver: delete failed; the messages will be received again and skipped as duplicates", "queue", r.cfg.QueueURL, "messages", n, "error", err)
 		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/inbox"
 	"github.com/outboxkit/outbox/store/memstore"
 	"github.com/outboxkit/outbox/transport/sqstransport"
@@ -91,7 +92,7 @@ func TestReceiverAppliesOnceInGroupOrderAndDeletesAfterCommit(t *testing.T) {
 	const n, keys = 30, 4
 	tr := newTransport(t, srv.Client(), sqstransport.Config{Resolver: sqstransport.Queues{"orders": url}})
 	want := map[string][]string{}
-	var envs []*outbox.Envelope
+	var envs []*driver.Envelope
 	for i := range n {
 		key := fmt.Sprintf("key-%d", i%keys)
 		envs = append(envs, envelope(t, "orders", []byte(key), []byte(fmt.Sprint(i))))
@@ -142,7 +143,7 @@ func TestReceiverAppliesOnceInGroupOrderAndDeletesAfterCommit(t *testing.T) {
 func TestReceiverLeavesFailedMessageForRedelivery(t *testing.T) {
 	srv, _, url := setup(t, false, nil)
 	tr := newTransport(t, srv.Client(), sqstransport.Config{Resolver: sqstransport.Queues{"orders": url}})
-	require.NoError(t, tr.Publish(context.Background(), []*outbox.Envelope{envelope(t, "orders", []byte("k"), []byte("v"))}))
+	require.NoError(t, tr.Publish(context.Background(), []*driver.Envelope{envelope(t, "orders", []byte("k"), []byte("v"))}))
 	store, err := memstore.New(memstore.Config{})
 	require.NoError(t, err)
 	defer store.Close()
@@ -176,7 +177,7 @@ func TestReceiverLeavesFailedMessageForRedelivery(t *testing.T) {
 func TestReceiverStopsGracefully(t *testing.T) {
 	srv, _, url := setup(t, false, nil)
 	tr := newTransport(t, srv.Client(), sqstransport.Config{Resolver: sqstransport.Queues{"orders": url}})
-	require.NoError(t, tr.Publish(context.Background(), []*outbox.Envelope{envelope(t, "orders", []byte("k"), []byte("v"))}))
+	require.NoError(t, tr.Publish(context.Background(), []*driver.Envelope{envelope(t, "orders", []byte("k"), []byte("v"))}))
 	store, err := memstore.New(memstore.Config{})
 	require.NoError(t, err)
 	defer store.Close()

@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // Delivery is a received SQS message decoded back into what the outbox published.
@@ -45,11 +46,11 @@ func (d *Delivery) Header(key string) ([]byte, bool) {
 func Decode(m types.Message) (*Delivery, error) {
 	idAttr, ok := m.MessageAttributes[AttrMessageID]
 	if !ok || idAttr.StringValue == nil {
-		return nil, fmt.Errorf("sqs: message has no %s attribute: receive with MessageAttributeNames [\"All\"], or it was not published by the outbox", AttrMessageID)
+		return nil, fmt.Errorf("sqstransport: message has no %s attribute: receive with MessageAttributeNames [\"All\"], or it was not published by the outbox", AttrMessageID)
 	}
 	id, err := uuid.Parse(*idAttr.StringValue)
 	if err != nil {
-		return nil, fmt.Errorf("sqs: message ID attribute %q: %w", *idAttr.StringValue, err)
+		return nil, fmt.Errorf("sqstransport: message ID attribute %q: %w", *idAttr.StringValue, err)
 	}
 	d := &Delivery{ID: id}
 
@@ -68,7 +69,7 @@ func Decode(m types.Message) (*Delivery, error) {
 				order = strings.TrimPrefix(field, layoutHeaders)
 			case field == "":
 			default:
-				return nil, fmt.Errorf("sqs: unknown field %q in the %s attribute", field, AttrLayout)
+				return nil, fmt.Errorf("sqstransport: unknown field %q in the %s attribute", field, AttrLayout)
 			}
 		}
 	}
@@ -83,7 +84,7 @@ func Decode(m types.Message) (*Delivery, error) {
 		d.Payload = []byte{}
 	case layoutBodyBase64:
 		if d.Payload, err = base64.StdEncoding.DecodeString(body); err != nil {
-			return nil, fmt.Errorf("sqs: base64 body: %w", err)
+			return nil, fmt.Errorf("sqstransport: base64 body: %w", err)
 		}
 	default:
 		d.Payload = []byte(body)
@@ -97,7 +98,7 @@ func Decode(m types.Message) (*Delivery, error) {
 
 	var packed []outbox.Header
 	if a, ok := m.MessageAttributes[AttrHeaders]; ok {
-		if packed, err = outbox.DecodeHeaders(a.BinaryValue); err != nil {
+		if packed, err = driver.DecodeHeaders(a.BinaryValue); err != nil {
 			return nil, err
 		}
 	}
@@ -123,7 +124,7 @@ func Decode(m types.Message) (*Delivery, error) {
 		switch tok {
 		case packedToken:
 			if len(packed) == 0 {
-				return nil, fmt.Errorf("sqs: the %s attribute lists more packed headers than %s holds", AttrLayout, AttrHeaders)
+				return nil, fmt.Errorf("sqstransport: the %s attribute lists more packed headers than %s holds", AttrLayout, AttrHeaders)
 			}
 			d.Headers = append(d.Headers, packed[0])
 			packed = packed[1:]
@@ -133,13 +134,13 @@ func Decode(m types.Message) (*Delivery, error) {
 		default:
 			v, ok := native[tok]
 			if !ok {
-				return nil, fmt.Errorf("sqs: the %s attribute names header %q, which the message lacks", AttrLayout, tok)
+				return nil, fmt.Errorf("sqstransport: the %s attribute names header %q, which the message lacks", AttrLayout, tok)
 			}
 			d.Headers = append(d.Headers, outbox.Header{Key: tok, Value: v})
 		}
 	}
 	if len(packed) > 0 || !sawID {
-		return nil, fmt.Errorf("sqs: the %s attribute does not account for every header", AttrLayout)
+		return nil, fmt.Errorf("sqstransport: the %s attribute does not account for every header", AttrLayout)
 	}
 	return d, nil
 }

@@ -10,9 +10,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/driver"
 	emulator "github.com/outboxkit/outbox/internal/sqsemulator"
 	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/memstore"
 	"github.com/outboxkit/outbox/transport/sqstransport"
 )
@@ -24,20 +25,20 @@ const e2eBuckets = 4
 func enqueueSpread(t *testing.T, store *memstore.Store, topic string, n int, keys []string) map[string][]string {
 	t.Helper()
 	want := map[string][]string{}
-	envs := make([]*outbox.Envelope, 0, n)
+	envs := make([]*driver.Envelope, 0, n)
 	for i := range n {
 		var key []byte
 		if i%7 != 6 {
 			key = []byte(keys[i%len(keys)])
 		}
-		env, err := outbox.NewEnvelope(outbox.Message{Topic: topic, Key: key, Payload: fmt.Appendf(nil, "payload-%d", i)}, e2eBuckets)
+		env, err := driver.NewEnvelope(outbox.Message{Topic: topic, Key: key, Payload: fmt.Appendf(nil, "payload-%d", i)}, e2eBuckets)
 		require.NoError(t, err)
 		envs = append(envs, env)
 		if key != nil {
 			want[string(key)] = append(want[string(key)], env.ID.String())
 		}
 	}
-	require.NoError(t, store.Enqueue(context.Background(), envs...))
+	require.NoError(t, store.Driver().Enqueue(context.Background(), envs...))
 	return want
 }
 
@@ -68,7 +69,7 @@ func requireFirstDeliveriesInOrder(t *testing.T, srv *emulator.Server, url strin
 
 func pendingCount(t *testing.T, store *memstore.Store) int {
 	t.Helper()
-	stats, err := store.Stats(context.Background())
+	stats, err := store.Driver().(driver.Admin).Stats(context.Background())
 	require.NoError(t, err)
 	total := 0
 	for _, p := range stats.Pending {
@@ -117,7 +118,7 @@ func TestDispatcherToFIFOUnderFaults(t *testing.T) {
 }
 
 // A long-running dispatcher that sends a key's messages together (the transport is
-// declared an outbox.KeyOrderKeeper): the FIFO transport keeps one message per key in
+// declared an driver.KeyOrderKeeper): the FIFO transport keeps one message per key in
 // each request and holds back a failed key's tail, so per-key order holds.
 func TestDispatcherWorkerToFIFOSendsAKeysMessagesTogether(t *testing.T) {
 	t.Parallel()
@@ -148,6 +149,6 @@ func TestDispatcherWorkerToFIFOSendsAKeysMessagesTogether(t *testing.T) {
 
 // fifoKeepsKeyOrder declares what the transport does on FIFO queues: it never
 // acknowledges a key's message after failing an earlier one in the same call.
-type fifoKeepsKeyOrder struct{ outbox.Transport }
+type fifoKeepsKeyOrder struct{ driver.Transport }
 
 func (fifoKeepsKeyOrder) KeepsKeyOrder() bool { return true }

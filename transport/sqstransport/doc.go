@@ -1,4 +1,4 @@
-// Package sqstransport is an [outbox.Transport] for Amazon SQS, standard and FIFO
+// Package sqstransport is a [driver.Transport] for Amazon SQS, standard and FIFO
 // queues, on aws-sdk-go-v2. It lives in the transport/sqstransport directory; its name keeps
 // it apart from the SDK's sqs package, which programs import beside it.
 //
@@ -17,12 +17,12 @@
 // # Semantics
 //
 //   - Publish sends a batch with SendMessageBatch requests of at most ten entries whose
-//     sizes add up to at most [Config.MaxBytes], the same limit each message must meet.
+//     sizes add up to at most [Config.QueueLimit], the same limit each message must meet.
 //     Sizes are counted as SQS counts them: the body plus every message attribute's
 //     name, type and value.
 //   - A message counts as sent only when SQS listed it among a request's successful
-//     entries. Every other message is reported in an [*outbox.PublishError]:
-//     permanent (marked with [outbox.Permanent]) when retrying cannot help — too large,
+//     entries. Every other message is reported in an [*driver.PublishError]:
+//     permanent (marked with [driver.Permanent]) when retrying cannot help — too large,
 //     invalid attribute or body, queue does not exist, access or KMS key denied —
 //     transient otherwise (network errors, throttling, server errors, unknown codes).
 //   - Every message carries the envelope ID in the String attribute
@@ -32,21 +32,22 @@
 //     [Config.OmitIdempotencyKey] is set; capture never adds it, so that setting is
 //     the one switch. A non-empty key travels in "x-outbox-key" ([AttrKey]): a String
 //     attribute when it is valid SQS text, Binary otherwise.
-//   - Sizes are checked in two places. [Transport.MaxMessageSize] ([outbox.SizeLimiter])
-//     is a limit on [outbox.Message.Size] of the message as captured, derived from
-//     [Config.MaxBytes] so that any message within it with at most 32 headers fits
-//     after base64 and the transport's attributes (194,698 bytes for the default
-//     256 KiB). Capture enforces it at Send, before anything is written, when the
-//     transport is wired in through outbox.SenderConfig.Transport. Publish always
-//     enforces it, and also measures each message as SQS counts it against MaxBytes;
-//     a message over either fails permanently with [outbox.ErrTooLarge] without being
-//     sent, and the dispatcher parks it.
+//   - Sizes are checked in two places. [Config.MaxMessageSize], which
+//     [Transport.MaxMessageSize] ([driver.SizeLimiter]) reports, is a limit on
+//     [outbox.Message.Size] of the message as captured. It defaults to, and may not
+//     exceed, the most that [Config.QueueLimit] always carries: any message within it
+//     with at most 32 headers fits after base64 and the transport's attributes
+//     (194,698 bytes for the default 256 KiB). Capture enforces it at Send, before
+//     anything is written, when the transport is wired in through
+//     outbox.SenderConfig.Transport. Publish always enforces it, and also measures
+//     each message as SQS counts it against QueueLimit; a message over either fails
+//     permanently with [outbox.ErrTooLarge] without being sent, and the relay parks it.
 //   - Headers travel as message attributes of their own, named after the header: a
 //     String attribute when the value is valid SQS text, Binary otherwise. SQS allows
 //     ten attributes per message; headers that do not fit, or that cannot be
 //     attributes (empty values, names SQS refuses or the transport reserves, a name
 //     repeated), are packed in order into the Binary attribute "x-outbox-headers"
-//     ([AttrHeaders]), in the versioned encoding of [outbox.EncodeHeaders].
+//     ([AttrHeaders]), in the versioned encoding of [driver.EncodeHeaders].
 //   - The String attribute "x-outbox-layout" ([AttrLayout]) is added only when it has
 //     something to say: ";"-separated fields "body=base64", "body=nil", "body=empty",
 //     "key=empty", and "headers=" followed by the header order as ","-separated
@@ -66,7 +67,7 @@
 //     one after another, and a request never carries two messages of one key: once a
 //     message failed transiently, the later messages of its key in the batch are held
 //     back (reported failed, transient) so they cannot overtake it. So, on FIFO queues,
-//     the transport keeps the promise of [outbox.KeyOrderKeeper]; it does not declare
+//     the transport keeps the promise of [driver.KeyOrderKeeper]; it does not declare
 //     it, because standard queues give no such promise. Keyless messages of one
 //     bucket share a group, several to a request.
 //   - Requests to standard queues, and to different queues, run concurrently, up to
@@ -78,19 +79,19 @@
 //   - At least once: a request that timed out may still have been taken by SQS, and
 //     its messages are reported failed and sent again. Standard queues may also
 //     deliver twice and out of order; deduplicate on "x-outbox-message-id".
-//   - On standard queues SQS keeps no order at all, whatever the dispatcher does.
+//   - On standard queues SQS keeps no order at all, whatever the relay does.
 //   - Headers that share a name are kept (packed) but only the first can be a native
 //     attribute; SQS subscription filters and consumers that do not use [Decode] see
 //     packed headers only as the opaque "x-outbox-headers" attribute.
 //   - The size limit assumes the worst: a binary payload grows by a third through
-//     base64, so a text message between [Transport.MaxMessageSize] and
-//     [Config.MaxBytes] is refused although SQS would take it; raise MaxBytes (up to
-//     1 MiB, with the queues' MaximumMessageSize) to send larger ones. A message
-//     within the limit with more than 32 headers can still exceed MaxBytes; publish
+//     base64, so a text message between [Config.MaxMessageSize] and
+//     [Config.QueueLimit] is refused although SQS would take it; raise QueueLimit (up
+//     to 1 MiB, with the queues' MaximumMessageSize) to send larger ones. A message
+//     within the limit with more than 32 headers can still exceed QueueLimit; publish
 //     then refuses it, permanently.
-//   - The transport cannot see a queue's MaximumMessageSize: keep [Config.MaxBytes] at
+//   - The transport cannot see a queue's MaximumMessageSize: keep [Config.QueueLimit] at
 //     or under it, or SQS refuses larger messages (permanently). Emulators may count
 //     attribute sizes differently (some count Binary values by their base64 length).
 //   - The transport does not retry on its own beyond the client's retry policy; the
-//     dispatcher decides when to try again.
+//     relay decides when to try again.
 package sqstransport

@@ -15,6 +15,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // Message attributes the transport reserves. Application headers with these names are
@@ -59,7 +60,7 @@ const (
 
 // The transport's size accounting. SQS counts a message as its body plus every
 // attribute's name, type and value; [outbox.Message.Size] counts topic, key, payload
-// and header bytes. limitFor turns Config.MaxBytes into the largest Message.Size that
+// and header bytes. limitFor turns Config.QueueLimit into the largest Message.Size that
 // always encodes within it; the constants below bound, from above, what SQS counts
 // beyond the bytes Message.Size already holds.
 const (
@@ -69,7 +70,7 @@ const (
 	// "Binary".
 	typeLen = len(dataTypeString)
 	// maxLenVarint bounds a uvarint in the packed headers: every length is under
-	// 2 MiB (a message is at most MaxBytesLimit).
+	// 2 MiB (a message is at most MaxQueueLimit).
 	maxLenVarint = 3
 
 	// messageIDOverhead is the message ID attribute and its name in the layout's
@@ -95,9 +96,10 @@ const (
 	// message ID and the layout attribute take two of the ten slots.
 	maxNativeHeaders = maxAttributes - 2
 
-	// coveredHeaders is how many application headers [Transport.MaxMessageSize]
-	// always leaves room for: a message within it that has at most this many headers
-	// fits [Config.MaxBytes], whatever its payload, key and header bytes.
+	// coveredHeaders is how many application headers the largest
+	// [Config.MaxMessageSize] always leaves room for: a message within it that has at
+	// most this many headers fits [Config.QueueLimit], whatever its payload, key and
+	// header bytes.
 	coveredHeaders = 32
 
 	// reserve is what SQS may count beyond a message's own bytes, for up to
@@ -106,16 +108,25 @@ const (
 		coveredHeaders*headerOverhead + maxNativeHeaders*nativeExtra
 )
 
-// limitFor is the largest [outbox.Message.Size] that always encodes within maxBytes
-// when the message has at most coveredHeaders headers. The worst case is a binary
-// payload: base64 sends 4 bytes for every 3. A message of size s (topic at least one
-// byte, which SQS does not count) then takes at most (4s+4)/3 + the overheads.
-func limitFor(maxBytes int, stampKey bool) int {
-	r := reserve
+// limitFor is the largest [outbox.Message.Size] that always encodes within
+// queueLimit when the message has at most coveredHeaders headers. The worst case is
+// a binary payload: base64 sends 4 bytes for every 3. A message of size s (topic at
+// least one byte, which SQS does not count) then takes at most (4s+4)/3 + the
+// overheads.
+func limitFor(queueLimit int, stampKey bool) int {
+	return (3*(queueLimit-reserveFor(stampKey)) - 4) / 4
+}
+
+// queueLimitFor is the smallest queue limit for which limitFor reaches size.
+func queueLimitFor(size int, stampKey bool) int {
+	return reserveFor(stampKey) + (4*size+4+2)/3
+}
+
+func reserveFor(stampKey bool) int {
 	if stampKey {
-		r += idempotencyOverhead
+		return reserve + idempotencyOverhead
 	}
-	return (3*(maxBytes-r) - 4) / 4
+	return reserve
 }
 
 func isReserved(name string) bool {
@@ -138,7 +149,7 @@ type encoded struct {
 // encode turns env into a message body and attributes; stampKey adds an
 // idempotency-key header equal to the message ID when env has none. It fails only for
 // a message SQS can never take (too large): callers mark that permanent.
-func encode(env *outbox.Envelope, maxBytes int, stampKey bool) (encoded, error) {
+func encode(env *driver.Envelope, queueLimit int, stampKey bool) (encoded, error) {
 	var (
 		e      = encoded{attrs: make(map[string]types.MessageAttributeValue, 4)}
 		layout []string
@@ -212,7 +223,7 @@ func encode(env *outbox.Envelope, maxBytes int, stampKey bool) (encoded, error) 
 		}
 	}
 	if len(packed) > 0 {
-		e.attrs[AttrHeaders] = types.MessageAttributeValue{DataType: aws.String(dataTypeBinary), BinaryValue: outbox.EncodeHeaders(packed)}
+		e.attrs[AttrHeaders] = types.MessageAttributeValue{DataType: aws.String(dataTypeBinary), BinaryValue: driver.EncodeHeaders(packed)}
 	}
 	if order := headerOrder(headers, native); order != "" {
 		layout = append(layout, layoutHeaders+order)
@@ -228,8 +239,8 @@ func encode(env *outbox.Envelope, maxBytes int, stampKey bool) (encoded, error) 
 			e.size += len(*v.StringValue)
 		}
 	}
-	if e.size > maxBytes {
-		return encoded{}, fmt.Errorf("sqs: message is %d bytes as SQS counts it (body and attributes), over the %d-byte limit (Config.MaxBytes): %w", e.size, maxBytes, outbox.ErrTooLarge)
+	if e.size > queueLimit {
+		return encoded{}, fmt.Errorf("sqstransport: message is %d bytes as SQS counts it (body and attributes), over the %d-byte limit (Config.QueueLimit): %w", e.size, queueLimit, outbox.ErrTooLarge)
 	}
 	return e, nil
 }
@@ -369,7 +380,7 @@ func valueAttr(b []byte) types.MessageAttributeValue {
 //
 // Two different keys may share a group only if one of them looks like another's
 // encoding; that costs parallelism, never order.
-func GroupID(env *outbox.Envelope) string {
+func GroupID(env *driver.Envelope) string {
 	switch {
 	case env.Key == nil:
 		return "bucket:" + strconv.Itoa(env.Bucket)

@@ -12,12 +12,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // roundTrip encodes env and decodes the message SQS would deliver for it.
-func roundTrip(t *testing.T, env *outbox.Envelope) (encoded, *Delivery) {
+func roundTrip(t *testing.T, env *driver.Envelope) (encoded, *Delivery) {
 	t.Helper()
-	e, err := encode(env, MaxBytesLimit, false)
+	e, err := encode(env, MaxQueueLimit, false)
 	require.NoError(t, err)
 	require.LessOrEqual(t, len(e.attrs), maxAttributes, "SQS allows at most 10 attributes")
 	require.NotEmpty(t, e.body, "SQS refuses an empty body")
@@ -37,14 +38,14 @@ func roundTrip(t *testing.T, env *outbox.Envelope) (encoded, *Delivery) {
 	return e, d
 }
 
-func newEnvelope(t *testing.T, key, payload []byte, headers ...outbox.Header) *outbox.Envelope {
+func newEnvelope(t *testing.T, key, payload []byte, headers ...outbox.Header) *driver.Envelope {
 	t.Helper()
-	env, err := outbox.NewEnvelope(outbox.Message{Topic: "orders", Key: key, Payload: payload, Headers: headers}, 8)
+	env, err := driver.NewEnvelope(outbox.Message{Topic: "orders", Key: key, Payload: payload, Headers: headers}, 8)
 	require.NoError(t, err)
 	return env
 }
 
-func withID(env *outbox.Envelope) []outbox.Header {
+func withID(env *driver.Envelope) []outbox.Header {
 	return append(append([]outbox.Header{}, env.Headers...), outbox.Header{Key: outbox.HeaderMessageID, Value: []byte(env.ID.String())})
 }
 
@@ -143,7 +144,7 @@ func TestEncodeMessageIDHeaderKeepsItsPlace(t *testing.T) {
 func TestEncodeStampsIdempotencyKey(t *testing.T) {
 	t.Parallel()
 	env := newEnvelope(t, nil, []byte("x"), outbox.Header{Key: "a", Value: []byte("1")})
-	e, err := encode(env, MaxBytesLimit, true)
+	e, err := encode(env, MaxQueueLimit, true)
 	require.NoError(t, err)
 	assert.NotContains(t, e.attrs, AttrLayout, "the stamped key sits where a decoder expects it")
 	body := e.body
@@ -157,7 +158,7 @@ func TestEncodeStampsIdempotencyKey(t *testing.T) {
 
 	// An application's own key is kept as it is.
 	env = newEnvelope(t, nil, []byte("x"), outbox.Header{Key: outbox.HeaderIdempotencyKey, Value: []byte("mine")})
-	e, err = encode(env, MaxBytesLimit, true)
+	e, err = encode(env, MaxQueueLimit, true)
 	require.NoError(t, err)
 	assert.Equal(t, "mine", *e.attrs[outbox.HeaderIdempotencyKey].StringValue)
 }
@@ -165,7 +166,7 @@ func TestEncodeStampsIdempotencyKey(t *testing.T) {
 func TestEncodeSizeCountsBinaryAndBase64(t *testing.T) {
 	t.Parallel()
 	env := newEnvelope(t, nil, bytes.Repeat([]byte{0xff}, 300))
-	e, err := encode(env, MaxBytesLimit, false)
+	e, err := encode(env, MaxQueueLimit, false)
 	require.NoError(t, err)
 	assert.Equal(t, 400+len(AttrMessageID)+typeLen+uuidText+len(AttrLayout)+typeLen+len(layoutBodyBase64), e.size)
 
@@ -190,12 +191,12 @@ func TestDecodeRejectsForeignMessages(t *testing.T) {
 	attrs[AttrLayout] = stringAttr("")
 	attrs[AttrHeaders] = types.MessageAttributeValue{DataType: &[]string{"Binary"}[0], BinaryValue: []byte{9}}
 	_, err = Decode(types.Message{Body: &body, MessageAttributes: attrs})
-	require.ErrorIs(t, err, outbox.ErrCorrupt)
+	require.ErrorIs(t, err, driver.ErrCorrupt)
 }
 
 func TestGroupID(t *testing.T) {
 	t.Parallel()
-	env := func(key []byte) *outbox.Envelope {
+	env := func(key []byte) *driver.Envelope {
 		e := newEnvelope(t, key, []byte("x"))
 		return e
 	}
@@ -289,6 +290,19 @@ func TestValidText(t *testing.T) {
 	}
 }
 
+// queueLimitFor is the inverse of limitFor: the smallest queue limit that carries a
+// MaxMessageSize.
+func TestQueueLimitForInvertsLimitFor(t *testing.T) {
+	t.Parallel()
+	for _, stampKey := range []bool{false, true} {
+		for size := limitFor(MinQueueLimit, stampKey); size <= limitFor(MaxQueueLimit, stampKey); size += 997 {
+			need := queueLimitFor(size, stampKey)
+			require.GreaterOrEqual(t, limitFor(need, stampKey), size)
+			require.Less(t, limitFor(need-1, stampKey), size)
+		}
+	}
+}
+
 func TestConfigValidation(t *testing.T) {
 	t.Parallel()
 	client := &nopClient{}
@@ -299,10 +313,13 @@ func TestConfigValidation(t *testing.T) {
 		cfg   Config
 		field string
 	}{
-		{Config{MaxBytes: MaxBytesLimit + 1}, "Config.MaxBytes"},
-		{Config{MaxBytes: MinMaxBytes - 1}, "Config.MaxBytes"},
-		{Config{MaxBytes: -1}, "Config.MaxBytes"},
+		{Config{QueueLimit: MaxQueueLimit + 1}, "Config.QueueLimit"},
+		{Config{QueueLimit: MinQueueLimit - 1}, "Config.QueueLimit"},
+		{Config{QueueLimit: -1}, "Config.QueueLimit"},
 		{Config{Concurrency: -1}, "Config.Concurrency"},
+		{Config{MaxMessageSize: -1}, "Config.MaxMessageSize"},
+		{Config{MaxMessageSize: 194_699}, "raise QueueLimit (and the queues' MaximumMessageSize) to at least 262145"},
+		{Config{MaxMessageSize: 784_523, QueueLimit: MaxQueueLimit}, "SQS allows at most 1048576 (a MaxMessageSize of 784522)"},
 	} {
 		err := bad.cfg.Validate()
 		require.ErrorIs(t, err, outbox.ErrMisconfigured)
@@ -313,14 +330,20 @@ func TestConfigValidation(t *testing.T) {
 	}
 	tr, err := New(client, Config{})
 	require.NoError(t, err)
-	// Three quarters (base64) of what MaxBytes leaves after the transport's reserve.
+	// Three quarters (base64) of what QueueLimit leaves after the transport's reserve.
 	assert.Equal(t, 194_698, tr.MaxMessageSize())
 	tr, err = New(client, Config{OmitIdempotencyKey: true})
 	require.NoError(t, err)
 	assert.Equal(t, 194_753, tr.MaxMessageSize())
-	tr, err = New(client, Config{MaxBytes: MaxBytesLimit})
+	tr, err = New(client, Config{QueueLimit: MaxQueueLimit})
 	require.NoError(t, err)
 	assert.Equal(t, 784_522, tr.MaxMessageSize())
+	tr, err = New(client, Config{MaxMessageSize: 194_753, OmitIdempotencyKey: true})
+	require.NoError(t, err, "the most the default queue limit carries without the idempotency key")
+	assert.Equal(t, 194_753, tr.MaxMessageSize())
+	tr, err = New(client, Config{MaxMessageSize: 1000})
+	require.NoError(t, err)
+	assert.Equal(t, 1000, tr.MaxMessageSize(), "a lower limit of the application's own")
 	var api API
 	require.True(t, tr.As(&api))
 	assert.Same(t, client, api)
@@ -338,14 +361,14 @@ func BenchmarkEncode(b *testing.B) {
 	for i := range payload {
 		payload[i] = byte(i * 7)
 	}
-	env, err := outbox.NewEnvelope(outbox.Message{
+	env, err := driver.NewEnvelope(outbox.Message{
 		Topic: "bench", Key: []byte("customer-1"), Payload: payload,
 		Headers: []outbox.Header{{Key: "traceparent", Value: []byte("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")}},
 	}, 8)
 	require.NoError(b, err)
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := encode(env, DefaultMaxBytes, true); err != nil {
+		if _, err := encode(env, DefaultQueueLimit, true); err != nil {
 			b.Fatal(err)
 		}
 	}

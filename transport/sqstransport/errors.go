@@ -7,7 +7,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/aws/smithy-go"
 
-	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // permanentCodes are SQS error codes that retrying cannot fix: the queue is gone, the
@@ -73,7 +73,7 @@ var transientCodes = map[string]bool{
 func classify(err error) error {
 	var api smithy.APIError
 	if errors.As(err, &api) && permanentCodes[api.ErrorCode()] {
-		return outbox.Permanent(err)
+		return driver.Permanent(err)
 	}
 	return err
 }
@@ -86,7 +86,7 @@ type EntryError struct {
 }
 
 func (e *EntryError) Error() string {
-	return fmt.Sprintf("sqs: %s: %s (sender fault %t)", e.Code, e.Message, e.SenderFault)
+	return fmt.Sprintf("sqstransport: %s: %s (sender fault %t)", e.Code, e.Message, e.SenderFault)
 }
 
 // entryError classifies a failed entry: known codes decide; otherwise a sender fault
@@ -103,7 +103,7 @@ func entryError(f types.BatchResultErrorEntry) error {
 	case transientCodes[e.Code]:
 		return e
 	case permanentCodes[e.Code] || e.SenderFault:
-		return outbox.Permanent(e)
+		return driver.Permanent(e)
 	}
 	return e
 }

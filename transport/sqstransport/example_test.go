@@ -57,7 +57,7 @@ func Example_relay() {
 	// aws-sdk-go-v2/config module.
 	awsCfg := aws.Config{Region: "eu-west-1"}
 	transport, err := sqstransport.New(sqs.NewFromConfig(awsCfg), sqstransport.Config{
-		MaxBytes: sqstransport.MaxBytesLimit, // the queues allow 1 MiB
+		QueueLimit: sqstransport.MaxQueueLimit, // the queues allow 1 MiB
 	})
 	if err != nil {
 		log.Fatal(err)
@@ -92,7 +92,7 @@ func Example_relay() {
 // outbox.NewSender: a message SQS could never carry is refused at Send, before
 // anything is written, instead of being parked by the relay later. The limit is on
 // the message as captured; it leaves room for base64 and the attributes the
-// transport adds, within Config.MaxBytes.
+// transport adds, within Config.QueueLimit.
 func ExampleTransport_MaxMessageSize() {
 	// New never dials; a real client comes from sqs.NewFromConfig.
 	transport, err := sqstransport.New(sqs.New(sqs.Options{Region: "eu-west-1"}), sqstransport.Config{})
@@ -116,7 +116,7 @@ func ExampleTransport_MaxMessageSize() {
 		})
 		fmt.Printf("%d KiB: too large: %v\n", size>>10, errors.Is(err, outbox.ErrTooLarge))
 	}
-	fmt.Println("capture's limit:", sender.MaxMessageSize(), "of", sqstransport.DefaultMaxBytes)
+	fmt.Println("capture's limit:", transport.MaxMessageSize(), "of", sqstransport.DefaultQueueLimit)
 	// Output:
 	// 100 KiB: too large: false
 	// 500 KiB: too large: true

@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // fuzzHeaders turns fuzz input into headers: pieces cut at 0xff alternate name and
@@ -38,7 +39,7 @@ func FuzzEncodeDecodeRoundTrip(f *testing.F) {
 	f.Add([]byte{}, []byte{0xff, 0xfe, 0x00}, []byte("a b\xffv\xff.bad\xff\xff"), true, false)
 	f.Add([]byte{0x00}, []byte{}, []byte("h1\xff1\xffh2\xff2\xffh3\xff3\xffh4\xff4\xffh5\xff5\xffh6\xff6\xffh7\xff7\xffh8\xff8\xffh9\xff9\xffh10\xff10"), false, true)
 	f.Fuzz(func(t *testing.T, key, payload, headerData []byte, nilKey, nilPayload bool) {
-		env := &outbox.Envelope{ID: uuid.Must(uuid.NewV7())}
+		env := &driver.Envelope{Message: outbox.Message{ID: uuid.Must(uuid.NewV7())}}
 		env.Topic = "t"
 		if !nilKey {
 			env.Key = key
@@ -80,7 +81,7 @@ func FuzzEncodeDecodeRoundTrip(f *testing.F) {
 // with an error, never a panic.
 func FuzzDecode(f *testing.F) {
 	id := uuid.Must(uuid.NewV7()).String()
-	f.Add(id, "body", "b64", outbox.EncodeHeaders([]outbox.Header{{Key: "a", Value: []byte("b")}}), "x", []byte("v"))
+	f.Add(id, "body", "b64", driver.EncodeHeaders([]outbox.Header{{Key: "a", Value: []byte("b")}}), "x", []byte("v"))
 	f.Add(id, "!!!", "b64;h=x,~,"+AttrMessageID, []byte{1, 0xff}, "x", []byte(nil))
 	f.Add("nope", "", "", []byte(nil), "", []byte(nil))
 	f.Fuzz(func(t *testing.T, rawID, body, layout string, packed []byte, name string, value []byte) {

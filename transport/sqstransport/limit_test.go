@@ -2,6 +2,7 @@ package sqstransport
 
 import (
 	"bytes"
+	"context"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // fill pads msg's payload so that its Size is exactly size: binary bytes (which travel
@@ -29,9 +31,9 @@ func fill(t testing.TB, msg outbox.Message, size int, binary bool) outbox.Messag
 	return msg
 }
 
-func mustEnvelope(t testing.TB, msg outbox.Message) *outbox.Envelope {
+func mustEnvelope(t testing.TB, msg outbox.Message) *driver.Envelope {
 	t.Helper()
-	env, err := outbox.NewEnvelope(msg, 8)
+	env, err := driver.NewEnvelope(msg, 8)
 	require.NoError(t, err)
 	return env
 }
@@ -53,13 +55,13 @@ func worstHeaders() []outbox.Header {
 
 // Transport.MaxMessageSize is a limit on the captured message's Size that SQS can
 // always carry: a message exactly at it, whatever its shape (binary payload, key,
-// up to 32 headers of the costliest kind), encodes within Config.MaxBytes with the
+// up to 32 headers of the costliest kind), encodes within Config.QueueLimit with the
 // attributes the transport adds.
 func TestLimitCoversTheCostliestMessages(t *testing.T) {
 	t.Parallel()
-	for _, maxBytes := range []int{MinMaxBytes, 10_000, DefaultMaxBytes, MaxBytesLimit} {
+	for _, queueLimit := range []int{MinQueueLimit, 10_000, DefaultQueueLimit, MaxQueueLimit} {
 		for _, omit := range []bool{false, true} {
-			tr, err := New(&nopClient{}, Config{MaxBytes: maxBytes, OmitIdempotencyKey: omit})
+			tr, err := New(&nopClient{}, Config{QueueLimit: queueLimit, OmitIdempotencyKey: omit})
 			require.NoError(t, err)
 			limit := tr.MaxMessageSize()
 			require.Positive(t, limit)
@@ -78,9 +80,9 @@ func TestLimitCoversTheCostliestMessages(t *testing.T) {
 				}
 				for _, binary := range []bool{true, false} {
 					env := mustEnvelope(t, fill(t, shape, limit, binary))
-					e, err := encode(env, maxBytes, !omit)
-					require.NoError(t, err, "MaxBytes %d, omit %v, %s, binary %v", maxBytes, omit, name, binary)
-					assert.LessOrEqual(t, e.size, maxBytes)
+					e, err := encode(env, queueLimit, !omit)
+					require.NoError(t, err, "QueueLimit %d, omit %v, %s, binary %v", queueLimit, omit, name, binary)
+					assert.LessOrEqual(t, e.size, queueLimit)
 				}
 			}
 		}
@@ -88,7 +90,7 @@ func TestLimitCoversTheCostliestMessages(t *testing.T) {
 }
 
 // The same for random messages: any message of at most 32 headers whose Size is the
-// limit encodes within MaxBytes.
+// limit encodes within QueueLimit.
 func TestLimitCoversRandomMessages(t *testing.T) {
 	t.Parallel()
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -99,8 +101,8 @@ func TestLimitCoversRandomMessages(t *testing.T) {
 		}
 		return b
 	}
-	for _, maxBytes := range []int{MinMaxBytes, DefaultMaxBytes} {
-		tr, err := New(&nopClient{}, Config{MaxBytes: maxBytes})
+	for _, queueLimit := range []int{MinQueueLimit, DefaultQueueLimit} {
+		tr, err := New(&nopClient{}, Config{QueueLimit: queueLimit})
 		require.NoError(t, err)
 		limit := tr.MaxMessageSize()
 		for range 300 {
@@ -139,15 +141,15 @@ func TestLimitCoversRandomMessages(t *testing.T) {
 				continue
 			}
 			env := mustEnvelope(t, fill(t, msg, limit, rng.IntN(2) == 0))
-			e, err := encode(env, maxBytes, true)
+			e, err := encode(env, queueLimit, true)
 			require.NoError(t, err, "%d headers, key %q", len(msg.Headers), msg.Key)
-			require.LessOrEqual(t, e.size, maxBytes)
+			require.LessOrEqual(t, e.size, queueLimit)
 		}
 	}
 }
 
 // FuzzLimitHolds: a message of at most 32 headers padded to exactly the limit always
-// encodes within MaxBytes.
+// encodes within QueueLimit.
 func FuzzLimitHolds(f *testing.F) {
 	f.Add([]byte("key"), []byte("traceparent\xff00-1-2-01\xffx-a\xff\x00"), false, true)
 	f.Add([]byte{}, []byte("a b\xffv\xff.bad\xff\xff"), true, false)
@@ -159,14 +161,32 @@ func FuzzLimitHolds(f *testing.F) {
 		if len(msg.Headers) > coveredHeaders {
 			msg.Headers = msg.Headers[:coveredHeaders]
 		}
-		limit := limitFor(MinMaxBytes, true)
+		limit := limitFor(MinQueueLimit, true)
 		if msg.Validate() != nil || msg.Size() > limit {
 			return
 		}
 		msg = fill(t, msg, limit, binary)
-		env := &outbox.Envelope{ID: uuid.Must(uuid.NewV7()), Message: msg}
-		if _, err := encode(env, MinMaxBytes, true); err != nil {
+		env := &driver.Envelope{Message: msg}
+		env.ID = uuid.Must(uuid.NewV7())
+		if _, err := encode(env, MinQueueLimit, true); err != nil {
 			t.Fatalf("a message at the limit does not encode: %v", err)
 		}
 	})
+}
+
+// A Config.MaxMessageSize under the default is what the transport reports and what
+// Publish enforces: a message one byte over it fails permanently, unsent.
+func TestLowerMaxMessageSizeIsEnforced(t *testing.T) {
+	t.Parallel()
+	tr, err := New(&nopClient{}, Config{MaxMessageSize: 1000, Resolver: Queues{"t": "https://sqs.example/q"}})
+	require.NoError(t, err)
+	require.Equal(t, 1000, tr.MaxMessageSize())
+	env := mustEnvelope(t, outbox.Message{Topic: "t", Payload: bytes.Repeat([]byte{'x'}, 1000)})
+	err = tr.Publish(context.Background(), []*driver.Envelope{env})
+	var perr *driver.PublishError
+	require.ErrorAs(t, err, &perr)
+	require.Len(t, perr.Failed, 1)
+	assert.True(t, driver.IsPermanent(perr.Failed[0].Err))
+	assert.ErrorIs(t, perr.Failed[0].Err, outbox.ErrTooLarge)
+	assert.ErrorContains(t, perr.Failed[0].Err, "Config.MaxMessageSize")
 }

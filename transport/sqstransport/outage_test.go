@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	emulator "github.com/outboxkit/outbox/internal/sqsemulator"
 	"github.com/outboxkit/outbox/transport/sqstransport"
 )
@@ -31,8 +31,8 @@ func outage(t *testing.T, fifo bool) (*emulator.Server, *sqs.Client, string) {
 	return srv, client, url
 }
 
-func batchOf(t *testing.T, n int, key func(i int) []byte) []*outbox.Envelope {
-	batch := make([]*outbox.Envelope, n)
+func batchOf(t *testing.T, n int, key func(i int) []byte) []*driver.Envelope {
+	batch := make([]*driver.Envelope, n)
 	for i := range batch {
 		batch[i] = envelope(t, "t", key(i), []byte(fmt.Sprint("message ", i)))
 	}

@@ -8,18 +8,19 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
-	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
+	"github.com/outboxkit/outbox/middleware"
 )
 
 // Resolver maps a message's topic to the URL of the queue it is sent to.
 type Resolver interface {
-	// QueueURL returns the queue URL for topic. Errors marked [outbox.Permanent] park
+	// QueueURL returns the queue URL for topic. Errors marked [driver.Permanent] park
 	// the topic's messages; any other error is retried.
 	QueueURL(ctx context.Context, topic string) (string, error)
 }
 
 // Queues is a static Resolver: topic → queue URL. A topic it does not list is a
-// permanent failure wrapping [outbox.ErrNoRoute].
+// permanent failure wrapping [middleware.ErrNoRoute].
 type Queues map[string]string
 
 // QueueURL implements [Resolver].
@@ -27,7 +28,7 @@ func (q Queues) QueueURL(_ context.Context, topic string) (string, error) {
 	if url, ok := q[topic]; ok {
 		return url, nil
 	}
-	return "", outbox.Permanent(fmt.Errorf("sqs: topic %q has no queue URL in the static map: %w", topic, outbox.ErrNoRoute))
+	return "", driver.Permanent(fmt.Errorf("sqstransport: topic %q has no queue URL in the static map: %w", topic, middleware.ErrNoRoute))
 }
 
 // GetQueueURLAPI is the SDK method [NameResolver] calls.
@@ -62,7 +63,7 @@ func (r *NameResolver) QueueURL(ctx context.Context, topic string) (string, erro
 		return url, nil
 	}
 	if !validQueueName(topic) {
-		return "", outbox.Permanent(fmt.Errorf("sqs: topic %q is not a valid queue name (1 to 80 of A-Z a-z 0-9 - _, optionally ending in .fifo): %w", topic, outbox.ErrNoRoute))
+		return "", driver.Permanent(fmt.Errorf("sqstransport: topic %q is not a valid queue name (1 to 80 of A-Z a-z 0-9 - _, optionally ending in .fifo): %w", topic, middleware.ErrNoRoute))
 	}
 	in := &sqs.GetQueueUrlInput{QueueName: aws.String(topic)}
 	if r.owner != "" {
@@ -73,10 +74,10 @@ func (r *NameResolver) QueueURL(ctx context.Context, topic string) (string, erro
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			return "", ctxErr
 		}
-		return "", classify(fmt.Errorf("sqs: look up queue %q: %w", topic, err))
+		return "", classify(fmt.Errorf("sqstransport: look up queue %q: %w", topic, err))
 	}
 	if out.QueueUrl == nil || *out.QueueUrl == "" {
-		return "", fmt.Errorf("sqs: look up queue %q: empty queue URL in the answer", topic)
+		return "", fmt.Errorf("sqstransport: look up queue %q: empty queue URL in the answer", topic)
 	}
 	r.mu.Lock()
 	r.urls[topic] = *out.QueueUrl

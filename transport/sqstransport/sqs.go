@@ -14,24 +14,25 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 const (
-	// DefaultMaxBytes is the default per-message and per-request byte limit: 256 KiB,
-	// what emulators and older accounts allow.
-	DefaultMaxBytes = 256 * 1024
-	// MaxBytesLimit is the largest limit SQS supports: 1 MiB.
-	MaxBytesLimit = 1024 * 1024
+	// DefaultQueueLimit is the default [Config.QueueLimit]: 256 KiB, what emulators
+	// and older accounts allow.
+	DefaultQueueLimit = 256 * 1024
+	// MaxQueueLimit is the largest [Config.QueueLimit], the most SQS supports: 1 MiB.
+	MaxQueueLimit = 1024 * 1024
+	// MinQueueLimit is the smallest [Config.QueueLimit]: what the transport reserves
+	// for its own attributes and the framing of headers leaves at least 1 KiB for the
+	// message.
+	MinQueueLimit = 4096
 	// DefaultConcurrency is the default number of SendMessageBatch requests in flight
 	// at once for one Publish call.
 	DefaultConcurrency = 8
 	// maxEntries is SQS's limit of entries in one SendMessageBatch request.
 	maxEntries = 10
 	fifoSuffix = ".fifo"
-	// MinMaxBytes is the smallest [Config.MaxBytes]: what the transport reserves for
-	// its own attributes and the framing of headers leaves at least 1 KiB for the
-	// message.
-	MinMaxBytes = 4096
 )
 
 // API is the part of the SQS client the transport uses. A *sqs.Client satisfies it;
@@ -46,13 +47,22 @@ type Config struct {
 	// Resolver maps topics to queue URLs. Defaults to a [NameResolver] on the client:
 	// the topic is the queue name, looked up once with GetQueueUrl and cached.
 	Resolver Resolver
-	// MaxBytes caps one message, and the sum of the messages in one SendMessageBatch
-	// request, as SQS counts them: body plus every attribute's name, type and value.
-	// Keep it at or under the queues' MaximumMessageSize. Defaults to
-	// [DefaultMaxBytes] (256 KiB); at least [MinMaxBytes], at most [MaxBytesLimit]
-	// (1 MiB, what SQS allows). The limit on captured messages,
-	// [Transport.MaxMessageSize], is derived from it.
-	MaxBytes int
+	// QueueLimit is the queues' MaximumMessageSize: the most bytes SQS takes for one
+	// message, and for the sum of the messages in one SendMessageBatch request, as
+	// SQS counts them (body plus every attribute's name, type and value). Keep it at
+	// or under the queues' setting. Defaults to [DefaultQueueLimit] (256 KiB); at
+	// least [MinQueueLimit], at most [MaxQueueLimit] (1 MiB, what SQS allows).
+	QueueLimit int
+	// MaxMessageSize is the largest [outbox.Message.Size] (of the message as
+	// captured) the transport publishes; [Transport.MaxMessageSize] reports it. A
+	// larger message fails permanently, wrapping [outbox.ErrTooLarge], without being
+	// sent; capture refuses it at Send when the transport is wired in through
+	// outbox.SenderConfig.Transport. Defaults to the most that QueueLimit can always
+	// carry, and may not exceed it: three quarters (for base64) of what QueueLimit
+	// leaves after a reserve of 2,545 bytes (2,472 with OmitIdempotencyKey) for the
+	// attributes the transport adds and the framing of 32 headers, which is 194,698
+	// bytes for the default 256 KiB and 784,522 for 1 MiB.
+	MaxMessageSize int
 	// Concurrency caps the SendMessageBatch requests one Publish has in flight.
 	// Requests to one FIFO queue are always sent one after another, to keep group
 	// order. Defaults to [DefaultConcurrency].
@@ -70,8 +80,11 @@ func (c *Config) setDefaults(client API) {
 	if c.Resolver == nil {
 		c.Resolver = NewNameResolver(client, "")
 	}
-	if c.MaxBytes == 0 {
-		c.MaxBytes = DefaultMaxBytes
+	if c.QueueLimit == 0 {
+		c.QueueLimit = DefaultQueueLimit
+	}
+	if c.MaxMessageSize == 0 {
+		c.MaxMessageSize = limitFor(c.QueueLimit, !c.OmitIdempotencyKey)
 	}
 	if c.Concurrency == 0 {
 		c.Concurrency = DefaultConcurrency
@@ -84,8 +97,21 @@ func (c *Config) setDefaults(client API) {
 // Validate reports the first setting that cannot work, naming its field. Zero values
 // are valid: they take their defaults.
 func (c Config) Validate() error {
-	if c.MaxBytes != 0 && (c.MaxBytes < MinMaxBytes || c.MaxBytes > MaxBytesLimit) {
-		return fmt.Errorf("%w: sqstransport: Config.MaxBytes is %d; it must be between %d and %d (or 0 for the default %d)", outbox.ErrMisconfigured, c.MaxBytes, MinMaxBytes, MaxBytesLimit, DefaultMaxBytes)
+	if c.QueueLimit != 0 && (c.QueueLimit < MinQueueLimit || c.QueueLimit > MaxQueueLimit) {
+		return fmt.Errorf("%w: sqstransport: Config.QueueLimit is %d; it must be between %d and %d (or 0 for the default %d)", outbox.ErrMisconfigured, c.QueueLimit, MinQueueLimit, MaxQueueLimit, DefaultQueueLimit)
+	}
+	if c.MaxMessageSize < 0 {
+		return fmt.Errorf("%w: sqstransport: Config.MaxMessageSize is %d; it must be positive (or 0 for the default)", outbox.ErrMisconfigured, c.MaxMessageSize)
+	}
+	queueLimit := c.QueueLimit
+	if queueLimit == 0 {
+		queueLimit = DefaultQueueLimit
+	}
+	if capacity := limitFor(queueLimit, !c.OmitIdempotencyKey); c.MaxMessageSize > capacity {
+		if need := queueLimitFor(c.MaxMessageSize, !c.OmitIdempotencyKey); need <= MaxQueueLimit {
+			return fmt.Errorf("%w: sqstransport: Config.MaxMessageSize %d exceeds the %d that Config.QueueLimit %d always carries: raise QueueLimit (and the queues' MaximumMessageSize) to at least %d, or lower MaxMessageSize", outbox.ErrMisconfigured, c.MaxMessageSize, capacity, queueLimit, need)
+		}
+		return fmt.Errorf("%w: sqstransport: Config.MaxMessageSize %d exceeds the %d that Config.QueueLimit %d always carries, and SQS allows at most %d (a MaxMessageSize of %d)", outbox.ErrMisconfigured, c.MaxMessageSize, capacity, queueLimit, MaxQueueLimit, limitFor(MaxQueueLimit, !c.OmitIdempotencyKey))
 	}
 	if c.Concurrency < 0 {
 		return fmt.Errorf("%w: sqstransport: Config.Concurrency is %d; it must be at least 1 (or 0 for the default %d)", outbox.ErrMisconfigured, c.Concurrency, DefaultConcurrency)
@@ -97,12 +123,11 @@ func (c Config) Validate() error {
 type Transport struct {
 	client API
 	cfg    Config
-	limit  int // MaxMessageSize
 }
 
 var (
-	_ outbox.Transport   = (*Transport)(nil)
-	_ outbox.SizeLimiter = (*Transport)(nil)
+	_ driver.Transport   = (*Transport)(nil)
+	_ driver.SizeLimiter = (*Transport)(nil)
 )
 
 // New returns a Transport sending through client, which the caller built and
@@ -117,22 +142,20 @@ func New(client API, cfg Config) (*Transport, error) {
 		return nil, err
 	}
 	cfg.setDefaults(client)
-	return &Transport{client: client, cfg: cfg, limit: limitFor(cfg.MaxBytes, !cfg.OmitIdempotencyKey)}, nil
+	return &Transport{client: client, cfg: cfg}, nil
 }
 
-// MaxMessageSize implements [outbox.SizeLimiter]: the largest [outbox.Message.Size]
-// (of the message as captured) that the transport publishes. Any message within it
-// that has at most 32 headers fits [Config.MaxBytes] as SQS counts it, even when its
-// payload is binary and travels as base64 (4 bytes for every 3), after the transport
-// added its attributes: the message ID, the idempotency key (unless
-// [Config.OmitIdempotencyKey]), the key, the layout and the packed headers. It is
-// three quarters of what MaxBytes leaves after a reserve of 2,545 bytes (2,472 with
-// OmitIdempotencyKey): 194,698 bytes for the default 256 KiB, 784,522 for 1 MiB.
+// MaxMessageSize implements [driver.SizeLimiter]: [Config.MaxMessageSize], or its
+// default. Any message within it that has at most 32 headers fits [Config.QueueLimit]
+// as SQS counts it, even when its payload is binary and travels as base64 (4 bytes
+// for every 3), after the transport added its attributes: the message ID, the
+// idempotency key (unless [Config.OmitIdempotencyKey]), the key, the layout and the
+// packed headers.
 //
 // Publish refuses a larger message permanently, wrapping [outbox.ErrTooLarge], without
 // sending it. Capture refuses it at Send, before anything is written, when the
 // transport is wired in: outbox.NewSender(store, outbox.SenderConfig{Transport: t}).
-func (t *Transport) MaxMessageSize() int { return t.limit }
+func (t *Transport) MaxMessageSize() int { return t.cfg.MaxMessageSize }
 
 // As gives access to the client: target may be a **sqs.Client (when the transport was
 // built on one) or a *API. It reports whether target was set.
@@ -154,12 +177,12 @@ func (t *Transport) As(target any) bool {
 // pending is one envelope on its way to a queue.
 type pending struct {
 	index int // position in the batch
-	env   *outbox.Envelope
+	env   *driver.Envelope
 	entry types.SendMessageBatchRequestEntry
 	size  int
 	group string
 	// keyed marks a FIFO message with a key: its group's order matters to the
-	// dispatcher, so its later messages never share its request and are held back
+	// relay, so its later messages never share its request and are held back
 	// when it fails.
 	keyed bool
 }
@@ -171,13 +194,13 @@ type queueJob struct {
 	entries []*pending
 }
 
-// Publish implements [outbox.Transport]. It sends the batch with SendMessageBatch
-// requests of at most ten entries and [Config.MaxBytes] bytes, to every queue at once
+// Publish implements [driver.Transport]. It sends the batch with SendMessageBatch
+// requests of at most ten entries and [Config.QueueLimit] bytes, to every queue at once
 // (up to [Config.Concurrency] requests), and waits for all of them. Messages that SQS
-// did not acknowledge are returned in an [*outbox.PublishError], each failure marked
+// did not acknowledge are returned in an [*driver.PublishError], each failure marked
 // permanent or transient. If ctx ends before SQS acknowledged anything, Publish
 // returns ctx.Err().
-func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error {
+func (t *Transport) Publish(ctx context.Context, batch []*driver.Envelope) error {
 	if len(batch) == 0 {
 		return nil
 	}
@@ -210,13 +233,13 @@ func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error
 			}
 			urls[env.Topic] = url
 		}
-		if size := env.Size(); size > t.limit {
-			failures[i] = outbox.Permanent(fmt.Errorf("%w: sqs: message is %d bytes, over the transport's limit of %d (Transport.MaxMessageSize, derived from Config.MaxBytes %d)", outbox.ErrTooLarge, size, t.limit, t.cfg.MaxBytes))
+		if size := env.Size(); size > t.cfg.MaxMessageSize {
+			failures[i] = driver.Permanent(fmt.Errorf("%w: sqstransport: message of %d bytes exceeds the transport's limit of %d (Config.MaxMessageSize)", outbox.ErrTooLarge, size, t.cfg.MaxMessageSize))
 			continue
 		}
-		enc, err := encode(env, t.cfg.MaxBytes, !t.cfg.OmitIdempotencyKey)
+		enc, err := encode(env, t.cfg.QueueLimit, !t.cfg.OmitIdempotencyKey)
 		if err != nil {
-			failures[i] = outbox.Permanent(err)
+			failures[i] = driver.Permanent(err)
 			continue
 		}
 		job := jobs[url]
@@ -248,7 +271,7 @@ func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error
 	send := func(url string, chunk []*pending) (failed map[string]error) {
 		t.sendChunk(ctx, url, chunk, failures, acked)
 		for _, p := range chunk {
-			if !acked[p.index] && !outbox.IsPermanent(failures[p.index]) && p.keyed {
+			if !acked[p.index] && !driver.IsPermanent(failures[p.index]) && p.keyed {
 				if failed == nil {
 					failed = make(map[string]error)
 				}
@@ -261,7 +284,7 @@ func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error
 	}
 	for _, job := range order {
 		if !job.fifo {
-			chunks := split(job.entries, t.cfg.MaxBytes)
+			chunks := split(job.entries, t.cfg.QueueLimit)
 			for _, chunk := range chunks {
 				wg.Add(1)
 				sem <- struct{}{}
@@ -273,7 +296,7 @@ func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error
 			}
 			continue
 		}
-		chunks := splitFIFO(job.entries, t.cfg.MaxBytes)
+		chunks := splitFIFO(job.entries, t.cfg.QueueLimit)
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
@@ -288,7 +311,7 @@ func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error
 				ready := chunk[:0:0]
 				for _, p := range chunk {
 					if cause, ok := blocked[p.group]; ok {
-						failures[p.index] = fmt.Errorf("sqs: held back behind an earlier message of group %q that failed: %w", p.group, cause)
+						failures[p.index] = fmt.Errorf("sqstransport: held back behind an earlier message of group %q that failed: %w", p.group, cause)
 						continue
 					}
 					ready = append(ready, p)
@@ -304,7 +327,7 @@ func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error
 	}
 	wg.Wait()
 
-	var perr outbox.PublishError
+	var perr driver.PublishError
 	anyAcked := false
 	for i, env := range batch {
 		if acked[i] {
@@ -313,9 +336,9 @@ func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error
 		}
 		err := failures[i]
 		if err == nil {
-			err = errors.New("sqs: no result for message")
+			err = errors.New("sqstransport: no result for message")
 		}
-		perr.Failed = append(perr.Failed, outbox.MessageError{ID: env.ID, Err: err})
+		perr.Failed = append(perr.Failed, driver.MessageError{ID: env.ID, Err: err})
 	}
 	if len(perr.Failed) == 0 {
 		return nil
@@ -329,15 +352,15 @@ func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error
 }
 
 // split cuts a queue's messages, in order, into requests of at most ten entries whose
-// sizes add up to at most maxBytes.
-func split(entries []*pending, maxBytes int) [][]*pending {
+// sizes add up to at most limit.
+func split(entries []*pending, limit int) [][]*pending {
 	var (
 		chunks [][]*pending
 		start  int
 		bytes  int
 	)
 	for i, p := range entries {
-		if i-start == maxEntries || (i > start && bytes+p.size > maxBytes) {
+		if i-start == maxEntries || (i > start && bytes+p.size > limit) {
 			chunks = append(chunks, entries[start:i])
 			start, bytes = i, 0
 		}
@@ -354,8 +377,8 @@ func split(entries []*pending, maxBytes int) [][]*pending {
 // message of its group, so a request never carries two messages of one key: when SQS
 // fails one, the later ones are still unsent and can be held back. Keyless messages
 // only keep their group's order, several to a request. Each request holds at most ten
-// entries and maxBytes bytes.
-func splitFIFO(entries []*pending, maxBytes int) [][]*pending {
+// entries and limit bytes.
+func splitFIFO(entries []*pending, limit int) [][]*pending {
 	var (
 		chunks [][]*pending
 		bytes  []int
@@ -371,7 +394,7 @@ func splitFIFO(entries []*pending, maxBytes int) [][]*pending {
 		}
 		c := from
 		for ; c < len(chunks); c++ {
-			if len(chunks[c]) < maxEntries && bytes[c]+p.size <= maxBytes {
+			if len(chunks[c]) < maxEntries && bytes[c]+p.size <= limit {
 				break
 			}
 		}
@@ -409,9 +432,9 @@ func (t *Transport) sendChunk(ctx context.Context, url string, chunk []*pending,
 		if ctxErr := ctx.Err(); ctxErr != nil && errors.Is(err, ctxErr) {
 			err = ctxErr
 		} else {
-			err = classify(fmt.Errorf("sqs: send %d messages to %s: %w", len(chunk), url, err))
+			err = classify(fmt.Errorf("sqstransport: send %d messages to %s: %w", len(chunk), url, err))
 		}
-		t.cfg.Logger.DebugContext(ctx, "sqs: SendMessageBatch failed", "queue", url, "messages", len(chunk), "permanent", outbox.IsPermanent(err), "error", err)
+		t.cfg.Logger.DebugContext(ctx, "sqstransport: SendMessageBatch failed", "queue", url, "messages", len(chunk), "permanent", driver.IsPermanent(err), "error", err)
 		for _, p := range chunk {
 			failures[p.index] = err
 		}
@@ -436,6 +459,6 @@ func (t *Transport) sendChunk(ctx context.Context, url string, chunk []*pending,
 		}
 	}
 	for id, p := range byID {
-		failures[p.index] = fmt.Errorf("sqs: SendMessageBatch returned no result for entry %s", id)
+		failures[p.index] = fmt.Errorf("sqstransport: SendMessageBatch returned no result for entry %s", id)
 	}
 }

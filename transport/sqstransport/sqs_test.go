@@ -20,7 +20,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	emulator "github.com/outboxkit/outbox/internal/sqsemulator"
+	"github.com/outboxkit/outbox/middleware"
 	"github.com/outboxkit/outbox/transport/sqstransport"
 )
 
@@ -62,9 +64,9 @@ func newTransport(t *testing.T, client sqstransport.API, cfg sqstransport.Config
 	return tr
 }
 
-func envelope(t *testing.T, topic string, key, payload []byte, headers ...outbox.Header) *outbox.Envelope {
+func envelope(t *testing.T, topic string, key, payload []byte, headers ...outbox.Header) *driver.Envelope {
 	t.Helper()
-	env, err := outbox.NewEnvelope(outbox.Message{Topic: topic, Key: key, Payload: payload, Headers: headers}, 8)
+	env, err := driver.NewEnvelope(outbox.Message{Topic: topic, Key: key, Payload: payload, Headers: headers}, 8)
 	require.NoError(t, err)
 	return env
 }
@@ -126,7 +128,7 @@ func drain(t *testing.T, client *sqs.Client, url string) []*sqstransport.Deliver
 
 // published is what a consumer sees: the application's headers, then an
 // idempotency key when the application set none, then the message ID.
-func published(env *outbox.Envelope) []outbox.Header {
+func published(env *driver.Envelope) []outbox.Header {
 	id := []byte(env.ID.String())
 	hs := append([]outbox.Header{}, env.Headers...)
 	if _, ok := env.Header(outbox.HeaderIdempotencyKey); !ok {
@@ -152,7 +154,7 @@ func TestPublishRoundTripStandard(t *testing.T) {
 		many = append(many, outbox.Header{Key: fmt.Sprintf("h-%02d", 13-i), Value: []byte(fmt.Sprint("v", i))})
 	}
 	many = append(many, outbox.Header{Key: "h-00", Value: []byte("duplicate name")}, outbox.Header{Key: "empty", Value: []byte{}})
-	batch := []*outbox.Envelope{
+	batch := []*driver.Envelope{
 		envelope(t, name, []byte("k1"), []byte(`{"text":"plain"}`), outbox.Header{Key: outbox.HeaderIdempotencyKey, Value: []byte("idem-1")}),
 		envelope(t, name, nil, randomBytes(1024)),
 		envelope(t, name, randomBytes(16), []byte("binary key")),
@@ -188,7 +190,7 @@ func TestPublishFIFOKeepsGroupOrder(t *testing.T) {
 	client := srv.Client()
 	tr := newTransport(t, client, sqstransport.Config{Resolver: sqstransport.Queues{"orders": url}})
 
-	var batch []*outbox.Envelope
+	var batch []*driver.Envelope
 	keys := [][]byte{[]byte("alpha"), []byte("with space"), nil}
 	for i := range 36 {
 		batch = append(batch, envelope(t, "orders", keys[i%3], []byte(fmt.Sprint(i))))
@@ -212,7 +214,7 @@ func TestPublishFIFOKeepsGroupOrder(t *testing.T) {
 	assert.Empty(t, drain(t, client, url))
 }
 
-func mustIndex(t *testing.T, batch []*outbox.Envelope, id uuid.UUID) int {
+func mustIndex(t *testing.T, batch []*driver.Envelope, id uuid.UUID) int {
 	t.Helper()
 	for i, env := range batch {
 		if env.ID == id {
@@ -228,16 +230,16 @@ func TestPublishTooLargeIsPermanentAndTheRestArrive(t *testing.T) {
 	srv, name, url := setup(t, false, nil)
 	client := srv.Client()
 	tr := newTransport(t, client, sqstransport.Config{})
-	big := envelope(t, name, []byte("big"), bytes.Repeat([]byte("x"), sqstransport.DefaultMaxBytes))
+	big := envelope(t, name, []byte("big"), bytes.Repeat([]byte("x"), sqstransport.DefaultQueueLimit))
 	ok1 := envelope(t, name, []byte("a"), []byte("fine"))
 	ok2 := envelope(t, name, []byte("b"), []byte("fine"))
 
-	err := tr.Publish(context.Background(), []*outbox.Envelope{ok1, big, ok2})
-	var perr *outbox.PublishError
+	err := tr.Publish(context.Background(), []*driver.Envelope{ok1, big, ok2})
+	var perr *driver.PublishError
 	require.ErrorAs(t, err, &perr)
 	require.Len(t, perr.Failed, 1)
 	assert.Equal(t, big.ID, perr.Failed[0].ID)
-	assert.True(t, outbox.IsPermanent(perr.Failed[0].Err))
+	assert.True(t, driver.IsPermanent(perr.Failed[0].Err))
 	assert.ErrorIs(t, perr.Failed[0].Err, outbox.ErrTooLarge)
 
 	got, _ := receive(t, client, url, 2)
@@ -255,12 +257,12 @@ func TestPublishEntryRefusedBySQSIsPermanent(t *testing.T) {
 	big := envelope(t, "t", nil, bytes.Repeat([]byte("y"), 2000))
 	small := envelope(t, "t", nil, []byte("small"))
 
-	err := tr.Publish(context.Background(), []*outbox.Envelope{big, small})
-	var perr *outbox.PublishError
+	err := tr.Publish(context.Background(), []*driver.Envelope{big, small})
+	var perr *driver.PublishError
 	require.ErrorAs(t, err, &perr)
 	require.Len(t, perr.Failed, 1)
 	assert.Equal(t, big.ID, perr.Failed[0].ID)
-	assert.True(t, outbox.IsPermanent(perr.Failed[0].Err), "%v", perr.Failed[0].Err)
+	assert.True(t, driver.IsPermanent(perr.Failed[0].Err), "%v", perr.Failed[0].Err)
 	var entry *sqstransport.EntryError
 	require.ErrorAs(t, perr.Failed[0].Err, &entry)
 	assert.True(t, entry.SenderFault)
@@ -277,26 +279,26 @@ func TestPublishUnknownQueueIsPermanent(t *testing.T) {
 	// By name: GetQueueUrl says the queue does not exist.
 	tr := newTransport(t, client, sqstransport.Config{})
 	env := envelope(t, "no-such-queue", nil, []byte("x"))
-	err := tr.Publish(context.Background(), []*outbox.Envelope{env})
-	var perr *outbox.PublishError
+	err := tr.Publish(context.Background(), []*driver.Envelope{env})
+	var perr *driver.PublishError
 	require.ErrorAs(t, err, &perr)
 	require.Len(t, perr.Failed, 1)
-	assert.True(t, outbox.IsPermanent(perr.Failed[0].Err), "%v", perr.Failed[0].Err)
+	assert.True(t, driver.IsPermanent(perr.Failed[0].Err), "%v", perr.Failed[0].Err)
 
 	// By URL: SendMessageBatch says so.
 	tr = newTransport(t, client, sqstransport.Config{Resolver: sqstransport.Queues{"t": srv.URL + "/123456789012/no-such-queue"}})
-	err = tr.Publish(context.Background(), []*outbox.Envelope{envelope(t, "t", nil, []byte("x")), envelope(t, "t", nil, []byte("y"))})
+	err = tr.Publish(context.Background(), []*driver.Envelope{envelope(t, "t", nil, []byte("x")), envelope(t, "t", nil, []byte("y"))})
 	require.ErrorAs(t, err, &perr)
 	require.Len(t, perr.Failed, 2)
 	for _, f := range perr.Failed {
-		assert.True(t, outbox.IsPermanent(f.Err), "%v", f.Err)
+		assert.True(t, driver.IsPermanent(f.Err), "%v", f.Err)
 	}
 
 	// A topic missing from a static map.
-	err = tr.Publish(context.Background(), []*outbox.Envelope{envelope(t, "unmapped", nil, []byte("x"))})
+	err = tr.Publish(context.Background(), []*driver.Envelope{envelope(t, "unmapped", nil, []byte("x"))})
 	require.ErrorAs(t, err, &perr)
-	assert.ErrorIs(t, perr.Failed[0].Err, outbox.ErrNoRoute)
-	assert.True(t, outbox.IsPermanent(perr.Failed[0].Err))
+	assert.ErrorIs(t, perr.Failed[0].Err, middleware.ErrNoRoute)
+	assert.True(t, driver.IsPermanent(perr.Failed[0].Err))
 }
 
 func TestPublishCancelledContext(t *testing.T) {
@@ -305,7 +307,7 @@ func TestPublishCancelledContext(t *testing.T) {
 	tr := newTransport(t, srv.Client(), sqstransport.Config{})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	err := tr.Publish(ctx, []*outbox.Envelope{envelope(t, name, nil, []byte("x"))})
+	err := tr.Publish(ctx, []*driver.Envelope{envelope(t, name, nil, []byte("x"))})
 	require.ErrorIs(t, err, context.Canceled)
 	assert.Equal(t, context.Canceled, err, "context errors are returned unwrapped")
 }
@@ -346,11 +348,11 @@ func (h *hookClient) SendMessageBatch(ctx context.Context, in *sqs.SendMessageBa
 // failedIDs checks that every failure is transient and returns the failed IDs.
 func failedIDs(t *testing.T, err error) map[uuid.UUID]error {
 	t.Helper()
-	var perr *outbox.PublishError
+	var perr *driver.PublishError
 	require.ErrorAs(t, err, &perr)
 	failed := map[uuid.UUID]error{}
 	for _, f := range perr.Failed {
-		assert.False(t, outbox.IsPermanent(f.Err), "an outage is transient: %v", f.Err)
+		assert.False(t, driver.IsPermanent(f.Err), "an outage is transient: %v", f.Err)
 		failed[f.ID] = f.Err
 	}
 	return failed
@@ -374,7 +376,7 @@ func TestNameResolverCachesLookups(t *testing.T) {
 	resolver := sqstransport.NewNameResolver(client, "")
 	tr := newTransport(t, client, sqstransport.Config{Resolver: resolver})
 	for i := range 3 {
-		require.NoError(t, tr.Publish(context.Background(), []*outbox.Envelope{envelope(t, name, nil, []byte(fmt.Sprint(i)))}))
+		require.NoError(t, tr.Publish(context.Background(), []*driver.Envelope{envelope(t, name, nil, []byte(fmt.Sprint(i)))}))
 	}
 	assert.EqualValues(t, 1, client.lookups.Load(), "one GetQueueUrl per topic")
 	got, err := resolver.QueueURL(context.Background(), name)
@@ -383,11 +385,11 @@ func TestNameResolverCachesLookups(t *testing.T) {
 
 	// Failed look-ups are not cached, and a name SQS cannot have is refused locally.
 	_, err = resolver.QueueURL(context.Background(), "missing-queue")
-	require.True(t, outbox.IsPermanent(err), "%v", err)
+	require.True(t, driver.IsPermanent(err), "%v", err)
 	_, err = resolver.QueueURL(context.Background(), "missing-queue")
 	require.Error(t, err)
 	assert.EqualValues(t, 3, client.lookups.Load())
 	_, err = resolver.QueueURL(context.Background(), "not a queue name")
-	require.ErrorIs(t, err, outbox.ErrNoRoute)
+	require.ErrorIs(t, err, middleware.ErrNoRoute)
 	assert.EqualValues(t, 3, client.lookups.Load())
 }

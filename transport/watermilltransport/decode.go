@@ -38,7 +38,7 @@ func Decode(msg *message.Message) (Delivery, error) {
 	} else if enc, ok := md[MetadataKeyBase64]; ok {
 		key, err := base64.StdEncoding.DecodeString(enc)
 		if err != nil {
-			return d, fmt.Errorf("%w: watermill: message %s: %s: %w", outbox.ErrInvalidMessage, msg.UUID, MetadataKeyBase64, err)
+			return d, fmt.Errorf("%w: watermilltransport: message %s: %s: %w", outbox.ErrInvalidMessage, msg.UUID, MetadataKeyBase64, err)
 		}
 		d.Key = key
 	}
@@ -50,16 +50,16 @@ func Decode(msg *message.Message) (Delivery, error) {
 	}
 	headers, err := decodeHeaders(md)
 	if err != nil {
-		return d, fmt.Errorf("%w: watermill: message %s: %w", outbox.ErrInvalidMessage, msg.UUID, err)
+		return d, fmt.Errorf("%w: watermilltransport: message %s: %w", outbox.ErrInvalidMessage, msg.UUID, err)
 	}
 	d.Headers = headers
 	raw, ok := d.Header(outbox.HeaderMessageID)
 	if !ok {
-		return d, fmt.Errorf("%w: watermill: message %s has no %s header", outbox.ErrInvalidMessage, msg.UUID, outbox.HeaderMessageID)
+		return d, fmt.Errorf("%w: watermilltransport: message %s has no %s header", outbox.ErrInvalidMessage, msg.UUID, outbox.HeaderMessageID)
 	}
 	id, err := uuid.ParseBytes(raw)
 	if err != nil {
-		return d, fmt.Errorf("%w: watermill: message %s: %s header %q: %w", outbox.ErrInvalidMessage, msg.UUID, outbox.HeaderMessageID, raw, err)
+		return d, fmt.Errorf("%w: watermilltransport: message %s: %s header %q: %w", outbox.ErrInvalidMessage, msg.UUID, outbox.HeaderMessageID, raw, err)
 	}
 	d.ID = id
 	return d, nil

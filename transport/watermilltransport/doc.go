@@ -34,8 +34,8 @@
 //     a call fails, every message of it is reported failed (some may have reached the
 //     broker; they are published again), transient unless [Config.Permanent]
 //     classifies the error, and the later messages of their keys in the batch are held
-//     back (failed, transient). That is the promise of [outbox.KeyOrderKeeper], so the
-//     dispatcher sends a key's messages together — unless [Config.PartialFailures]
+//     back (failed, transient). That is the promise of [driver.KeyOrderKeeper], so the
+//     relay sends a key's messages together — unless [Config.PartialFailures]
 //     says the publisher may write a call's later messages after failing an earlier
 //     one; then a call carries at most one message of a key.
 //   - Refused before sending, permanently and on their own: a message over
@@ -44,8 +44,8 @@
 //     MaxMessageSize, so an oversized message does not fail its whole call.
 //   - Each message carries the Publish context (message.Message.SetContext), for
 //     adapters that honour it.
-//   - [Transport.Ping] calls [Config.Ping] ([outbox.Pinger]); without it, it reports nil,
-//     and the dispatcher behaves as with a transport that cannot ping.
+//   - [Transport.Ping] calls [Config.Ping] ([driver.Pinger]); without it, it reports nil,
+//     and the relay behaves as with a transport that cannot ping.
 //
 // # Limitations
 //

@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // FuzzRoundTrip: any message capture accepts is encoded into Watermill metadata and
@@ -26,13 +27,13 @@ func FuzzRoundTrip(f *testing.F) {
 		if nilKey {
 			key = nil
 		}
-		env, err := outbox.NewEnvelope(outbox.Message{Topic: "t", Key: key, Payload: payload, Headers: []outbox.Header{{Key: n1, Value: v1}, {Key: n2, Value: v2}}}, 8)
+		env, err := driver.NewEnvelope(outbox.Message{Topic: "t", Key: key, Payload: payload, Headers: []outbox.Header{{Key: n1, Value: v1}, {Key: n2, Value: v2}}}, 8)
 		if err != nil {
 			return // capture refuses it
 		}
 		msg, err := tr.encode(context.Background(), env)
 		if err != nil {
-			if !outbox.IsPermanent(err) || !errors.Is(err, outbox.ErrInvalidMessage) {
+			if !driver.IsPermanent(err) || !errors.Is(err, outbox.ErrInvalidMessage) {
 				t.Fatalf("a refusal is permanent and wraps ErrInvalidMessage: %v", err)
 			}
 			return

@@ -32,9 +32,9 @@ type HandlerFunc func(ctx context.Context, d *Delivery) error
 func Handler(in *inbox.Inbox, fn HandlerFunc) (message.NoPublishHandlerFunc, error) {
 	switch {
 	case in == nil:
-		return nil, fmt.Errorf("%w: watermill: Handler needs an *inbox.Inbox (inbox.New on the store fn writes to)", outbox.ErrMisconfigured)
+		return nil, fmt.Errorf("%w: watermilltransport: Handler needs an *inbox.Inbox (inbox.New on the store fn writes to)", outbox.ErrMisconfigured)
 	case fn == nil:
-		return nil, fmt.Errorf("%w: watermill: Handler needs a HandlerFunc", outbox.ErrMisconfigured)
+		return nil, fmt.Errorf("%w: watermilltransport: Handler needs a HandlerFunc", outbox.ErrMisconfigured)
 	}
 	return func(msg *message.Message) error {
 		d, err := Decode(msg)
@@ -42,7 +42,7 @@ func Handler(in *inbox.Inbox, fn HandlerFunc) (message.NoPublishHandlerFunc, err
 			return err
 		}
 		if _, err := in.Key(&d.Message); err != nil {
-			return fmt.Errorf("watermill: message %s: %w", msg.UUID, err)
+			return fmt.Errorf("watermilltransport: message %s: %w", msg.UUID, err)
 		}
 		_, err = in.Process(msg.Context(), &d.Message, func(ctx context.Context) error { return fn(ctx, &d) })
 		return err

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/inbox"
 	"github.com/outboxkit/outbox/store/memstore"
 	"github.com/outboxkit/outbox/transport/watermilltransport"
@@ -55,8 +56,8 @@ func TestHandlerAppliesOnce(t *testing.T) {
 	tr := newTransport(t, ps, watermilltransport.Config{})
 	once := envelope(t, outbox.Message{Topic: "t", Key: []byte("k"), Payload: []byte("twice published")})
 	retried := envelope(t, outbox.Message{Topic: "t", Key: []byte("j"), Payload: []byte("refused once")})
-	require.NoError(t, tr.Publish(context.Background(), []*outbox.Envelope{once, retried}))
-	require.NoError(t, tr.Publish(context.Background(), []*outbox.Envelope{once}))
+	require.NoError(t, tr.Publish(context.Background(), []*driver.Envelope{once, retried}))
+	require.NoError(t, tr.Publish(context.Background(), []*driver.Envelope{once}))
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

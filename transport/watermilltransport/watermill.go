@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // Metadata entries the transport writes beside the message's own headers.
@@ -43,7 +44,7 @@ func reserved(name string) bool {
 type Config struct {
 	// Topic maps an envelope to the Watermill topic it is published on. Defaults to
 	// the envelope's topic.
-	Topic func(env *outbox.Envelope) string
+	Topic func(env *driver.Envelope) string
 
 	// MaxMessageSize, when positive, is the largest [outbox.Message.Size] the
 	// transport publishes; [Transport.MaxMessageSize] reports it, so capture refuses a
@@ -67,14 +68,14 @@ type Config struct {
 	// PartialFailures declares that the publisher may write a later message of a
 	// call to the broker after failing an earlier one (a batch producer that fails
 	// messages one by one, say). The transport then does not claim
-	// [outbox.KeyOrderKeeper], and the dispatcher puts at most one message of a key in
+	// [driver.KeyOrderKeeper], and the relay puts at most one message of a key in
 	// a call, so that a key's order survives such failures. Defaults to false: the
 	// publisher, like Watermill's AMQP one, stops at the first failure of a call.
 	PartialFailures bool
 
 	// Ping, when set, is what [Transport.Ping] calls to learn, without publishing,
 	// whether the publisher reaches its broker (for Watermill's AMQP publisher,
-	// IsConnected). Defaults to nil: Ping reports nil, which makes the dispatcher
+	// IsConnected). Defaults to nil: Ping reports nil, which makes the relay
 	// behave as with a transport that cannot ping.
 	Ping func(ctx context.Context) error
 }
@@ -82,7 +83,7 @@ type Config struct {
 // Validate reports the first setting that cannot work, naming its field.
 func (c Config) Validate() error {
 	if c.MaxMessageSize < 0 {
-		return fmt.Errorf("%w: watermill: Config.MaxMessageSize is %d; it must be positive (or 0 for no limit)", outbox.ErrMisconfigured, c.MaxMessageSize)
+		return fmt.Errorf("%w: watermilltransport: Config.MaxMessageSize is %d; it must be positive (or 0 for no limit)", outbox.ErrMisconfigured, c.MaxMessageSize)
 	}
 	return nil
 }
@@ -95,10 +96,10 @@ type Transport struct {
 }
 
 var (
-	_ outbox.Transport      = (*Transport)(nil)
-	_ outbox.SizeLimiter    = (*Transport)(nil)
-	_ outbox.KeyOrderKeeper = (*Transport)(nil)
-	_ outbox.Pinger         = (*Transport)(nil)
+	_ driver.Transport      = (*Transport)(nil)
+	_ driver.SizeLimiter    = (*Transport)(nil)
+	_ driver.KeyOrderKeeper = (*Transport)(nil)
+	_ driver.Pinger         = (*Transport)(nil)
 )
 
 // New returns a transport that publishes through pub. The publisher is the caller's:
@@ -106,33 +107,33 @@ var (
 // [outbox.ErrMisconfigured] when pub is nil or cfg is invalid.
 func New(pub message.Publisher, cfg Config) (*Transport, error) {
 	if pub == nil {
-		return nil, fmt.Errorf("%w: watermill: publisher is nil: pass the message.Publisher your Watermill adapter built", outbox.ErrMisconfigured)
+		return nil, fmt.Errorf("%w: watermilltransport: publisher is nil: pass the message.Publisher your Watermill adapter built", outbox.ErrMisconfigured)
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if cfg.Topic == nil {
-		cfg.Topic = func(env *outbox.Envelope) string { return env.Topic }
+		cfg.Topic = func(env *driver.Envelope) string { return env.Topic }
 	}
 	return &Transport{pub: pub, cfg: cfg}, nil
 }
 
-// MaxMessageSize implements [outbox.SizeLimiter]: [Config.MaxMessageSize], 0 for none.
+// MaxMessageSize implements [driver.SizeLimiter]: [Config.MaxMessageSize], 0 for none.
 func (t *Transport) MaxMessageSize() int { return t.cfg.MaxMessageSize }
 
-// KeepsKeyOrder implements [outbox.KeyOrderKeeper]: a failed publisher call fails all
+// KeepsKeyOrder implements [driver.KeyOrderKeeper]: a failed publisher call fails all
 // its messages, and the later messages of their keys in the batch are held back, so
 // the transport never reports a key's message sent after failing an earlier one. It
 // reports false with [Config.PartialFailures].
 func (t *Transport) KeepsKeyOrder() bool { return !t.cfg.PartialFailures }
 
-// Ping implements [outbox.Pinger] with [Config.Ping]; without one it reports nil.
+// Ping implements [driver.Pinger] with [Config.Ping]; without one it reports nil.
 func (t *Transport) Ping(ctx context.Context) error {
 	if t.cfg.Ping == nil {
 		return nil
 	}
 	if err := t.cfg.Ping(ctx); err != nil {
-		return fmt.Errorf("watermill: ping: %w", err)
+		return fmt.Errorf("watermilltransport: ping: %w", err)
 	}
 	return nil
 }
@@ -153,7 +154,7 @@ type group struct {
 	msgs    []*message.Message
 }
 
-var errHeldBack = errors.New("watermill: not sent: an earlier message of its key in the batch failed")
+var errHeldBack = errors.New("watermilltransport: not sent: an earlier message of its key in the batch failed")
 
 // Publish sends the batch in as few publisher calls as order allows: one call per
 // topic, unless a key moves between topics within the batch, which starts another
@@ -161,9 +162,9 @@ var errHeldBack = errors.New("watermill: not sent: an earlier message of its key
 // other. A failed call fails all its messages (the publisher reports a call, not a
 // message), transient unless [Config.Permanent] says otherwise, and holds back the
 // later messages of their keys. It returns nil when every call succeeded, a
-// [*outbox.PublishError] naming the failed messages, or ctx's error when ctx ended
+// [*driver.PublishError] naming the failed messages, or ctx's error when ctx ended
 // first (nothing may then be assumed sent).
-func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error {
+func (t *Transport) Publish(ctx context.Context, batch []*driver.Envelope) error {
 	if len(batch) == 0 {
 		return nil
 	}
@@ -227,9 +228,9 @@ func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		cause := fmt.Errorf("watermill: publish %d messages to %q (the call fails as a whole): %w", len(msgs), g.topic, err)
+		cause := fmt.Errorf("watermilltransport: publish %d messages to %q (the call fails as a whole): %w", len(msgs), g.topic, err)
 		if t.cfg.Permanent != nil && t.cfg.Permanent(err) {
-			cause = outbox.Permanent(cause)
+			cause = driver.Permanent(cause)
 		}
 		for _, i := range indexes {
 			errs[i] = cause
@@ -238,10 +239,10 @@ func (t *Transport) Publish(ctx context.Context, batch []*outbox.Envelope) error
 			}
 		}
 	}
-	pe := &outbox.PublishError{}
+	pe := &driver.PublishError{}
 	for i, err := range errs {
 		if err != nil {
-			pe.Failed = append(pe.Failed, outbox.MessageError{ID: batch[i].ID, Err: err})
+			pe.Failed = append(pe.Failed, driver.MessageError{ID: batch[i].ID, Err: err})
 		}
 	}
 	if len(pe.Failed) == 0 {
@@ -266,10 +267,10 @@ func (h headerEntry) MarshalJSON() ([]byte, error) {
 
 // encode builds the Watermill message for env, or the permanent failure that keeps it
 // from being sent.
-func (t *Transport) encode(ctx context.Context, env *outbox.Envelope) (*message.Message, error) {
+func (t *Transport) encode(ctx context.Context, env *driver.Envelope) (*message.Message, error) {
 	if t.cfg.MaxMessageSize > 0 {
 		if size := env.Size(); size > t.cfg.MaxMessageSize {
-			return nil, outbox.Permanent(fmt.Errorf("%w: watermill: message of %d bytes exceeds the transport's limit of %d (Config.MaxMessageSize)", outbox.ErrTooLarge, size, t.cfg.MaxMessageSize))
+			return nil, driver.Permanent(fmt.Errorf("%w: watermilltransport: message of %d bytes exceeds the transport's limit of %d (Config.MaxMessageSize)", outbox.ErrTooLarge, size, t.cfg.MaxMessageSize))
 		}
 	}
 	id := env.ID.String()
@@ -277,7 +278,7 @@ func (t *Transport) encode(ctx context.Context, env *outbox.Envelope) (*message.
 	count := make(map[string]int, len(env.Headers)+2)
 	for _, h := range env.Headers {
 		if reserved(h.Key) {
-			return nil, outbox.Permanent(fmt.Errorf("%w: watermill: header %q is written by the transport: rename the application's header", outbox.ErrInvalidMessage, h.Key))
+			return nil, driver.Permanent(fmt.Errorf("%w: watermilltransport: header %q is written by the transport: rename the application's header", outbox.ErrInvalidMessage, h.Key))
 		}
 		headers = append(headers, h)
 		count[h.Key]++
@@ -307,7 +308,7 @@ func (t *Transport) encode(ctx context.Context, env *outbox.Envelope) (*message.
 	}
 	list, err := json.Marshal(entries)
 	if err != nil {
-		return nil, fmt.Errorf("watermill: encode headers: %w", err)
+		return nil, fmt.Errorf("watermilltransport: encode headers: %w", err)
 	}
 	md[MetadataHeaders] = string(list)
 	md[MetadataTopic] = env.Topic

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/transport/watermilltransport"
 )
 
@@ -78,9 +79,9 @@ func (f *faulty) Publish(topic string, msgs ...*message.Message) error {
 	return f.Publisher.Publish(topic, msgs...)
 }
 
-func envelope(t *testing.T, m outbox.Message) *outbox.Envelope {
+func envelope(t *testing.T, m outbox.Message) *driver.Envelope {
 	t.Helper()
-	env, err := outbox.NewEnvelope(m, outbox.DefaultBucketCount)
+	env, err := driver.NewEnvelope(m, driver.DefaultBucketCount)
 	require.NoError(t, err)
 	return env
 }
@@ -136,7 +137,7 @@ func TestRoundTrip(t *testing.T) {
 		{Topic: "t", Key: []byte{}, Payload: []byte{}},
 		{Topic: "t", Key: binary, Payload: nil},
 	}
-	var sent []*outbox.Envelope
+	var sent []*driver.Envelope
 	for _, m := range msgs {
 		sent = append(sent, envelope(t, m))
 	}
@@ -173,7 +174,7 @@ func TestCallsPerTopic(t *testing.T) {
 	ps := pubsub(t)
 	f := &faulty{Publisher: ps}
 	tr := newTransport(t, f, watermilltransport.Config{})
-	batch := []*outbox.Envelope{
+	batch := []*driver.Envelope{
 		envelope(t, outbox.Message{Topic: "a", Key: []byte("1"), Payload: []byte("a1")}),
 		envelope(t, outbox.Message{Topic: "b", Key: []byte("2"), Payload: []byte("b2")}),
 		envelope(t, outbox.Message{Topic: "a", Key: []byte("3"), Payload: []byte("a3")}),
@@ -208,8 +209,8 @@ func TestFailedCall(t *testing.T) {
 			bad2 := envelope(t, outbox.Message{Topic: "bad", Key: []byte("j"), Payload: []byte("3")})
 			held := envelope(t, outbox.Message{Topic: "good", Key: []byte("k"), Payload: []byte("4")})
 
-			err := tr.Publish(context.Background(), []*outbox.Envelope{bad1, good, bad2, held})
-			var pe *outbox.PublishError
+			err := tr.Publish(context.Background(), []*driver.Envelope{bad1, good, bad2, held})
+			var pe *driver.PublishError
 			require.ErrorAs(t, err, &pe)
 			failed := map[uuid.UUID]error{}
 			for _, m := range pe.Failed {
@@ -219,9 +220,9 @@ func TestFailedCall(t *testing.T) {
 			for _, id := range []uuid.UUID{bad1.ID, bad2.ID} {
 				assert.ErrorIs(t, failed[id], boom)
 				assert.ErrorContains(t, failed[id], "fails as a whole")
-				assert.Equal(t, permanent, outbox.IsPermanent(failed[id]))
+				assert.Equal(t, permanent, driver.IsPermanent(failed[id]))
 			}
-			assert.False(t, outbox.IsPermanent(failed[held.ID]), "held back is transient")
+			assert.False(t, driver.IsPermanent(failed[held.ID]), "held back is transient")
 			assert.ErrorContains(t, failed[held.ID], "earlier message of its key")
 			assert.Equal(t, good.ID, read(t, ps, "good", 1)[0].ID)
 		})
@@ -238,18 +239,18 @@ func TestRefusedBeforeSending(t *testing.T) {
 	big := envelope(t, outbox.Message{Topic: "t", Key: []byte("b"), Payload: make([]byte, 200)})
 	after := envelope(t, outbox.Message{Topic: "t", Key: []byte("b"), Payload: []byte("after")})
 	named := envelope(t, outbox.Message{Topic: "t", Key: []byte("c"), Headers: []outbox.Header{{Key: watermilltransport.MetadataKey}}})
-	err := tr.Publish(context.Background(), []*outbox.Envelope{ok, big, after, named})
-	var pe *outbox.PublishError
+	err := tr.Publish(context.Background(), []*driver.Envelope{ok, big, after, named})
+	var pe *driver.PublishError
 	require.ErrorAs(t, err, &pe)
 	require.Len(t, pe.Failed, 3)
 	assert.Equal(t, big.ID, pe.Failed[0].ID)
 	assert.ErrorIs(t, pe.Failed[0].Err, outbox.ErrTooLarge)
-	assert.True(t, outbox.IsPermanent(pe.Failed[0].Err))
+	assert.True(t, driver.IsPermanent(pe.Failed[0].Err))
 	assert.Equal(t, after.ID, pe.Failed[1].ID)
-	assert.False(t, outbox.IsPermanent(pe.Failed[1].Err))
+	assert.False(t, driver.IsPermanent(pe.Failed[1].Err))
 	assert.Equal(t, named.ID, pe.Failed[2].ID)
 	assert.ErrorIs(t, pe.Failed[2].Err, outbox.ErrInvalidMessage)
-	assert.True(t, outbox.IsPermanent(pe.Failed[2].Err))
+	assert.True(t, driver.IsPermanent(pe.Failed[2].Err))
 	assert.Equal(t, ok.ID, read(t, ps, "t", 1)[0].ID)
 }
 
@@ -259,7 +260,7 @@ func TestCancelledContext(t *testing.T) {
 	tr := newTransport(t, f, watermilltransport.Config{})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	err := tr.Publish(ctx, []*outbox.Envelope{envelope(t, outbox.Message{Topic: "t", Payload: []byte("p")})})
+	err := tr.Publish(ctx, []*driver.Envelope{envelope(t, outbox.Message{Topic: "t", Payload: []byte("p")})})
 	require.ErrorIs(t, err, context.Canceled)
 	assert.Empty(t, f.calls, "nothing is published on a cancelled context")
 }

@@ -17,7 +17,7 @@ import (
 	_ "github.com/go-sql-driver/mysql" // the "mysql" driver
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/store/dynamostore"
 	"github.com/outboxkit/outbox/store/sqlstore"
 )
@@ -36,9 +36,13 @@ type Options struct {
 	Region, Endpoint string
 }
 
-// Store is a store and what it was built on.
+// Store is a store's relay side and what it was built on. It is a [driver.Handle],
+// so a relay can be built on it.
 type Store struct {
-	outbox.DispatchStore
+	// Store is the relay side of the store's handle (its Driver method's result):
+	// relays and the operator commands work through it and the optional
+	// capabilities it implements.
+	driver.Store
 	Kind      string // "postgres", "mysql", "sqlite", "dynamodb"
 	SQL       *sqlstore.Store
 	Dynamo    *dynamostore.Store
@@ -46,6 +50,11 @@ type Store struct {
 	DDBConfig dynamostore.Config
 	closeAll  func() error
 }
+
+var _ driver.Handle = (*Store)(nil)
+
+// Driver returns the store's relay side.
+func (s *Store) Driver() driver.Store { return s.Store }
 
 // Close closes the store and the client it was opened on.
 func (s *Store) Close() error { return s.closeAll() }
@@ -76,7 +85,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 			pool.Close()
 			return nil, err
 		}
-		return &Store{DispatchStore: st, Kind: "postgres", SQL: st, closeAll: func() error {
+		return &Store{Store: st.Driver(), Kind: "postgres", SQL: st, closeAll: func() error {
 			err := st.Close()
 			pool.Close()
 			return err
@@ -111,7 +120,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &Store{DispatchStore: st, Kind: "dynamodb", Dynamo: st, DDB: client, DDBConfig: cfg, closeAll: st.Close}, nil
+		return &Store{Store: st.Driver(), Kind: "dynamodb", Dynamo: st, DDB: client, DDBConfig: cfg, closeAll: st.Close}, nil
 	}
 	return nil, fmt.Errorf("%w: store %q: the scheme must be postgres://, mysql://, sqlite:, file: or dynamodb://", ErrUsage, Redact(dsn))
 }
@@ -139,7 +148,7 @@ func openSQL(ctx context.Context, driver string, dialect sqlstore.Dialect, dsn s
 	if dialect == sqlstore.SQLite {
 		kind = "sqlite"
 	}
-	return &Store{DispatchStore: st, Kind: kind, SQL: st, closeAll: func() error {
+	return &Store{Store: st.Driver(), Kind: kind, SQL: st, closeAll: func() error {
 		return errors.Join(st.Close(), db.Close())
 	}}, nil
 }

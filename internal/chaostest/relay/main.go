@@ -1,4 +1,4 @@
-// Command relay is one outbox relay process for the process-kill test: a dispatcher
+// Command relay is one outbox relay process for the process-kill test: a relay
 // on a PostgreSQL store publishing to Kafka. It prints the buckets it owns whenever
 // they change (and every few hundred milliseconds), and how many messages it has
 // published, so the test can follow its leases from outside. SIGTERM or SIGINT stop
@@ -29,7 +29,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/sqlstore"
 	"github.com/outboxkit/outbox/transport/kafkatransport"
@@ -48,13 +48,13 @@ func run() error {
 		table        = flag.String("table", sqlstore.DefaultTable, "outbox table")
 		brokers      = flag.String("brokers", "", "comma-separated Kafka seed brokers")
 		id           = flag.String("id", "", "relay id")
-		buckets      = flag.Int("buckets", outbox.DefaultBucketCount, "bucket count")
+		buckets      = flag.Int("buckets", driver.DefaultBucketCount, "bucket count")
 		batch        = flag.Int("batch", 20, "batch size")
 		lease        = flag.Duration("lease", 2*time.Second, "lease duration")
 		renew        = flag.Duration("renew", 500*time.Millisecond, "lease renew interval")
 		poll         = flag.Duration("poll", 20*time.Millisecond, "poll interval")
 		publishDelay = flag.Duration("publish-delay", 0, "extra time every publish takes before it is sent")
-		ackDelay     = flag.Duration("ack-delay", 0, "time between the broker's acknowledgement and the dispatcher hearing of it, so a kill can land there")
+		ackDelay     = flag.Duration("ack-delay", 0, "time between the broker's acknowledgement and the relay hearing of it, so a kill can land there")
 	)
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -119,7 +119,7 @@ func run() error {
 			}
 			return nil
 		case <-d.Stopped():
-			return fmt.Errorf("dispatcher stopped on its own: %w", d.Err())
+			return fmt.Errorf("relay stopped on its own: %w", d.Err())
 		case <-tick.C:
 			owned := d.Owned()
 			if !slices.Equal(owned, last) || time.Since(reported) > 300*time.Millisecond {

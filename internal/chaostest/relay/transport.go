@@ -8,23 +8,23 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // countingTransport counts acknowledged messages and can make every publish slower:
 // delay before the publish, ackDelay after the broker acknowledged it and before the
-// dispatcher hears of it. It announces each acknowledgement on stdout ("acked N")
+// relay hears of it. It announces each acknowledgement on stdout ("acked N")
 // before that wait, so a test can kill the process while the broker holds a batch
 // the store has not forgotten.
 type countingTransport struct {
-	next      outbox.Transport
+	next      driver.Transport
 	delay     time.Duration
 	ackDelay  time.Duration
 	published atomic.Int64
 	out       *syncWriter
 }
 
-func (c *countingTransport) Publish(ctx context.Context, batch []*outbox.Envelope) error {
+func (c *countingTransport) Publish(ctx context.Context, batch []*driver.Envelope) error {
 	if c.delay > 0 {
 		t := time.NewTimer(c.delay)
 		select {
@@ -36,7 +36,7 @@ func (c *countingTransport) Publish(ctx context.Context, batch []*outbox.Envelop
 	}
 	err := c.next.Publish(ctx, batch)
 	n := len(batch)
-	var pe *outbox.PublishError
+	var pe *driver.PublishError
 	switch {
 	case err == nil:
 	case errors.As(err, &pe):

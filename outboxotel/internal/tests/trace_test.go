@@ -13,11 +13,11 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/middleware"
 	"github.com/outboxkit/outbox/middleware/tracecontext"
 	outboxotel "github.com/outboxkit/outbox/outboxotel"
 	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/memstore"
 )
 

@@ -7,9 +7,9 @@ import (
 	"github.com/aws/aws-lambda-go/lambda"
 	ddb "github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
-	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/dynamostore"
 	"github.com/outboxkit/outbox/store/dynamostore/dynamostreams"
 )
@@ -26,12 +26,12 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	var transport outbox.Transport = outboxtest.NewRecorder() // the broker's transport, e.g. SQS
+	var transport driver.Transport = outboxtest.NewRecorder() // the broker's transport, e.g. SQS
 	disp, err := relay.New(store, transport, relay.Config{RelayID: os.Getenv("AWS_LAMBDA_LOG_STREAM_NAME")})
 	if err != nil {
 		log.Fatal(err)
 	}
-	h, err := dynamostreams.New(disp, store, dynamostreams.Config{})
+	h, err := dynamostreams.New(disp, store.Driver(), dynamostreams.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}

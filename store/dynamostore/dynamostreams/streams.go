@@ -17,13 +17,14 @@
 //
 // Wiring: enable a stream on the table with StreamViewType KEYS_ONLY, map it to a
 // Lambda function with FunctionResponseTypes ReportBatchItemFailures, and in that
-// function build the store, a dispatcher (no worker: do not call Start) and a
-// [Handler] once, at init, and pass [Handler.Handle] to lambda.Start. Schedule a
-// second function that calls the dispatcher's RunOnce every minute or so as the
-// safety net: it sends what a stream invocation left (a bucket another relay held, a
-// message whose publish failed and waits for its retry, a record lost to an expired
-// stream). The package documentation of the repository's DynamoDB store guide lists
-// the IAM actions and the cost per message.
+// function build the store, a relay on it (no worker: do not call Start) and a
+// [Handler] once, at init: [New] takes the relay and the store's relay side
+// (store.Driver(), which reads the stream records' keys), and [Handler.Handle] goes
+// to lambda.Start. Schedule a second function that calls the relay's RunOnce every
+// minute or so as the safety net: it sends what a stream invocation left (a bucket
+// another relay held, a message whose publish failed and waits for its retry, a
+// record lost to an expired stream). The repository's DynamoDB store guide lists the
+// IAM actions and the cost per message.
 //
 // # Semantics
 //
@@ -39,14 +40,14 @@
 //     be reached, a misconfiguration), every record of that bucket is reported in
 //     BatchItemFailures, so Lambda retries from the earliest of them; the other
 //     buckets' records count as handled. A message whose publish failed is
-//     rescheduled by the dispatcher as usual (retry with backoff, then park) and its
+//     rescheduled by the relay as usual (retry with backoff, then park) and its
 //     record counts as handled: the sweep publishes it when it is due.
 //   - At-least-once, as everywhere: a retried record drains its bucket again, which
 //     publishes nothing that was completed.
 //
 // # Limitations
 //
-//   - Lambda's retries and the dispatcher's backoff are separate: a failed record is
+//   - Lambda's retries and the relay's backoff are separate: a failed record is
 //     retried by Lambda at once (subject to the event source mapping's settings), a
 //     failed publish waits for its backoff and the sweep.
 //   - A bucket held by a running worker elsewhere is left to it: mixing stream
@@ -65,16 +66,17 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/dynamostore"
 )
 
-// Dispatcher is the part of *relay.Relay the handler calls.
-type Dispatcher interface {
+// Relay is the part of a [relay.Relay] the handler calls.
+type Relay interface {
 	DispatchAt(ctx context.Context, bucket int, seq int64) (relay.Result, error)
 }
 
-var _ Dispatcher = (*relay.Relay)(nil)
+var _ Relay = (*relay.Relay)(nil)
 
 // DefaultMaxConcurrency is the default of Config.MaxConcurrency.
 const DefaultMaxConcurrency = 4
@@ -101,18 +103,30 @@ func (c Config) Validate() error {
 // Handler dispatches the messages the stream records of an event name. It is safe
 // for concurrent use.
 type Handler struct {
-	d      Dispatcher
-	store  *dynamostore.Store
+	r      Relay
+	keys   streamKeys
 	pk, sk string
 	cfg    Config
 }
 
-// New returns a handler that reads stream records with the key layout of store
-// (its KeyPrefix and key attribute names) and dispatches through d, a dispatcher
-// built on that store.
-func New(d Dispatcher, store *dynamostore.Store, cfg Config) (*Handler, error) {
-	if d == nil || store == nil {
-		return nil, fmt.Errorf("%w: dynamostreams: New needs a dispatcher and the store it dispatches from", outbox.ErrMisconfigured)
+// streamKeys is what the handler needs of the store's relay side: its key layout,
+// to read a stream record's keys. The relay side of a [dynamostore.Store] (its
+// Driver) implements it.
+type streamKeys interface {
+	Config() dynamostore.Config
+	MessageKey(pk, sk string) (bucket int, seq int64, ok bool)
+}
+
+// New returns a handler that dispatches through r, a relay built on a
+// [dynamostore.Store], and reads stream records with the key layout (KeyPrefix and
+// key attribute names) of store, that store's relay side: pass store.Driver().
+func New(r Relay, store driver.Store, cfg Config) (*Handler, error) {
+	if r == nil || store == nil {
+		return nil, fmt.Errorf("%w: dynamostreams: New needs a relay and the relay side (Driver()) of the dynamostore.Store it relays from", outbox.ErrMisconfigured)
+	}
+	keys, ok := store.(streamKeys)
+	if !ok {
+		return nil, fmt.Errorf("%w: dynamostreams: New needs the relay side of a dynamostore.Store (its Driver()), not a %T", outbox.ErrMisconfigured, store)
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -123,8 +137,8 @@ func New(d Dispatcher, store *dynamostore.Store, cfg Config) (*Handler, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	sc := store.Config()
-	return &Handler{d: d, store: store, pk: sc.PartitionKeyAttributeName, sk: sc.SortKeyAttributeName, cfg: cfg}, nil
+	sc := keys.Config()
+	return &Handler{r: r, keys: keys, pk: sc.PartitionKeyAttributeName, sk: sc.SortKeyAttributeName, cfg: cfg}, nil
 }
 
 // target is one bucket to drain, up to seq, and the stream records naming it.
@@ -150,7 +164,7 @@ func (h *Handler) Handle(ctx context.Context, ev events.DynamoDBEvent) (events.D
 		if !ok1 || !ok2 {
 			continue
 		}
-		bucket, seq, ok := h.store.MessageKey(pk, sk)
+		bucket, seq, ok := h.keys.MessageKey(pk, sk)
 		if !ok {
 			continue
 		}
@@ -183,7 +197,7 @@ func (h *Handler) Handle(ctx context.Context, ev events.DynamoDBEvent) (events.D
 		}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			if _, err := h.d.DispatchAt(ctx, t.bucket, t.seq); err != nil {
+			if _, err := h.r.DispatchAt(ctx, t.bucket, t.seq); err != nil {
 				h.cfg.Logger.Warn("dynamostreams: dispatching a bucket failed; Lambda retries its records",
 					"bucket", t.bucket, "seq", t.seq, "records", len(t.records), "error", err)
 				mu.Lock()

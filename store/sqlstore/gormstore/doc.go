@@ -18,10 +18,16 @@
 //		return sender.Send(ctx, msg) // written in tx, or not at all
 //	})
 //
+// A Transact inside another on the same store is a savepoint of gorm's transaction:
+// when its function fails, its rows and its sends are undone and the outer function
+// goes on.
+//
 // For a gorm transaction the application manages itself, it sends on an
-// [outbox.NewScope] ctx and [EnqueueTx] writes what the scope holds into the
-// transaction; [sqlstore.Store.NotifyCommitted] wakes the dispatchers after the
-// commit.
+// [outbox.NewScope] ctx and [EnqueueTx] writes what the scope holds (and any
+// messages passed to it) into the transaction; after the commit,
+// [sqlstore.Store.NotifyCommitted] with what it returned wakes the dispatchers.
+// Relays and tools take the store itself; its relay side is
+// [sqlstore.Store.Driver].
 //
 // # Semantics
 //
@@ -34,8 +40,12 @@
 //     *sql.Tx under gorm's transaction and commits or rolls back that *sql.Tx, which
 //     is what gorm's Commit and Rollback do.
 //   - [Tx] is bound to the unit's ctx (tx.Statement.Context), so a gorm hook that
-//     sends with it joins the unit. [sqlstore.Tx] returns the same transaction as a
-//     *sql.Tx.
+//     sends with it joins the unit. [sqlstore.SQLTx] returns the same transaction as
+//     a *sql.Tx.
+//   - A nested Transact runs SAVEPOINT outbox_sp_N on the *sql.Tx under gorm's
+//     transaction, and RELEASE SAVEPOINT or ROLLBACK TO SAVEPOINT when it ends, as
+//     package sqlstore does on database/sql; gorm's own SavePoint and RollbackTo, by
+//     other names, work beside it.
 //   - [sqlstore.Store.As] with a **gorm.DB returns the *gorm.DB given to [New].
 //
 // # Limitations

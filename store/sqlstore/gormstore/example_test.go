@@ -11,6 +11,7 @@ import (
 	"gorm.io/gorm/logger"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/store/sqlstore"
 	"github.com/outboxkit/outbox/store/sqlstore/gormstore"
 )
@@ -34,7 +35,7 @@ func openExampleDB(dir string) *gorm.DB {
 }
 
 func pendingMessages(ctx context.Context, store *sqlstore.Store) int {
-	stats, err := store.Stats(ctx)
+	stats, err := store.Driver().(driver.Admin).Stats(ctx)
 	if err != nil {
 		panic(err)
 	}
@@ -99,7 +100,7 @@ func ExampleEnqueueTx() {
 
 	ctx, scope := outbox.NewScope(ctx)
 	defer scope.Release() // reports messages no transaction took
-	var written []*outbox.Envelope
+	var written []*driver.Envelope
 	err = db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		if err := tx.Create(&Order{ID: "order-1"}).Error; err != nil {
 			return err

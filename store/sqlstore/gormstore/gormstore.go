@@ -8,12 +8,14 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/store/sqlstore"
+	"github.com/outboxkit/outbox/store/sqlstore/internal/orm"
 )
 
 // New returns a store on a *gorm.DB the caller opened with the postgres, mysql or
 // sqlite dialector; the dialect follows the dialector's name. cfg is validated as
-// by [sqlstore.NewDB]. Inside [sqlstore.Store.Transact], [Tx] (and [sqlstore.Tx])
+// by [sqlstore.NewDB]. Inside [sqlstore.Store.Transact], [Tx] (and [sqlstore.SQLTx])
 // reach the unit's transaction; a transaction the application manages takes the
 // staged messages with [EnqueueTx]. Close the store, not db, to stop its background
 // work: the store never closes db.
@@ -42,8 +44,7 @@ func New(db *gorm.DB, cfg sqlstore.Config) (*sqlstore.Store, error) {
 // beginner begins the store's units of work through gorm.
 type beginner struct{ db *gorm.DB }
 
-// unitTx is the handle of a unit's gorm transaction, as [sqlstore.TxHandle]
-// returns it.
+// unitTx is the handle of a unit's gorm transaction, as the store keeps it for [Tx].
 type unitTx struct{ tx *gorm.DB }
 
 // BeginTx implements [sqlstore.Beginner].
@@ -92,14 +93,16 @@ func sqlTxOf(tx *gorm.DB, call string) (*sql.Tx, error) {
 // Tx returns the gorm transaction of the unit of work on ctx, bound to ctx (so a
 // send made from a gorm hook with tx.Statement.Context joins the unit): call it with
 // the ctx that [sqlstore.Store.Transact] passes to its function, on a store built
-// with [New]. Statements run on it commit or roll back with the unit's messages. ok
-// is false outside a unit of work, on a store built otherwise, and once the unit has
-// ended.
+// with [New]. Statements run on it commit or roll back with the unit's messages
+// (and, in a nested Transact, with its savepoint). ok is false outside a unit of
+// work, when the innermost sqlstore unit on ctx is on a store built otherwise, and
+// once the unit has ended.
 //
 // Do not call its Commit or Rollback: return nil or an error from the function.
-// SavePoint and RollbackTo work as usual.
+// SavePoint and RollbackTo work as usual; a nested Transact is a savepoint too, and
+// also drops the nested unit's sends when it fails.
 func Tx(ctx context.Context) (tx *gorm.DB, ok bool) {
-	h, ok := sqlstore.TxHandle(ctx)
+	h, ok := orm.TxHandle(ctx)
 	u, isGorm := h.(unitTx)
 	if !ok || !isGorm {
 		return nil, false
@@ -107,17 +110,17 @@ func Tx(ctx context.Context) (tx *gorm.DB, ok bool) {
 	return u.tx.WithContext(ctx), true
 }
 
-// EnqueueTx writes the envelopes staged on ctx's [outbox.Scope] (see
-// [outbox.NewScope]), and extra, into a gorm transaction the application manages
-// (the tx of db.Transaction, or db.Begin()), with one statement, for store. It
-// returns what it wrote; after committing, pass them to
-// [sqlstore.Store.NotifyCommitted] to wake the dispatchers without waiting for their
-// poll. Every envelope is checked before any SQL runs; a refused call writes
-// nothing.
+// EnqueueTx writes into a gorm transaction the application manages (the tx of
+// db.Transaction, or db.Begin()), for store and with one statement, the messages
+// staged on ctx's scope (sends made with the ctx of [outbox.NewScope]) followed by
+// msgs; a message with a zero ID gets a UUIDv7. Every message is checked before any
+// SQL runs; a refused call writes nothing.
 //
-// Inside [sqlstore.Store.Transact] no call is needed: the unit of work writes its
-// sends.
-func EnqueueTx(ctx context.Context, store *sqlstore.Store, tx *gorm.DB, extra ...*outbox.Envelope) ([]*outbox.Envelope, error) {
+// It returns what it wrote; after committing, pass it to
+// [sqlstore.Store.NotifyCommitted] to wake the relays without waiting for their
+// poll. Inside [sqlstore.Store.Transact] no call is needed: the unit of work writes
+// its sends.
+func EnqueueTx(ctx context.Context, store *sqlstore.Store, tx *gorm.DB, msgs ...outbox.Message) ([]*driver.Envelope, error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: gormstore: EnqueueTx needs the store (from gormstore.New)", outbox.ErrMisconfigured)
 	}
@@ -131,5 +134,5 @@ func EnqueueTx(ctx context.Context, store *sqlstore.Store, tx *gorm.DB, extra ..
 	if err != nil {
 		return nil, err
 	}
-	return store.EnqueueTx(ctx, sqlTx, extra...)
+	return store.EnqueueTx(ctx, sqlTx, msgs...)
 }

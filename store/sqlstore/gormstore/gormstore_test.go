@@ -14,8 +14,9 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/sqlstore"
 	"github.com/outboxkit/outbox/store/sqlstore/gormstore"
 )
@@ -62,7 +63,6 @@ func TestTransactAppRowAndMessagesShareOneTransaction(t *testing.T) {
 			require.ErrorIs(t, err, boom, "fn's error comes back as is")
 			require.Equal(t, committed, countRows(t, db, orders), "%v: the application's row rolled back", mode)
 			require.Equal(t, committed, countRows(t, db, s.Config().Table), "%v: the messages rolled back with it", mode)
-			require.Zero(t, sender.Abandoned(), "a rollback is not an abandonment")
 
 			id++
 			require.NoError(t, s.Transact(ctx, func(ctx context.Context) error {
@@ -77,7 +77,7 @@ func TestTransactAppRowAndMessagesShareOneTransaction(t *testing.T) {
 }
 
 // TestAccessors: inside the unit, Tx is gorm's transaction bound to the unit's ctx and
-// sqlstore.Tx the *sql.Tx under it; outside the unit, after it ended, and on a store
+// sqlstore.SQLTx the *sql.Tx under it; outside the unit, after it ended, and on a store
 // built without gorm, Tx finds nothing.
 func TestAccessors(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b backend) {
@@ -89,9 +89,9 @@ func TestAccessors(t *testing.T) {
 			leaked = ctx
 			gtx, ok := gormstore.Tx(ctx)
 			require.True(t, ok, "Tx")
-			require.NotNil(t, outbox.ScopeFrom(gtx.Statement.Context), "Tx is bound to the unit's ctx, so gorm hooks send into the unit")
-			stx, ok := sqlstore.Tx(ctx)
-			require.True(t, ok, "sqlstore.Tx: the *sql.Tx under gorm's transaction")
+			require.True(t, driver.InUnit(gtx.Statement.Context, s), "Tx is bound to the unit's ctx, so gorm hooks send into the unit")
+			stx, ok := sqlstore.SQLTx(ctx)
+			require.True(t, ok, "sqlstore.SQLTx: the *sql.Tx under gorm's transaction")
 			require.Same(t, stx, gtx.Statement.ConnPool)
 			_, ok = sqlstore.PgxTx(ctx)
 			require.False(t, ok)
@@ -101,6 +101,8 @@ func TestAccessors(t *testing.T) {
 		}))
 		_, ok := gormstore.Tx(leaked)
 		require.False(t, ok, "no transaction once the unit ended")
+		_, ok = sqlstore.SQLTx(leaked)
+		require.False(t, ok)
 
 		plain, err := sqlstore.NewDB(sqlDB(t, db), s.Dialect(), s.Config())
 		require.NoError(t, err)
@@ -113,10 +115,11 @@ func TestAccessors(t *testing.T) {
 	})
 }
 
-// TestNestedTransactJoinsOuter: an inner Transact runs in the outer gorm
-// transaction; the outer rollback removes the inner's row and messages, the outer
-// commit writes them.
-func TestNestedTransactJoinsOuter(t *testing.T) {
+// TestNestedTransactIsASavepoint: an inner Transact runs in the outer gorm
+// transaction, as a savepoint: when it fails, its row and its messages are undone
+// and the outer unit commits the rest; when it succeeds, the outer rollback removes
+// its row and messages and the outer commit writes them.
+func TestNestedTransactIsASavepoint(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b backend) {
 		ctx := testContext(t)
 		db := b.db(t)
@@ -148,14 +151,23 @@ func TestNestedTransactJoinsOuter(t *testing.T) {
 		require.Zero(t, countRows(t, db, orders), "the outer rollback takes the inner unit's row")
 		require.Zero(t, countRows(t, db, s.Config().Table), "and its message")
 
+		declined := errors.New("inner failed")
 		require.NoError(t, s.Transact(ctx, func(ctx context.Context) error {
 			if err := unit(ctx, 3); err != nil {
 				return err
 			}
-			return s.Transact(ctx, func(ctx context.Context) error { return unit(ctx, 4) })
+			require.NoError(t, s.Transact(ctx, func(ctx context.Context) error { return unit(ctx, 4) }))
+			err := s.Transact(ctx, func(ctx context.Context) error {
+				require.NoError(t, unit(ctx, 5))
+				return declined
+			})
+			require.ErrorIs(t, err, declined, "the inner error reaches the outer function")
+			return unit(ctx, 6)
 		}))
-		require.Equal(t, 2, countRows(t, db, orders))
-		require.Equal(t, 2, countRows(t, db, s.Config().Table))
+		var ids []int
+		require.NoError(t, db.Table(orders).Order("id").Pluck("id", &ids).Error)
+		require.Equal(t, []int{3, 4, 6}, ids, "the failed inner unit's row was undone, the rest committed")
+		require.Equal(t, 3, countRows(t, db, s.Config().Table), "and so was its message")
 	})
 }
 
@@ -180,7 +192,6 @@ func TestPanicInTransactRollsBack(t *testing.T) {
 		require.Equal(t, "handler bug", recovered, "the panic goes on")
 		require.Zero(t, countRows(t, db, orders), "the row rolled back")
 		require.Zero(t, countRows(t, db, s.Config().Table), "the message rolled back")
-		require.Zero(t, sender.Abandoned(), "a panic is not an abandonment")
 
 		require.NoError(t, s.Transact(ctx, func(ctx context.Context) error {
 			if err := insertOrder(ctx, orders, 1, "x"); err != nil {
@@ -240,7 +251,7 @@ func TestEnqueueTxRollsBackWithTheApplication(t *testing.T) {
 		db := b.db(t)
 		s := open(t, db, sqlstore.Config{})
 		orders := businessTable(t, db)
-		sub := s.Subscribe(ctx)
+		sub := s.Driver().(driver.Notifier).Subscribe(ctx)
 		sender := capture(t, s, outbox.Transactional)
 
 		sctx, scope := outbox.NewScope(ctx)
@@ -249,12 +260,10 @@ func TestEnqueueTxRollsBackWithTheApplication(t *testing.T) {
 		require.NoError(t, tx.Error)
 		require.NoError(t, tx.Exec("INSERT INTO "+orders+" (id, note) VALUES (?, ?)", 1, "x").Error)
 		require.NoError(t, sender.Send(sctx, orderMsg(1)))
-		extra, err := outbox.NewEnvelope(orderMsg(2), s.BucketCount())
+		written, err := gormstore.EnqueueTx(sctx, s, tx, orderMsg(2))
 		require.NoError(t, err)
-		written, err := gormstore.EnqueueTx(sctx, s, tx, extra)
-		require.NoError(t, err)
-		require.Len(t, written, 2, "the staged message and the extra one")
-		require.Zero(t, scope.Len(), "the staged envelope was taken")
+		require.Len(t, written, 2, "the staged message and the call's")
+		require.Zero(t, scope.Len(), "the staged message was taken")
 		require.NoError(t, tx.Rollback().Error)
 		require.Zero(t, countRows(t, db, orders))
 		require.Zero(t, countRows(t, db, s.Config().Table), "the messages rolled back with the row")
@@ -359,7 +368,7 @@ func TestWithTxOptions(t *testing.T) {
 }
 
 // TestPrepareStmtMode: with gorm's PrepareStmt, gorm's transaction wraps the *sql.Tx;
-// the unit, Tx, sqlstore.Tx and EnqueueTx work as in the default mode.
+// the unit, Tx, sqlstore.SQLTx and EnqueueTx work as in the default mode.
 func TestPrepareStmtMode(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b backend) {
 		ctx := testContext(t)
@@ -373,8 +382,8 @@ func TestPrepareStmtMode(t *testing.T) {
 			tx, _ := gormstore.Tx(ctx)
 			_, isPrepared := tx.Statement.ConnPool.(*gorm.PreparedStmtTX)
 			require.True(t, isPrepared, "gorm's transaction is its prepared-statement wrapper")
-			_, ok := sqlstore.Tx(ctx)
-			require.True(t, ok, "sqlstore.Tx reaches the *sql.Tx under it")
+			_, ok := sqlstore.SQLTx(ctx)
+			require.True(t, ok, "sqlstore.SQLTx reaches the *sql.Tx under it")
 			require.NoError(t, insertOrder(ctx, orders, 1, "x"))
 			require.NoError(t, sender.Send(ctx, orderMsg(1)))
 			return boom
@@ -446,14 +455,7 @@ func TestCustomConnPoolIsRefused(t *testing.T) {
 	tx.Rollback()
 
 	// The refused unit left no transaction open: SQLite would otherwise stay locked.
-	require.NoError(t, s.Enqueue(ctx, mustEnvelope(t, s, orderMsg(1))))
-}
-
-func mustEnvelope(t testing.TB, s outbox.Store, msg outbox.Message) *outbox.Envelope {
-	t.Helper()
-	env, err := outbox.NewEnvelope(msg, s.BucketCount())
-	require.NoError(t, err)
-	return env
+	require.NoError(t, s.Enqueue(ctx, orderMsg(1)))
 }
 
 // TestSQLiteConcurrentWritersAndRelayNeverBusy: units of work begun by gorm (read
@@ -465,7 +467,7 @@ func TestSQLiteConcurrentWritersAndRelayNeverBusy(t *testing.T) {
 	s := open(t, db, sqlstore.Config{})
 	orders := businessTable(t, db)
 	rec := outboxtest.NewRecorder()
-	d, err := relay.New(s, rec, relay.Config{BucketCount: s.BucketCount(), PollInterval: 5 * time.Millisecond, BatchSize: 50, Logger: quietLog})
+	d, err := relay.New(s, rec, relay.Config{BucketCount: s.Config().BucketCount, PollInterval: 5 * time.Millisecond, BatchSize: 50, Logger: quietLog})
 	require.NoError(t, err)
 	require.NoError(t, d.Start(ctx))
 	sender := capture(t, s, outbox.Transactional)
@@ -496,7 +498,7 @@ func TestSQLiteConcurrentWritersAndRelayNeverBusy(t *testing.T) {
 				}
 				if i%10 == 0 {
 					// Immediate writes compete as well.
-					if err := s.Enqueue(ctx, mustEnvelope(t, s, outbox.Message{Topic: "orders", Key: []byte("direct"), Payload: fmt.Append(nil, id)})); err != nil {
+					if err := s.Enqueue(ctx, outbox.Message{Topic: "orders", Key: []byte("direct"), Payload: fmt.Append(nil, id)}); err != nil {
 						errs <- err
 					}
 				}

@@ -167,7 +167,7 @@ func testContext(t testing.TB) context.Context {
 var quietLog = slog.New(slog.DiscardHandler)
 
 // capture returns the sender an application would use on s.
-func capture(t testing.TB, s outbox.Store, mode outbox.WriteMode) *outbox.Capture {
+func capture(t testing.TB, s outbox.Store, mode outbox.WriteMode) outbox.Sender {
 	t.Helper()
 	c, err := outbox.NewSender(s, outbox.SenderConfig{Mode: mode, Logger: quietLog})
 	require.NoError(t, err)

@@ -9,7 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
 
-	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/store/sqlstore"
 	"github.com/outboxkit/outbox/store/sqlstore/gormstore"
@@ -22,9 +21,9 @@ func TestInboxConformance(t *testing.T) {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
 			var mu sync.Mutex
-			dbs := map[outbox.DispatchStore]*gorm.DB{}
+			dbs := map[outboxtest.Store]*gorm.DB{}
 			outboxtest.RunInboxTests(t, outboxtest.InboxHarness{
-				New: func(t *testing.T) outbox.DispatchStore {
+				New: func(t *testing.T) outboxtest.Store {
 					db := b.db(t)
 					s := open(t, db, sqlstore.Config{BucketCount: 1})
 					effects := s.Config().Table + "_effects"
@@ -35,7 +34,7 @@ func TestInboxConformance(t *testing.T) {
 					mu.Unlock()
 					return s
 				},
-				Effect: func(ctx context.Context, st outbox.DispatchStore, key string) error {
+				Effect: func(ctx context.Context, st outboxtest.Store, key string) error {
 					tx, ok := gormstore.Tx(ctx)
 					if !ok {
 						return errors.New("no gorm transaction on ctx")
@@ -45,7 +44,7 @@ func TestInboxConformance(t *testing.T) {
 					}
 					return tx.Exec("INSERT INTO "+st.(*sqlstore.Store).Config().Table+"_effects (k) VALUES (?)", key).Error
 				},
-				Effects: func(t *testing.T, st outbox.DispatchStore, key string) int {
+				Effects: func(t *testing.T, st outboxtest.Store, key string) int {
 					mu.Lock()
 					db := dbs[st]
 					mu.Unlock()

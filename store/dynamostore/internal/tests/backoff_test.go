@@ -17,22 +17,26 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/dynamostore"
 )
 
-// pollCounter is the store with its idle probe counted per bucket: one call is one
-// poll of that bucket by the worker.
+// pollCounter is the store's relay side with its idle probe counted per bucket: one
+// call is one poll of that bucket by the worker.
 type pollCounter struct {
-	*dynamostore.Store
+	relaySide
 	polls [2]atomic.Int64
 }
 
 func (p *pollCounter) HasPending(ctx context.Context, bucket int) (bool, error) {
 	p.polls[bucket].Add(1)
-	return p.Store.HasPending(ctx, bucket)
+	return p.relaySide.HasPending(ctx, bucket)
 }
+
+// Driver hands the counting relay side to relay.New.
+func (p *pollCounter) Driver() driver.Store { return p }
 
 // bucketRequests is what the proxy counted for one bucket's message partition and
 // sequence counter.
@@ -72,22 +76,22 @@ func TestBackedOffHeadCostsNothingUntilDue(t *testing.T) {
 			ctx := context.Background()
 			blockedKey := keyForBucket(t, 0, 2)
 			head := envelope(t, 2, "t", blockedKey, []byte("head"))
-			require.NoError(t, s.Enqueue(ctx, head))
+			require.NoError(t, s.Driver().Enqueue(ctx, head))
 			want := []string{"head"}
 			for i := 0; i < 100; i += 50 {
-				var envs []*outbox.Envelope
+				var envs []*driver.Envelope
 				for j := range 50 {
 					p := fmt.Sprintf("behind-%03d-", i+j)
 					want = append(want, p+string(bytes.Repeat([]byte{'x'}, 1024-len(p))))
 					envs = append(envs, envelope(t, 2, "t", blockedKey, []byte(want[len(want)-1])))
 				}
-				require.NoError(t, s.Enqueue(ctx, envs...))
+				require.NoError(t, s.Driver().Enqueue(ctx, envs...))
 			}
 
 			const backoff = 8 * time.Second
 			rec := outboxtest.NewRecorder()
 			rec.FailID(head.ID, errors.New("broker refused"), 1)
-			store := &pollCounter{Store: s}
+			store := &pollCounter{relaySide: side(s)}
 			disp, err := relay.New(store, rec, relay.Config{
 				RelayID: "relay-backoff", BucketCount: 2, BatchSize: tc.batch, PollInterval: 20 * time.Millisecond,
 				BackoffBase: backoff, BackoffMax: backoff, BacklogInterval: -1,
@@ -136,7 +140,7 @@ func TestBackedOffHeadCostsNothingUntilDue(t *testing.T) {
 			if tc.commitWakes {
 				other := envelope(t, 2, "t", anotherKeyForBucket(t, 0, 2, blockedKey), []byte("other"))
 				require.Equal(t, 0, other.Bucket)
-				require.NoError(t, s.Enqueue(ctx, other))
+				require.NoError(t, s.Driver().Enqueue(ctx, other))
 				require.Eventually(t, func() bool { return rec.Count(other.ID) == 1 }, time.Until(due), 10*time.Millisecond,
 					"a commit in this process wakes the bucket before the head is due")
 			}
@@ -153,7 +157,7 @@ func anotherKeyForBucket(t testing.TB, bucket, n int, not []byte) []byte {
 	t.Helper()
 	for i := 0; i < 10_000; i++ {
 		k := []byte(fmt.Sprintf("other-%d", i))
-		if !bytes.Equal(k, not) && outbox.BucketOf(&outbox.Message{Key: k}, [16]byte{}, n) == bucket {
+		if !bytes.Equal(k, not) && driver.BucketOf(&outbox.Message{Key: k}, n) == bucket {
 			return k
 		}
 	}
@@ -173,19 +177,19 @@ func TestHasPendingSeesOtherWritersOfABackedOffBucket(t *testing.T) {
 	require.NoError(t, err)
 	ctx := context.Background()
 	require.NoError(t, writer.Enqueue(ctx,
-		envelope(t, 1, "t", []byte("k"), []byte("head")), envelope(t, 1, "t", []byte("k"), []byte("behind"))))
+		message("t", []byte("k"), []byte("head")), message("t", []byte("k"), []byte("behind"))))
 
-	got, err := relay.Fetch(ctx, 0, 10)
+	got, err := relay.Driver().Fetch(ctx, 0, 10)
 	require.NoError(t, err)
 	require.Len(t, got, 2)
-	pending, err := relay.HasPending(ctx, 0)
+	pending, err := side(relay).HasPending(ctx, 0)
 	require.NoError(t, err)
 	assert.True(t, pending, "the head is due")
-	require.NoError(t, relay.Reschedule(ctx, got[0], time.Now().Add(time.Hour), "broker down"))
+	require.NoError(t, relay.Driver().Reschedule(ctx, got[0], time.Now().Add(time.Hour), "broker down"))
 
 	d.proxy.take()
 	for range 3 {
-		pending, err = relay.HasPending(ctx, 0)
+		pending, err = side(relay).HasPending(ctx, 0)
 		require.NoError(t, err)
 		assert.False(t, pending, "nothing can go out before the head is due")
 	}
@@ -193,31 +197,31 @@ func TestHasPendingSeesOtherWritersOfABackedOffBucket(t *testing.T) {
 	assert.Equal(t, map[string]int{"Query": 3}, reqs, "one counter read a poll")
 
 	other := envelope(t, 1, "t", []byte("other"), []byte("other"))
-	require.NoError(t, writer.Enqueue(ctx, other))
-	pending, err = relay.HasPending(ctx, 0)
+	require.NoError(t, writer.Driver().Enqueue(ctx, other))
+	pending, err = side(relay).HasPending(ctx, 0)
 	require.NoError(t, err)
 	assert.True(t, pending, "another process committed to the bucket")
 
-	got, err = relay.Fetch(ctx, 0, 10)
+	got, err = relay.Driver().Fetch(ctx, 0, 10)
 	require.NoError(t, err)
 	require.Len(t, got, 3)
 	d.proxy.take()
-	pending, err = relay.HasPending(ctx, 0)
+	pending, err = side(relay).HasPending(ctx, 0)
 	require.NoError(t, err)
 	assert.True(t, pending, "a due message of another key")
 	reqs, _ = d.proxy.take()
 	assert.Empty(t, reqs)
-	require.NoError(t, relay.Complete(ctx, got[2:]))
-	pending, err = relay.HasPending(ctx, 0)
+	require.NoError(t, relay.Driver().Complete(ctx, got[2:]))
+	pending, err = side(relay).HasPending(ctx, 0)
 	require.NoError(t, err)
 	assert.False(t, pending)
 
 	// A bucket that changed hands is probed as usual.
-	ok, err := relay.Claim(ctx, 0, "relay-x", time.Now(), time.Now().Add(time.Minute))
+	ok, err := relay.Driver().Claim(ctx, 0, "relay-x", time.Now(), time.Now().Add(time.Minute))
 	require.NoError(t, err)
 	require.True(t, ok)
 	d.proxy.take()
-	pending, err = relay.HasPending(ctx, 0)
+	pending, err = side(relay).HasPending(ctx, 0)
 	require.NoError(t, err)
 	assert.True(t, pending)
 	_, eventual := d.proxy.queriesOf("OUTBOX#MESSAGES#0")

@@ -12,8 +12,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/dynamostore"
 )
 
@@ -48,14 +49,14 @@ func BenchmarkEnqueue(b *testing.B) {
 			for i := 0; b.Loop(); i++ {
 				switch mode {
 				case "single":
-					require.NoError(b, s.Enqueue(ctx, envelope(b, 8, "t", fmt.Appendf(nil, "k%d", i), payload)))
+					require.NoError(b, s.Driver().Enqueue(ctx, envelope(b, 8, "t", fmt.Appendf(nil, "k%d", i), payload)))
 					messages++
 				case "batch10":
-					envs := make([]*outbox.Envelope, 10)
+					envs := make([]*driver.Envelope, 10)
 					for j := range envs {
 						envs[j] = envelope(b, 8, "t", fmt.Appendf(nil, "k%d-%d", i, j), payload)
 					}
-					require.NoError(b, s.Enqueue(ctx, envs...))
+					require.NoError(b, s.Driver().Enqueue(ctx, envs...))
 					messages += 10
 				case "commit":
 					require.NoError(b, s.Transact(ctx, func(ctx context.Context) error {
@@ -79,7 +80,7 @@ func BenchmarkEnqueue(b *testing.B) {
 	}
 }
 
-// BenchmarkDrain measures a dispatcher draining a backlog of b.N messages spread over
+// BenchmarkDrain measures a relay draining a backlog of b.N messages spread over
 // eight buckets into a recording transport, one RunOnce sweep after another. The
 // API server's queries scan its whole table, so keep b.N modest (-benchtime=2000x).
 func BenchmarkDrain(b *testing.B) {
@@ -90,11 +91,11 @@ func BenchmarkDrain(b *testing.B) {
 			ctx := context.Background()
 			payload := make([]byte, 256)
 			for i := 0; i < b.N; i += 100 {
-				envs := make([]*outbox.Envelope, min(100, b.N-i))
+				envs := make([]*driver.Envelope, min(100, b.N-i))
 				for j := range envs {
 					envs[j] = envelope(b, 8, "t", fmt.Appendf(nil, "k%d", (i+j)%512), payload)
 				}
-				require.NoError(b, s.Enqueue(ctx, envs...))
+				require.NoError(b, s.Driver().Enqueue(ctx, envs...))
 			}
 			rec := outboxtest.NewRecorder()
 			disp, err := relay.New(s, rec, relay.Config{

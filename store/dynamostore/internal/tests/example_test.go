@@ -72,16 +72,18 @@ func Example() {
 		panic(err)
 	}
 
-	// A relay reads each bucket in sequence order and deletes what it published.
-	for bucket := range store.BucketCount() {
-		batch, err := store.Fetch(ctx, bucket, 10)
+	// A relay (package relay) reads each bucket in sequence order through the
+	// store's relay side, and deletes what it published.
+	rs := store.Driver()
+	for bucket := range rs.BucketCount() {
+		batch, err := rs.Fetch(ctx, bucket, 10)
 		if err != nil {
 			panic(err)
 		}
 		for _, e := range batch {
 			fmt.Printf("seq %d: %s %s %s\n", e.Seq, e.Topic, e.Key, e.Payload)
 		}
-		if err := store.Complete(ctx, batch); err != nil {
+		if err := rs.Complete(ctx, batch); err != nil {
 			panic(err)
 		}
 	}
@@ -90,9 +92,9 @@ func Example() {
 	// seq 1: orders order-42 {"id":42}
 }
 
-// An application that builds its own TransactWriteItems request sends on a scope,
-// takes the staged envelopes and appends their items to its request. (Package
-// dynamostore's ExampleStore_CreateTransactWriteItems, run.)
+// An application that builds its own TransactWriteItems request sends on a scope
+// and appends the items CreateTransactWriteItems makes of the staged messages to its
+// request. (Package dynamostore's ExampleStore_CreateTransactWriteItems, run.)
 func Example_createTransactWriteItems() {
 	ctx := context.Background()
 	client, stop := localClient()
@@ -112,14 +114,13 @@ func Example_createTransactWriteItems() {
 		panic(err)
 	}
 
-	ctx, scope := outbox.NewScope(ctx)
+	// One attempt of the application's write; a retry runs all of it again.
+	sctx, scope := outbox.NewScope(ctx)
 	defer scope.Release()
-	if err := sender.Send(ctx, outbox.Message{Topic: "orders", Key: []byte("order-7"), Payload: []byte(`{"id":7}`)}); err != nil {
+	if err := sender.Send(sctx, outbox.Message{Topic: "orders", Key: []byte("order-7"), Payload: []byte(`{"id":7}`)}); err != nil {
 		panic(err)
 	}
-	envs := scope.Take() // keep them: a rebuilt request needs them again
-
-	items, err := store.CreateTransactWriteItems(ctx, envs...)
+	items, err := store.CreateTransactWriteItems(sctx) // takes the scope's messages
 	if err != nil {
 		panic(err)
 	}
@@ -136,14 +137,18 @@ func Example_createTransactWriteItems() {
 	if err != nil {
 		panic(err)
 	}
-	store.NotifyCommitted(envs...)
+	store.NotifyCommitted(items...)
 
-	batch, err := store.Fetch(ctx, envs[0].Bucket, 10)
-	if err != nil {
-		panic(err)
-	}
-	for _, e := range batch {
-		fmt.Printf("seq %d: %s %s %s\n", e.Seq, e.Topic, e.Key, e.Payload)
+	// What a relay reads: the message is in its bucket.
+	rs := store.Driver()
+	for bucket := range rs.BucketCount() {
+		batch, err := rs.Fetch(ctx, bucket, 10)
+		if err != nil {
+			panic(err)
+		}
+		for _, e := range batch {
+			fmt.Printf("seq %d: %s %s %s\n", e.Seq, e.Topic, e.Key, e.Payload)
+		}
 	}
 
 	// Output:

@@ -12,12 +12,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/dynamostore"
 )
 
-// relayFleet runs dispatcher workers over one table, each with its own store and
+// relayFleet runs relay workers over one table, each with its own store and
 // recorder, as separate processes would.
 type relayFleet struct {
 	t      *testing.T
@@ -148,7 +148,7 @@ func TestFleetMakesNoRefusedWritesInSteadyState(t *testing.T) {
 				return
 			case <-time.After(10 * time.Millisecond):
 			}
-			if err := s.Enqueue(ctx, envelope(t, 8, "t", []byte{byte(i)}, []byte("x"))); err != nil {
+			if err := s.Driver().Enqueue(ctx, envelope(t, 8, "t", []byte{byte(i)}, []byte("x"))); err != nil {
 				t.Errorf("enqueue: %v", err)
 				return
 			}

@@ -11,9 +11,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/dynamostore"
 )
 
@@ -63,26 +63,26 @@ func TestFetchProbesGapsOfATransactionCaughtMidCommit(t *testing.T) {
 	relay, err := dynamostore.New(wrapped, s.Config())
 	require.NoError(t, err)
 
-	envs := []*outbox.Envelope{
+	envs := []*driver.Envelope{
 		envelope(t, 1, "t", []byte("k"), []byte("1")),
 		envelope(t, 1, "t", []byte("k"), []byte("2")),
 		envelope(t, 1, "t", []byte("k"), []byte("3")),
 		envelope(t, 1, "t", []byte("k"), []byte("4")),
 	}
-	require.NoError(t, s.Enqueue(ctx, envs...))
+	require.NoError(t, s.Driver().Enqueue(ctx, envs...))
 
 	// The first read misses message 2 of the transaction; the probe of the gap
 	// between 1 and 3 finds it, and the head is read again.
 	wrapped.hideSK = "0000000000000000002"
-	got, err := relay.Fetch(ctx, 0, 10)
+	got, err := relay.Driver().Fetch(ctx, 0, 10)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"1", "2", "3", "4"}, payloadsOf(got))
 	assert.Equal(t, 1, wrapped.probes, "one gap, one probe")
 
 	// After the head was removed, probing starts above the last removed message.
-	require.NoError(t, relay.Complete(ctx, got[:2]))
+	require.NoError(t, relay.Driver().Complete(ctx, got[:2]))
 	wrapped.probes = 0
-	got, err = relay.Fetch(ctx, 0, 10)
+	got, err = relay.Driver().Fetch(ctx, 0, 10)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"3", "4"}, payloadsOf(got))
 	assert.Equal(t, 0, wrapped.probes, "no gap above the last removed message")
@@ -91,7 +91,7 @@ func TestFetchProbesGapsOfATransactionCaughtMidCommit(t *testing.T) {
 	relay2, err := dynamostore.New(wrapped, s.Config())
 	require.NoError(t, err)
 	wrapped.hideSK = "0000000000000000003"
-	got, err = relay2.Fetch(ctx, 0, 10)
+	got, err = relay2.Driver().Fetch(ctx, 0, 10)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"3", "4"}, payloadsOf(got))
 }
@@ -101,27 +101,27 @@ func TestFetchProbesAtMostEightGaps(t *testing.T) {
 	d := newTestDB(t)
 	s := d.newStore(t, dynamostore.Config{BucketCount: 1})
 	ctx := context.Background()
-	var envs []*outbox.Envelope
+	var envs []*driver.Envelope
 	for range 30 {
 		envs = append(envs, envelope(t, 1, "t", []byte("k"), []byte("x")))
 	}
-	require.NoError(t, s.Enqueue(ctx, envs...))
+	require.NoError(t, s.Driver().Enqueue(ctx, envs...))
 	// Every other message is gone: abandoned reservations look just like this.
-	var odd []*outbox.Envelope
+	var odd []*driver.Envelope
 	for i, e := range envs {
 		if i%2 == 1 {
 			odd = append(odd, e)
 		}
 	}
-	require.NoError(t, s.Complete(ctx, odd))
+	require.NoError(t, s.Driver().Complete(ctx, odd))
 	wrapped := &readCommittedClient{Client: d.client}
 	relay, err := dynamostore.New(wrapped, s.Config())
 	require.NoError(t, err)
-	got, err := relay.Fetch(ctx, 0, 100)
+	got, err := relay.Driver().Fetch(ctx, 0, 100)
 	require.NoError(t, err)
 	assert.Len(t, got, 9, "the batch stops before the ninth gap, which was not probed")
 	assert.Equal(t, 8, wrapped.probes, "probes per fetch are capped")
-	got, err = relay.Fetch(ctx, 0, 100)
+	got, err = relay.Driver().Fetch(ctx, 0, 100)
 	require.NoError(t, err)
 	assert.Len(t, got, 9)
 	assert.Equal(t, 16, wrapped.probes, "a batch fetched again is probed again")
@@ -137,20 +137,20 @@ func TestLateLowerSequenceIsDeliveredInOrder(t *testing.T) {
 	s := d.newStore(t, dynamostore.Config{BucketCount: 2})
 	ctx := context.Background()
 
-	first := envelope(t, 2, "orders", []byte("order-7"), []byte("created"))
-	items, err := s.CreateTransactWriteItems(ctx, first) // reserved, not committed
+	items, err := createItems(t, s, message("orders", []byte("order-7"), []byte("created"))) // reserved, not committed
 	require.NoError(t, err)
+	require.Len(t, items, 1)
 	second := envelope(t, 2, "orders", []byte("order-7"), []byte("paid"))
-	require.NoError(t, s.Enqueue(ctx, second))
-	require.Less(t, first.Seq, second.Seq)
+	require.NoError(t, s.Driver().Enqueue(ctx, second))
+	require.Less(t, itemSeq(t, items[0]), second.Seq)
 
-	got, err := s.Fetch(ctx, second.Bucket, 10)
+	got, err := s.Driver().Fetch(ctx, second.Bucket, 10)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"paid"}, payloadsOf(got), "the relay sees only the later message")
 
 	_, err = d.client.TransactWriteItems(ctx, &ddb.TransactWriteItemsInput{TransactItems: items})
 	require.NoError(t, err)
-	got, err = s.Fetch(ctx, second.Bucket, 10)
+	got, err = s.Driver().Fetch(ctx, second.Bucket, 10)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"created", "paid"}, payloadsOf(got), "fetched again, the bucket is in sequence order")
 
@@ -160,12 +160,12 @@ func TestLateLowerSequenceIsDeliveredInOrder(t *testing.T) {
 	_, err = disp.RunOnce(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"created", "paid"}, payloadsOf(rec.Messages()))
-	left, err := s.Fetch(ctx, second.Bucket, 10)
+	left, err := s.Driver().Fetch(ctx, second.Bucket, 10)
 	require.NoError(t, err)
 	assert.Empty(t, left)
 }
 
-func payloadsOf(envs []*outbox.Envelope) []string {
+func payloadsOf(envs []*driver.Envelope) []string {
 	out := make([]string, len(envs))
 	for i, e := range envs {
 		out[i] = string(e.Payload)

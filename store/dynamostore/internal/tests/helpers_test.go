@@ -27,10 +27,12 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	ddb "github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/stretchr/testify/require"
 	"github.com/truora/minidyn/server"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/store/dynamostore"
 )
 
@@ -485,9 +487,9 @@ func (d *testDB) newStore(t testing.TB, opts dynamostore.Config) *dynamostore.St
 }
 
 // envelope builds a pending envelope for topic and key with bucketCount buckets.
-func envelope(t testing.TB, bucketCount int, topic string, key, payload []byte, headers ...outbox.Header) *outbox.Envelope {
+func envelope(t testing.TB, bucketCount int, topic string, key, payload []byte, headers ...outbox.Header) *driver.Envelope {
 	t.Helper()
-	env, err := outbox.NewEnvelope(outbox.Message{Topic: topic, Key: key, Payload: payload, Headers: headers}, bucketCount)
+	env, err := driver.NewEnvelope(outbox.Message{Topic: topic, Key: key, Payload: payload, Headers: headers}, bucketCount)
 	require.NoError(t, err)
 	return env
 }
@@ -497,10 +499,68 @@ func keyForBucket(t testing.TB, bucket, n int) []byte {
 	t.Helper()
 	for i := 0; i < 10_000; i++ {
 		k := []byte(fmt.Sprintf("key-%d", i))
-		if outbox.BucketOf(&outbox.Message{Key: k}, [16]byte{}, n) == bucket {
+		if driver.BucketOf(&outbox.Message{Key: k}, n) == bucket {
 			return k
 		}
 	}
 	t.Fatalf("no key found for bucket %d", bucket)
 	return nil
+}
+
+// relaySide is everything the store's relay side implements.
+type relaySide interface {
+	driver.Store
+	driver.Admin
+	driver.Notifier
+	driver.Prober
+	driver.BacklogSampler
+	MessageKey(pk, sk string) (bucket int, seq int64, ok bool)
+}
+
+// side returns the relay side of s, for the calls beyond driver.Store.
+func side(s *dynamostore.Store) relaySide { return s.Driver().(relaySide) }
+
+// message is a message for topic and key.
+func message(topic string, key, payload []byte) outbox.Message {
+	return outbox.Message{Topic: topic, Key: key, Payload: payload}
+}
+
+// createItems sends msgs on an application scope and returns the items
+// CreateTransactWriteItems makes of them: their sequence numbers are reserved,
+// nothing is written.
+func createItems(t testing.TB, s *dynamostore.Store, msgs ...outbox.Message) ([]types.TransactWriteItem, error) {
+	t.Helper()
+	send, err := outbox.NewSender(s, outbox.SenderConfig{})
+	require.NoError(t, err)
+	ctx, scope := outbox.NewScope(context.Background())
+	defer scope.Release()
+	for _, m := range msgs {
+		require.NoError(t, send.Send(ctx, m))
+	}
+	items, err := s.CreateTransactWriteItems(ctx)
+	require.Zero(t, scope.Len(), "the messages left the scope")
+	return items, err
+}
+
+// itemSeq returns the Seq of a message Put of CreateTransactWriteItems.
+func itemSeq(t testing.TB, it types.TransactWriteItem) int64 {
+	t.Helper()
+	require.NotNil(t, it.Put)
+	sk, ok := it.Put.Item["SK"].(*types.AttributeValueMemberS)
+	require.True(t, ok, "a message Put has a string sort key")
+	seq, err := strconv.ParseInt(sk.Value, 10, 64)
+	require.NoError(t, err)
+	return seq
+}
+
+// overItem is a message within the store's MaxMessageSize whose item is over what
+// the store writes: a thousand headers take more room in the item than their Size
+// counts.
+func overItem(s *dynamostore.Store) outbox.Message {
+	hs := make([]outbox.Header, 1000)
+	for i := range hs {
+		hs[i] = outbox.Header{Key: "h"}
+	}
+	return outbox.Message{Topic: "t", Key: []byte("k"), Headers: hs,
+		Payload: make([]byte, s.MaxMessageSize()-len("t")-len("k")-len(hs))}
 }

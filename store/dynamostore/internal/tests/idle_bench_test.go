@@ -11,9 +11,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/dynamostore"
 )
 
@@ -45,17 +45,17 @@ func BenchmarkPollCost(b *testing.B) {
 			if tc.blocked {
 				key := keyForBucket(b, 0, 2)
 				head := envelope(b, 2, "t", key, []byte("head"))
-				require.NoError(b, s.Enqueue(ctx, head))
+				require.NoError(b, s.Driver().Enqueue(ctx, head))
 				for i := 0; i < 100; i += 50 {
-					envs := make([]*outbox.Envelope, 50)
+					envs := make([]*driver.Envelope, 50)
 					for j := range envs {
 						envs[j] = envelope(b, 2, "t", key, bytes.Repeat([]byte{'x'}, 1024))
 					}
-					require.NoError(b, s.Enqueue(ctx, envs...))
+					require.NoError(b, s.Driver().Enqueue(ctx, envs...))
 				}
 				rec.FailID(head.ID, errors.New("broker refused"), -1)
 			}
-			store := &pollCounter{Store: s}
+			store := &pollCounter{relaySide: side(s)}
 			const poll = 10 * time.Millisecond
 			disp, err := relay.New(store, rec, relay.Config{
 				RelayID: "relay-cost", BucketCount: 2, BatchSize: tc.batch, PollInterval: poll,

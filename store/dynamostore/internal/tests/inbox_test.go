@@ -23,7 +23,7 @@ import (
 // inboxStores remembers the client and table of each store the harness made.
 type inboxStores struct {
 	mu sync.Mutex
-	m  map[outbox.DispatchStore]inboxTable
+	m  map[outboxtest.Store]inboxTable
 }
 
 type inboxTable struct {
@@ -31,7 +31,7 @@ type inboxTable struct {
 	table  string
 }
 
-func (s *inboxStores) get(st outbox.DispatchStore) inboxTable {
+func (s *inboxStores) get(st outboxtest.Store) inboxTable {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.m[st]
@@ -63,9 +63,9 @@ func countApp(t *testing.T, tb inboxTable, key string) int {
 }
 
 func TestInboxConformance(t *testing.T) {
-	stores := &inboxStores{m: map[outbox.DispatchStore]inboxTable{}}
+	stores := &inboxStores{m: map[outboxtest.Store]inboxTable{}}
 	outboxtest.RunInboxTests(t, outboxtest.InboxHarness{
-		New: func(t *testing.T) outbox.DispatchStore {
+		New: func(t *testing.T) outboxtest.Store {
 			db := newTestDB(t)
 			table := uniqueTable(t)
 			st := db.newStore(t, dynamostore.Config{TableName: table, BucketCount: 1})
@@ -74,10 +74,10 @@ func TestInboxConformance(t *testing.T) {
 			stores.mu.Unlock()
 			return st
 		},
-		Effect: func(ctx context.Context, st outbox.DispatchStore, key string) error {
+		Effect: func(ctx context.Context, st outboxtest.Store, key string) error {
 			return dynamostore.AddItems(ctx, appItem(stores.get(st).table, key))
 		},
-		Effects: func(t *testing.T, st outbox.DispatchStore, key string) int {
+		Effects: func(t *testing.T, st outboxtest.Store, key string) int {
 			return countApp(t, stores.get(st), key)
 		},
 	})

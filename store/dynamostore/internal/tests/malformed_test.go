@@ -16,9 +16,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/dynamostore"
 )
 
@@ -31,11 +31,11 @@ func TestMalformedItemsAreParkedAtOnce(t *testing.T) {
 	s := d.newStore(t, dynamostore.Config{BucketCount: 1})
 	table := s.Config().TableName
 	ctx := context.Background()
-	var envs []*outbox.Envelope
+	var envs []*driver.Envelope
 	for _, p := range []string{"1", "no-topic", "no-created", "no-id", "5"} {
 		envs = append(envs, envelope(t, 1, "t", []byte("k"), []byte(p)))
 	}
-	require.NoError(t, s.Enqueue(ctx, envs...))
+	require.NoError(t, s.Driver().Enqueue(ctx, envs...))
 	// Rewrite three items without one required attribute each.
 	for seq, attr := range map[string]string{"0000000000000000002": "Topic", "0000000000000000003": "CreatedAtUtc", "0000000000000000004": "MessageId"} {
 		item := rawItem(t, d, table, "OUTBOX#MESSAGES#0", seq)
@@ -53,7 +53,7 @@ func TestMalformedItemsAreParkedAtOnce(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []string{"1", "5"}, payloadsOf(rec.Messages()), "only the well-formed messages go out, in order")
 
-	parked, err := s.List(ctx, outbox.Parked, outbox.Cursor{}, 10)
+	parked, err := side(s).List(ctx, driver.Parked, driver.Cursor{}, 10)
 	require.NoError(t, err)
 	require.Len(t, parked, 3)
 	causes := map[int64]string{}
@@ -65,7 +65,7 @@ func TestMalformedItemsAreParkedAtOnce(t *testing.T) {
 	assert.Contains(t, causes[3], "CreatedAtUtc")
 	assert.Contains(t, causes[4], "MessageId")
 	assert.Equal(t, uuid.Nil, parked[2].ID, "an item without an ID is listed with a nil ID")
-	left, err := s.Fetch(ctx, 0, 10)
+	left, err := s.Driver().Fetch(ctx, 0, 10)
 	require.NoError(t, err)
 	assert.Empty(t, left)
 }
@@ -106,18 +106,18 @@ func TestStopRelayNeverLeavesARecordWithoutLastSeen(t *testing.T) {
 	now := time.Now().UTC().Truncate(time.Millisecond)
 
 	// A later heartbeat: the stop is stamped alone, LastSeenUtc is kept.
-	ok, err := s.Heartbeat(ctx, "relay-a", now.Add(time.Second), 1)
+	ok, err := s.Driver().Heartbeat(ctx, "relay-a", now.Add(time.Second), 1)
 	require.NoError(t, err)
 	require.True(t, ok)
-	require.NoError(t, s.StopRelay(ctx, "relay-a", now))
-	c, err := s.ReadCoordination(ctx)
+	require.NoError(t, s.Driver().StopRelay(ctx, "relay-a", now))
+	c, err := s.Driver().ReadCoordination(ctx)
 	require.NoError(t, err)
 	require.Len(t, c.Relays, 1)
 	assert.True(t, c.Relays[0].LastSeen.Equal(now.Add(time.Second)))
 	assert.True(t, c.Relays[0].StoppedAt.Equal(now))
 
 	// The record deleted between the stop's two writes.
-	ok, err = s.Heartbeat(ctx, "relay-b", now.Add(time.Second), 1)
+	ok, err = s.Driver().Heartbeat(ctx, "relay-b", now.Add(time.Second), 1)
 	require.NoError(t, err)
 	require.True(t, ok)
 	wrapped := &deleteOnRefusal{Client: d.client, table: table, key: map[string]types.AttributeValue{
@@ -126,15 +126,15 @@ func TestStopRelayNeverLeavesARecordWithoutLastSeen(t *testing.T) {
 	wrapped.armed.Store(true)
 	stopper, err := dynamostore.New(wrapped, s.Config())
 	require.NoError(t, err)
-	require.NoError(t, stopper.StopRelay(ctx, "relay-b", now))
+	require.NoError(t, stopper.Driver().StopRelay(ctx, "relay-b", now))
 	item := rawItem(t, d, table, "OUTBOX#COORDINATION", "RELAY#relay-b")
 	if item != nil {
 		assert.Contains(t, item, "LastSeenUtc", "a relay record without LastSeenUtc can never be deleted")
-		c, err := s.ReadCoordination(ctx)
+		c, err := s.Driver().ReadCoordination(ctx)
 		require.NoError(t, err)
 		for _, r := range c.Relays {
 			if r.ID == "relay-b" {
-				deleted, err := s.DeleteRelay(ctx, "relay-b", r.LastSeen)
+				deleted, err := s.Driver().DeleteRelay(ctx, "relay-b", r.LastSeen)
 				require.NoError(t, err)
 				assert.True(t, deleted, "the cleanup can delete the record the stop left")
 			}

@@ -14,9 +14,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/dynamostore"
 )
 
@@ -84,7 +84,7 @@ func drainInOrder(t *testing.T, s *dynamostore.Store, bucketCount int) map[strin
 		require.Less(t, sweep, 50, "the bucket does not drain")
 		_, err := disp.RunOnce(ctx)
 		require.NoError(t, err)
-		left, err := s.Fetch(ctx, 0, 1)
+		left, err := s.Driver().Fetch(ctx, 0, 1)
 		require.NoError(t, err)
 		if len(left) == 0 {
 			break
@@ -111,24 +111,24 @@ func TestFetchProbesBelowTheHeadFirstPastEightGaps(t *testing.T) {
 
 	// Seq 1 and 2: one transaction for key k.
 	require.NoError(t, s.Enqueue(ctx,
-		envelope(t, 1, "t", []byte("k"), []byte("k-1")),
-		envelope(t, 1, "t", []byte("k"), []byte("k-2"))))
+		message("t", []byte("k"), []byte("k-1")),
+		message("t", []byte("k"), []byte("k-2"))))
 	// Seq 3..26: an abandoned reservation, then a committed message, twelve times:
 	// twelve inner gaps.
 	var want []string
 	for i := range 12 {
-		_, err := s.CreateTransactWriteItems(ctx, envelope(t, 1, "t", []byte("other"), []byte("abandoned")))
+		_, err := createItems(t, s, message("t", []byte("other"), []byte("abandoned")))
 		require.NoError(t, err)
 		p := fmt.Sprintf("o-%d", i)
 		want = append(want, p)
-		require.NoError(t, s.Enqueue(ctx, envelope(t, 1, "t", []byte("other"), []byte(p))))
+		require.NoError(t, s.Driver().Enqueue(ctx, envelope(t, 1, "t", []byte("other"), []byte(p))))
 	}
 
 	wrapped := &midCommitClient{Client: d.client}
 	relay, err := dynamostore.New(wrapped, s.Config())
 	require.NoError(t, err)
 	wrapped.arm(1)
-	got, err := relay.Fetch(ctx, 0, 100)
+	got, err := relay.Driver().Fetch(ctx, 0, 100)
 	require.NoError(t, err)
 	require.NotEmpty(t, got)
 	assert.Equal(t, int64(1), got[0].Seq, "first fetched seq")
@@ -156,17 +156,17 @@ func TestFetchCutsTheLastReadAtAFilledGap(t *testing.T) {
 	d := newTestDB(t)
 	s := d.newStore(t, dynamostore.Config{BucketCount: 1})
 	ctx := context.Background()
-	var envs []*outbox.Envelope
+	var envs []*driver.Envelope
 	for i := 1; i <= 5; i++ {
 		envs = append(envs, envelope(t, 1, "t", []byte("k"), fmt.Appendf(nil, "%d", i)))
 	}
-	require.NoError(t, s.Enqueue(ctx, envs...))
+	require.NoError(t, s.Driver().Enqueue(ctx, envs...))
 
 	wrapped := &midCommitClient{Client: d.client}
 	relay, err := dynamostore.New(wrapped, s.Config())
 	require.NoError(t, err)
 	wrapped.arm(3, 2, 4)
-	got, err := relay.Fetch(ctx, 0, 10)
+	got, err := relay.Driver().Fetch(ctx, 0, 10)
 	require.NoError(t, err)
 	assert.Equal(t, 3, wrapped.reads, "three reads, each caught mid-commit")
 	assert.Equal(t, []string{"1", "2", "3"}, payloadsOf(got), "cut before the gap the third read left")
@@ -175,7 +175,7 @@ func TestFetchCutsTheLastReadAtAFilledGap(t *testing.T) {
 	relay2, err := dynamostore.New(wrapped, s.Config())
 	require.NoError(t, err)
 	wrapped.arm(1, 1, 1)
-	got, err = relay2.Fetch(ctx, 0, 10)
+	got, err = relay2.Driver().Fetch(ctx, 0, 10)
 	require.NoError(t, err)
 	assert.Empty(t, got)
 

@@ -17,8 +17,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/dynamostore"
 )
 
@@ -71,12 +72,12 @@ func TestMessageAtTheLimitCanFailSafely(t *testing.T) {
 
 	msg := outbox.Message{Topic: "t", Key: []byte("k"), Headers: []outbox.Header{{Key: "h", Value: []byte("v")}}}
 	msg.Payload = bytes.Repeat([]byte{'x'}, s.MaxMessageSize()-msg.Size())
-	big, err := outbox.NewEnvelope(msg, 1)
+	big, err := driver.NewEnvelope(msg, 1)
 	require.NoError(t, err)
 	require.Equal(t, s.MaxMessageSize(), big.Size())
-	require.NoError(t, s.Enqueue(ctx, big))
+	require.NoError(t, s.Driver().Enqueue(ctx, big))
 	later := envelope(t, 1, "t", []byte("k"), []byte("later"))
-	require.NoError(t, s.Enqueue(ctx, later))
+	require.NoError(t, s.Driver().Enqueue(ctx, later))
 
 	rec := outboxtest.NewRecorder()
 	rec.FailID(big.ID, errors.New("broker refused the message: "+strings.Repeat("reason ", 1000)), -1)
@@ -98,7 +99,7 @@ func TestMessageAtTheLimitCanFailSafely(t *testing.T) {
 	assert.Zero(t, d.proxy.overLimitSoFar("UpdateItem"))
 	assert.Zero(t, d.proxy.overLimitSoFar("TransactWriteItems"))
 
-	list, err := s.List(ctx, outbox.Parked, outbox.Cursor{}, 10)
+	list, err := side(s).List(ctx, driver.Parked, driver.Cursor{}, 10)
 	require.NoError(t, err)
 	require.Len(t, list, 1)
 	assert.Equal(t, big.ID, list[0].ID)
@@ -121,12 +122,15 @@ func TestWritesLeaveRoomToFail(t *testing.T) {
 	s := d.newStore(t, dynamostore.Config{BucketCount: 1})
 	ctx := context.Background()
 	env := envelope(t, 1, "t", []byte("k"), bytes.Repeat([]byte{'x'}, 400*1024-2000))
-	err := s.Enqueue(ctx, env)
+	err := s.Driver().Enqueue(ctx, env)
 	require.ErrorIs(t, err, outbox.ErrTooLarge)
 	assert.Contains(t, err.Error(), "a failed publish may add")
-	_, err = s.CreateTransactWriteItems(ctx, env)
+	_, err = createItems(t, s, overItem(s))
 	require.ErrorIs(t, err, outbox.ErrTooLarge)
-	left, err := s.Fetch(ctx, 0, 10)
+	assert.Contains(t, err.Error(), "a failed publish may add")
+	reqs, _ := d.proxy.take()
+	assert.Zero(t, reqs["UpdateItem"], "refused before any reservation")
+	left, err := s.Driver().Fetch(ctx, 0, 10)
 	require.NoError(t, err)
 	assert.Empty(t, left)
 }
@@ -145,34 +149,34 @@ func TestKeysAtDynamoDBsLimits(t *testing.T) {
 	s := d.newStore(t, dynamostore.Config{BucketCount: 8, KeyPrefix: strings.Repeat("p", 2028)})
 	key := []byte("k")
 	env := envelope(t, 8, "t", key, []byte("x"))
-	require.NoError(t, s.Enqueue(ctx, env))
-	got, err := s.Fetch(ctx, env.Bucket, 1)
+	require.NoError(t, s.Driver().Enqueue(ctx, env))
+	got, err := s.Driver().Fetch(ctx, env.Bucket, 1)
 	require.NoError(t, err)
 	require.Len(t, got, 1)
 	// A message at the limit still fits with the longest prefix, and can fail safely.
 	msg := outbox.Message{Topic: "t", Key: key}
 	msg.Payload = bytes.Repeat([]byte{'x'}, s.MaxMessageSize()-msg.Size())
-	atLimit, err := outbox.NewEnvelope(msg, 8)
+	atLimit, err := driver.NewEnvelope(msg, 8)
 	require.NoError(t, err)
-	require.NoError(t, s.Enqueue(ctx, atLimit))
-	require.NoError(t, s.Reschedule(ctx, atLimit, time.Now(), strings.Repeat("e", 5000)))
-	require.NoError(t, s.Park(ctx, atLimit, strings.Repeat("e", 5000)))
+	require.NoError(t, s.Driver().Enqueue(ctx, atLimit))
+	require.NoError(t, s.Driver().Reschedule(ctx, atLimit, time.Now(), strings.Repeat("e", 5000)))
+	require.NoError(t, s.Driver().Park(ctx, atLimit, strings.Repeat("e", 5000)))
 
 	relay := strings.Repeat("r", 1018)
-	ok, err := s.Heartbeat(ctx, relay, time.Now(), 8)
+	ok, err := s.Driver().Heartbeat(ctx, relay, time.Now(), 8)
 	require.NoError(t, err)
 	assert.True(t, ok)
-	ok, err = s.Claim(ctx, 0, relay, time.Now(), time.Now().Add(time.Minute))
+	ok, err = s.Driver().Claim(ctx, 0, relay, time.Now(), time.Now().Add(time.Minute))
 	require.NoError(t, err)
 	assert.True(t, ok)
-	require.NoError(t, s.StopRelay(ctx, relay, time.Now()))
+	require.NoError(t, s.Driver().StopRelay(ctx, relay, time.Now()))
 
 	tooLong := relay + "r"
-	_, err = s.Heartbeat(ctx, tooLong, time.Now(), 8)
+	_, err = s.Driver().Heartbeat(ctx, tooLong, time.Now(), 8)
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
 	assert.Contains(t, err.Error(), "RelayID")
-	_, err = s.Claim(ctx, 1, tooLong, time.Now(), time.Now().Add(time.Minute))
+	_, err = s.Driver().Claim(ctx, 1, tooLong, time.Now(), time.Now().Add(time.Minute))
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
-	require.ErrorIs(t, s.StopRelay(ctx, tooLong, time.Now()), outbox.ErrMisconfigured)
+	require.ErrorIs(t, s.Driver().StopRelay(ctx, tooLong, time.Now()), outbox.ErrMisconfigured)
 	assert.Zero(t, d.proxy.overLimitSoFar("PutItem")+d.proxy.overLimitSoFar("UpdateItem")+d.proxy.overLimitSoFar("TransactWriteItems"))
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/store/dynamostore"
 	"github.com/outboxkit/outbox/store/memstore"
 )
@@ -42,7 +43,7 @@ func blobPuts(table string, n, size int) []types.TransactWriteItem {
 	return out
 }
 
-func newSender(t *testing.T, st outbox.Store, mode outbox.WriteMode) *outbox.Capture {
+func newSender(t *testing.T, st outbox.Store, mode outbox.WriteMode) outbox.Sender {
 	t.Helper()
 	c, err := outbox.NewSender(st, outbox.SenderConfig{Mode: mode})
 	require.NoError(t, err)
@@ -57,8 +58,8 @@ func order(key, payload string) outbox.Message {
 func stored(t *testing.T, s *dynamostore.Store) []string {
 	t.Helper()
 	var out []string
-	for b := range s.BucketCount() {
-		got, err := s.Fetch(context.Background(), b, 1000)
+	for b := range s.Driver().BucketCount() {
+		got, err := s.Driver().Fetch(context.Background(), b, 1000)
 		require.NoError(t, err)
 		out = append(out, payloadsOf(got)...)
 	}
@@ -161,7 +162,6 @@ func TestTransactImmediateSendRollsBack(t *testing.T) {
 	assert.Empty(t, reqs, "a rolled-back unit makes no request, not even a sequence reservation")
 	assert.Nil(t, rawItem(t, d, table, "ORDER#1", "ORDER"))
 	assert.Empty(t, stored(t, s))
-	assert.Zero(t, send.Abandoned())
 }
 
 func TestTransactPanicRollsBackQuietly(t *testing.T) {
@@ -184,9 +184,83 @@ func TestTransactPanicRollsBackQuietly(t *testing.T) {
 	assert.Empty(t, reqs)
 	assert.Nil(t, rawItem(t, d, table, "ORDER#1", "ORDER"))
 	assert.Empty(t, stored(t, s))
-	assert.Zero(t, send.Abandoned(), "a panic is not an abandonment")
 }
 
+// TestNestedTransactIsASavepoint: a nested Transact whose function fails or panics
+// drops the items it added and the messages it sent; the outer unit goes on and
+// commits the rest, with the items and messages of a nested unit that succeeded, in
+// one request.
+func TestNestedTransactIsASavepoint(t *testing.T) {
+	t.Parallel()
+	d := newTestDB(t)
+	s := d.newStore(t, dynamostore.Config{BucketCount: 2})
+	table := s.Config().TableName
+	ctx := context.Background()
+	send := newSender(t, s, outbox.Transactional)
+
+	boom := errors.New("inner failed")
+	require.NoError(t, s.Transact(ctx, func(ctx context.Context) error {
+		require.NoError(t, dynamostore.AddItems(ctx, orderPut(table, "1", true)))
+		require.NoError(t, send.Send(ctx, order("k", "outer")))
+
+		err := s.Transact(ctx, func(ctx context.Context) error {
+			require.NoError(t, dynamostore.AddItems(ctx, orderPut(table, "2", true), orderPut(table, "3", true)))
+			require.NoError(t, send.Send(ctx, order("k", "failed")))
+			return boom
+		})
+		require.ErrorIs(t, err, boom, "the nested unit's error is returned as is")
+
+		recovered := func() (r any) {
+			defer func() { r = recover() }()
+			_ = s.Transact(ctx, func(ctx context.Context) error {
+				require.NoError(t, dynamostore.AddItems(ctx, orderPut(table, "4", true)))
+				require.NoError(t, send.Send(ctx, order("k", "panicked")))
+				panic("handler bug")
+			})
+			return nil
+		}()
+		require.Equal(t, "handler bug", recovered)
+
+		require.NoError(t, s.Transact(ctx, func(ctx context.Context) error {
+			require.NoError(t, dynamostore.AddItems(ctx, orderPut(table, "5", true)))
+			return send.Send(ctx, order("k", "kept"))
+		}))
+
+		// The dropped items no longer count: the unit takes 100 items in all again.
+		require.NoError(t, dynamostore.AddItems(ctx, orderPut(table, "6", true)))
+		reqs, _ := d.proxy.take()
+		require.Empty(t, reqs, "nothing is sent before the outer unit commits")
+		return send.Send(ctx, order("k", "last"))
+	}))
+	reqs, _ := d.proxy.take()
+	assert.Equal(t, map[string]int{"UpdateItem": 1, "TransactWriteItems": 1}, reqs, "one reservation, one transaction")
+	for _, id := range []string{"1", "5", "6"} {
+		assert.NotNil(t, rawItem(t, d, table, "ORDER#"+id, "ORDER"), "order %s is written", id)
+	}
+	for _, id := range []string{"2", "3", "4"} {
+		assert.Nil(t, rawItem(t, d, table, "ORDER#"+id, "ORDER"), "order %s was dropped with its nested unit", id)
+	}
+	assert.Equal(t, []string{"outer", "kept", "last"}, stored(t, s), "in send order, without the dropped messages")
+
+	// The limits count what the unit keeps: a failed nested unit's items are gone.
+	require.NoError(t, s.Transact(ctx, func(ctx context.Context) error {
+		require.NoError(t, dynamostore.AddItems(ctx, blobPuts(table, 60, 1)...))
+		require.ErrorIs(t, s.Transact(ctx, func(ctx context.Context) error {
+			require.NoError(t, dynamostore.AddItems(ctx, blobPuts(table, 40, 1)...))
+			return boom
+		}), boom)
+		require.NoError(t, dynamostore.AddItems(ctx, orderPut(table, "7", true)))
+		for i := range 39 {
+			require.NoError(t, send.Send(ctx, order("k", fmt.Sprint("fill-", i))))
+		}
+		return nil
+	}), "60 items, 1 item and 39 messages fit in one transaction")
+	assert.NotNil(t, rawItem(t, d, table, "ORDER#7", "ORDER"))
+	assert.Len(t, stored(t, s), 3+39)
+}
+
+// TestNestedTransactJoins: a nested Transact that succeeds keeps its items and
+// messages in the outer unit: they roll back and commit with it.
 func TestNestedTransactJoins(t *testing.T) {
 	t.Parallel()
 	d := newTestDB(t)
@@ -211,7 +285,7 @@ func TestNestedTransactJoins(t *testing.T) {
 	assert.Nil(t, rawItem(t, d, table, "ORDER#1", "ORDER"))
 	assert.Empty(t, stored(t, s))
 
-	// Joined, they commit with the outer unit, in one request, even with another
+	// Released, they commit with the outer unit, in one request, even with another
 	// store's unit of work in between.
 	require.NoError(t, s.Transact(ctx, func(ctx context.Context) error {
 		require.NoError(t, dynamostore.AddItems(ctx, orderPut(table, "1", true)))
@@ -256,7 +330,7 @@ func TestAddItemsOutsideAUnitOfWork(t *testing.T) {
 		require.ErrorIs(t, send.Send(outer, order("k", "outer ctx")), outbox.ErrNoTransaction)
 		return nil
 	}))
-	require.ErrorIs(t, dynamostore.AddItems(leaked, orderPut(table, "3", false)), outbox.ErrClosed, "after the unit ended")
+	require.ErrorIs(t, dynamostore.AddItems(leaked, orderPut(table, "3", false)), outbox.ErrNoTransaction, "after the unit ended")
 	require.ErrorIs(t, send.Send(leaked, order("k", "late")), outbox.ErrClosed)
 
 	mem, err := memstore.New(memstore.Config{})
@@ -284,12 +358,6 @@ func TestEmptyUnitOfWorkMakesNoRequest(t *testing.T) {
 	assert.Empty(t, stored(t, s))
 }
 
-// noLimit hides the store's size limit from capture, so a message too large for an
-// item reaches the commit. It unwraps to the store, so its sends join its units.
-type noLimit struct{ outbox.Store }
-
-func (n noLimit) Unwrap() outbox.Store { return n.Store }
-
 func TestTransactLimits(t *testing.T) {
 	t.Parallel()
 	d := newTestDB(t)
@@ -297,7 +365,6 @@ func TestTransactLimits(t *testing.T) {
 	table := s.Config().TableName
 	ctx := context.Background()
 	send := newSender(t, s, outbox.Transactional)
-	unlimited := newSender(t, noLimit{s}, outbox.Transactional)
 	sendN := func(ctx context.Context, n int) {
 		for i := range n {
 			require.NoError(t, send.Send(ctx, order("k", fmt.Sprint(i))))
@@ -310,11 +377,12 @@ func TestTransactLimits(t *testing.T) {
 		assert.Contains(t, err.Error(), says)
 	}
 
-	// AddItems refuses as soon as the unit cannot fit, and adds nothing.
+	// AddItems refuses items that cannot fit in one transaction on their own, and
+	// adds nothing.
 	require.EqualError(t, s.Transact(ctx, func(ctx context.Context) error {
 		tooLarge(dynamostore.AddItems(ctx, blobPuts(table, 101, 1)...), "101 items")
-		sendN(ctx, 60)
-		tooLarge(dynamostore.AddItems(ctx, blobPuts(table, 41, 1)...), "41 application items and 60 messages")
+		require.NoError(t, dynamostore.AddItems(ctx, blobPuts(table, 60, 1)...))
+		tooLarge(dynamostore.AddItems(ctx, blobPuts(table, 41, 1)...), "101 items")
 		tooLarge(dynamostore.AddItems(ctx, blobPuts(table, 1, 401*1024)...), "item 0")
 		tooLarge(dynamostore.AddItems(ctx, blobPuts(table, 11, 390*1024)...), "4 MB")
 		return errors.New("roll back")
@@ -330,7 +398,7 @@ func TestTransactLimits(t *testing.T) {
 	assert.Contains(t, err.Error(), "nothing was written")
 
 	err = s.Transact(ctx, func(ctx context.Context) error {
-		return unlimited.Send(ctx, order("k", strings.Repeat("x", 400*1024)))
+		return send.Send(ctx, overItem(s)) // within the capture's limit, not within an item
 	})
 	tooLarge(err, "400 KB item limit")
 
@@ -340,8 +408,8 @@ func TestTransactLimits(t *testing.T) {
 	})
 	tooLarge(err, "4 MB")
 
-	tooLarge(s.Enqueue(ctx, func() []*outbox.Envelope {
-		out := make([]*outbox.Envelope, 101)
+	tooLarge(s.Driver().Enqueue(ctx, func() []*driver.Envelope {
+		out := make([]*driver.Envelope, 101)
 		for i := range out {
 			out[i] = envelope(t, 2, "t", []byte("k"), []byte("p"))
 		}

@@ -56,11 +56,11 @@ func TestWritersNeedOnlyPutItemAndUpdateItem(t *testing.T) {
 	require.NoError(t, err)
 	ctx := context.Background()
 
-	require.NoError(t, w.Enqueue(ctx, envelope(t, 2, "t", []byte("k"), []byte("a"))))
+	require.NoError(t, w.Driver().Enqueue(ctx, envelope(t, 2, "t", []byte("k"), []byte("a"))))
 	d.proxy.loseNext("PutItem", 1)
-	require.NoError(t, w.Enqueue(ctx, envelope(t, 2, "t", []byte("k"), []byte("b"))))
+	require.NoError(t, w.Driver().Enqueue(ctx, envelope(t, 2, "t", []byte("k"), []byte("b"))))
 	d.proxy.loseNext("TransactWriteItems", 1)
-	require.NoError(t, w.Enqueue(ctx, envelope(t, 2, "t", []byte("k"), []byte("c")), envelope(t, 2, "t", []byte("j"), []byte("d"))))
+	require.NoError(t, w.Driver().Enqueue(ctx, envelope(t, 2, "t", []byte("k"), []byte("c")), envelope(t, 2, "t", []byte("j"), []byte("d"))))
 	send := newSender(t, w, outbox.Transactional)
 	d.proxy.loseNext("TransactWriteItems", 1)
 	require.NoError(t, w.Transact(ctx, func(ctx context.Context) error {

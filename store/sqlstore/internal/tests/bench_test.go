@@ -16,8 +16,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/sqlstore"
 )
 
@@ -100,7 +101,7 @@ func benchEnqueueOverhead(b *testing.B, path string, writers, staged int) {
 		outboxTx = func(i int64) error {
 			ctx, scope := outbox.NewScope(ctx)
 			defer scope.Release()
-			var written []*outbox.Envelope
+			var written []*driver.Envelope
 			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 				if _, err := tx.Exec(ctx, insert, "customer", i); err != nil {
 					return err
@@ -211,14 +212,14 @@ func benchEnqueueOverhead(b *testing.B, path string, writers, staged int) {
 func fill(b *testing.B, ctx context.Context, s *sqlstore.Store, n int, payload []byte) {
 	const chunk = 2000
 	for done := 0; done < n; done += chunk {
-		envs := make([]*outbox.Envelope, 0, chunk)
+		envs := make([]*driver.Envelope, 0, chunk)
 		for i := done; i < min(n, done+chunk); i++ {
-			env, err := outbox.NewEnvelope(outbox.Message{Topic: "orders", Key: fmt.Appendf(nil, "order-%d", i), Payload: payload,
-				Headers: []outbox.Header{{Key: outbox.HeaderIdempotencyKey, Value: []byte(uuid.NewString())}}}, s.BucketCount())
+			env, err := driver.NewEnvelope(outbox.Message{Topic: "orders", Key: fmt.Appendf(nil, "order-%d", i), Payload: payload,
+				Headers: []outbox.Header{{Key: outbox.HeaderIdempotencyKey, Value: []byte(uuid.NewString())}}}, s.Config().BucketCount)
 			require.NoError(b, err)
 			envs = append(envs, env)
 		}
-		require.NoError(b, s.Enqueue(ctx, envs...))
+		require.NoError(b, drv(s).Enqueue(ctx, envs...))
 	}
 	_, err := postgresPool(b).Exec(ctx, "VACUUM ANALYZE "+s.Config().Table)
 	require.NoError(b, err)
@@ -236,10 +237,10 @@ func rawDrain(b *testing.B, ctx context.Context, table string, buckets, batch in
 		for {
 			rows, err := pool.Query(ctx, sel, bucket, batch)
 			require.NoError(b, err)
-			var envs []*outbox.Envelope
+			var envs []*driver.Envelope
 			var ids []string
 			for rows.Next() {
-				env := &outbox.Envelope{}
+				env := &driver.Envelope{}
 				var id string
 				var bucket, count, part, flags, created, attempts, next, status, dispatched int64
 				var headers []byte
@@ -292,11 +293,11 @@ func BenchmarkDrain(b *testing.B) {
 					fill(b, ctx, raw, backlog, payload)
 					rawRec := outboxtest.NewRecorder()
 					start := time.Now()
-					rawMsgs += rawDrain(b, ctx, raw.Config().Table, raw.BucketCount(), batch, rawRec)
+					rawMsgs += rawDrain(b, ctx, raw.Config().Table, raw.Config().BucketCount, batch, rawRec)
 					rawTime += time.Since(start)
 
 					rec := outboxtest.NewRecorder()
-					d, err := relay.New(s, rec, relay.Config{BucketCount: s.BucketCount(), BatchSize: batch, RelayID: "bench", Logger: quietLog})
+					d, err := relay.New(s, rec, relay.Config{BucketCount: s.Config().BucketCount, BatchSize: batch, RelayID: "bench", Logger: quietLog})
 					require.NoError(b, err)
 					b.StartTimer()
 					start = time.Now()
@@ -318,11 +319,11 @@ func BenchmarkDrain(b *testing.B) {
 type stampTransport struct {
 	mu   sync.Mutex
 	at   map[string]time.Time
-	next outbox.Transport
+	next driver.Transport
 	seen chan struct{}
 }
 
-func (s *stampTransport) Publish(ctx context.Context, batch []*outbox.Envelope) error {
+func (s *stampTransport) Publish(ctx context.Context, batch []*driver.Envelope) error {
 	now := time.Now()
 	s.mu.Lock()
 	for _, env := range batch {
@@ -362,11 +363,11 @@ func benchCommitToDispatch(b *testing.B, peer bool) {
 		b.Cleanup(func() { _ = relayStore.Close() })
 	}
 	st := &stampTransport{at: map[string]time.Time{}, next: outboxtest.NewRecorder(), seen: make(chan struct{}, 1)}
-	d, err := relay.New(relayStore, st, relay.Config{BucketCount: s.BucketCount(), PollInterval: time.Second, Logger: quietLog})
+	d, err := relay.New(relayStore, st, relay.Config{BucketCount: s.Config().BucketCount, PollInterval: time.Second, Logger: quietLog})
 	require.NoError(b, err)
 	require.NoError(b, d.Start(ctx))
 	defer func() { require.NoError(b, d.Stop(ctx)) }()
-	require.Eventually(b, func() bool { return len(d.Owned()) == s.BucketCount() }, 10*time.Second, time.Millisecond)
+	require.Eventually(b, func() bool { return len(d.Owned()) == s.Config().BucketCount }, 10*time.Second, time.Millisecond)
 	payload := randomPayload(256)
 
 	sender := capture(b, s, outbox.Transactional)

@@ -11,9 +11,9 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/sqlstore"
 )
 
@@ -68,7 +68,7 @@ type brokerSwitch struct {
 	rec  *outboxtest.Recorder
 }
 
-func (s *brokerSwitch) Publish(ctx context.Context, batch []*outbox.Envelope) error {
+func (s *brokerSwitch) Publish(ctx context.Context, batch []*driver.Envelope) error {
 	if s.down.Load() {
 		return outboxtest.ErrOutage
 	}
@@ -140,7 +140,7 @@ func runDrain(backlog int, down bool) clientRun {
 		defer truncate(b, s)
 		tr := &brokerSwitch{rec: outboxtest.NewRecorder()}
 		tr.down.Store(down)
-		d, err := relay.New(s, tr, relay.Config{BucketCount: s.BucketCount(), RelayID: "bench", Logger: quietLog,
+		d, err := relay.New(s, tr, relay.Config{BucketCount: s.Config().BucketCount, RelayID: "bench", Logger: quietLog,
 			BackoffBase: time.Hour, BackoffMax: time.Hour})
 		require.NoError(b, err)
 		b.StartTimer()
@@ -173,7 +173,7 @@ func runRecover(backlog int) clientRun {
 		tr.down.Store(true)
 		var relays []*relay.Relay
 		for i := range 2 {
-			d, err := relay.New(s, tr, relay.Config{BucketCount: s.BucketCount(), RelayID: fmt.Sprintf("bench-%d", i),
+			d, err := relay.New(s, tr, relay.Config{BucketCount: s.Config().BucketCount, RelayID: fmt.Sprintf("bench-%d", i),
 				Logger: quietLog, PollInterval: 100 * time.Millisecond, BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second,
 				LeaseDuration: 3 * time.Second, LeaseRenewInterval: time.Second})
 			require.NoError(b, err)
@@ -194,7 +194,7 @@ func runRecover(backlog int) clientRun {
 		}
 		// Generous: leases are claimed within a round or two; the bound only ends a
 		// run that cannot work.
-		require.Eventually(b, func() bool { return owned() == s.BucketCount() }, time.Minute, 10*time.Millisecond)
+		require.Eventually(b, func() bool { return owned() == s.Config().BucketCount }, time.Minute, 10*time.Millisecond)
 		time.Sleep(time.Second)
 		tr.down.Store(false)
 		up := time.Now()

@@ -3,7 +3,6 @@ package tests
 import (
 	"testing"
 
-	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/store/sqlstore"
 )
@@ -15,7 +14,7 @@ func TestConformance(t *testing.T) {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
 			outboxtest.RunStoreTests(t, outboxtest.StoreHarness{
-				New: func(t *testing.T, bucketCount int) outbox.DispatchStore {
+				New: func(t *testing.T, bucketCount int) outboxtest.Store {
 					return b.open(t, sqlstore.Config{BucketCount: bucketCount})
 				},
 			})

@@ -11,8 +11,9 @@ import (
 	_ "github.com/glebarez/go-sqlite" // registers the pure-Go "sqlite" driver
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/sqlstore"
 )
 
@@ -53,7 +54,7 @@ func Example() {
 	}
 
 	err = store.Transact(ctx, func(ctx context.Context) error {
-		tx, _ := sqlstore.Tx(ctx) // the unit's *sql.Tx
+		tx, _ := sqlstore.SQLTx(ctx) // the unit's *sql.Tx
 		if _, err := tx.ExecContext(ctx, "INSERT INTO orders (id) VALUES ('order-1')"); err != nil {
 			return err
 		}
@@ -106,7 +107,7 @@ func exampleDB(dir string) (*sql.DB, *sqlstore.Store) {
 
 // pendingMessages counts the messages waiting in store.
 func pendingMessages(ctx context.Context, store *sqlstore.Store) int {
-	stats, err := store.Stats(ctx)
+	stats, err := store.Driver().(driver.Admin).Stats(ctx)
 	if err != nil {
 		panic(err)
 	}
@@ -130,7 +131,7 @@ func Example_transactFailureWritesNothing() {
 
 	errOutOfStock := errors.New("out of stock")
 	err := store.Transact(ctx, func(ctx context.Context) error {
-		tx, _ := sqlstore.Tx(ctx)
+		tx, _ := sqlstore.SQLTx(ctx)
 		if _, err := tx.ExecContext(ctx, "INSERT INTO orders (id) VALUES ('order-1')"); err != nil {
 			return err
 		}

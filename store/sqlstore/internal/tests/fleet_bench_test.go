@@ -7,9 +7,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/sqlstore"
 )
 
@@ -19,7 +19,7 @@ type brokerLatency struct {
 	rtt time.Duration
 }
 
-func (b brokerLatency) Publish(ctx context.Context, batch []*outbox.Envelope) error {
+func (b brokerLatency) Publish(ctx context.Context, batch []*driver.Envelope) error {
 	select {
 	case <-time.After(b.rtt):
 	case <-ctx.Done():
@@ -29,7 +29,7 @@ func (b brokerLatency) Publish(ctx context.Context, batch []*outbox.Envelope) er
 }
 
 // fleetRelay starts a worker with default timings on s.
-func fleetRelay(b *testing.B, s *sqlstore.Store, tr outbox.Transport, id string) *relay.Relay {
+func fleetRelay(b *testing.B, s *sqlstore.Store, tr driver.Transport, id string) *relay.Relay {
 	d, err := relay.New(s, tr, relay.Config{RelayID: id, Logger: quietLog})
 	require.NoError(b, err)
 	require.NoError(b, d.Start(context.Background()))
@@ -66,7 +66,7 @@ func BenchmarkFleet(b *testing.B) {
 	var join, stop, one, two time.Duration
 	for b.Loop() {
 		s := pgxBackend().open(b, sqlstore.Config{})
-		n := s.BucketCount()
+		n := s.Config().BucketCount
 		a := fleetRelay(b, s, outboxtest.NewRecorder(), "a")
 		until(b, "a holds every bucket", func() bool { return len(a.Owned()) == n })
 		c := fleetRelay(b, s, outboxtest.NewRecorder(), "b")

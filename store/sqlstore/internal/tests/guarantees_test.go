@@ -10,20 +10,22 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/sqlstore"
 )
 
 // manualTx is a transaction the application manages, written through the client
 // kind's EnqueueTx call.
 type manualTx struct {
-	enqueue  func(ctx context.Context, envs ...*outbox.Envelope) error
+	enqueue  func(ctx context.Context, msgs ...outbox.Message) ([]*driver.Envelope, error)
 	commit   func() error
 	rollback func()
 }
@@ -37,9 +39,8 @@ func beginManual(t *testing.T, ctx context.Context, s *sqlstore.Store) manualTx 
 		tx, err := pool.Begin(ctx)
 		require.NoError(t, err)
 		return manualTx{
-			enqueue: func(ctx context.Context, envs ...*outbox.Envelope) error {
-				_, err := s.EnqueuePgxTx(ctx, tx, envs...)
-				return err
+			enqueue: func(ctx context.Context, msgs ...outbox.Message) ([]*driver.Envelope, error) {
+				return s.EnqueuePgxTx(ctx, tx, msgs...)
 			},
 			commit:   func() error { return tx.Commit(ctx) },
 			rollback: func() { _ = tx.Rollback(ctx) },
@@ -48,9 +49,8 @@ func beginManual(t *testing.T, ctx context.Context, s *sqlstore.Store) manualTx 
 		tx, err := db.BeginTx(ctx, nil)
 		require.NoError(t, err)
 		return manualTx{
-			enqueue: func(ctx context.Context, envs ...*outbox.Envelope) error {
-				_, err := s.EnqueueTx(ctx, tx, envs...)
-				return err
+			enqueue: func(ctx context.Context, msgs ...outbox.Message) ([]*driver.Envelope, error) {
+				return s.EnqueueTx(ctx, tx, msgs...)
 			},
 			commit:   tx.Commit,
 			rollback: func() { _ = tx.Rollback() },
@@ -58,6 +58,21 @@ func beginManual(t *testing.T, ctx context.Context, s *sqlstore.Store) manualTx 
 	}
 	t.Fatal("store has no client")
 	return manualTx{}
+}
+
+// write writes msgs in the transaction and returns the error alone.
+func (m manualTx) write(ctx context.Context, msgs ...outbox.Message) error {
+	_, err := m.enqueue(ctx, msgs...)
+	return err
+}
+
+// enqueueOne writes msg in the transaction and returns its envelope.
+func (m manualTx) enqueueOne(t *testing.T, ctx context.Context, msg outbox.Message) *driver.Envelope {
+	t.Helper()
+	written, err := m.enqueue(ctx, msg)
+	require.NoError(t, err)
+	require.Len(t, written, 1)
+	return written[0]
 }
 
 // execDirect runs a statement outside any unit of work ('?' placeholders).
@@ -119,13 +134,16 @@ func TestUnitOfWorkRollbackLeavesNoRow(t *testing.T) {
 		require.Zero(t, countRows(t, s, orders), "the business row rolled back")
 		require.Zero(t, countRows(t, s, s.Config().Table), "no outbox row survives a rollback")
 
-		// A failed write of the outbox rolls the business row back too.
-		wrong := capture(t, otherBuckets{s, s.BucketCount() + 1}, outbox.Transactional) // a writer with another bucket count is refused
+		// A failed write of the outbox rolls the business row back too: two messages
+		// with one ID make the INSERT fail at commit.
+		twice := outbox.Message{ID: uuid.Must(uuid.NewV7()), Topic: "orders", Key: []byte("order-2"), Payload: []byte("created")}
 		err = b.transact(ctx, s, func(ctx context.Context, exec execFunc) error {
 			require.NoError(t, exec("INSERT INTO "+orders+" (id, note) VALUES (?, ?)", 2, "second"))
-			return wrong.Send(ctx, outbox.Message{Topic: "orders", Key: []byte("order-2"), Payload: []byte("created")})
+			sender := capture(t, s, outbox.Transactional)
+			require.NoError(t, sender.Send(ctx, twice))
+			return sender.Send(ctx, twice)
 		})
-		require.ErrorIs(t, err, outbox.ErrMisconfigured)
+		require.ErrorIs(t, err, outbox.ErrInvalidMessage)
 		require.Zero(t, countRows(t, s, orders))
 		require.Zero(t, countRows(t, s, s.Config().Table))
 
@@ -141,9 +159,9 @@ func TestUnitOfWorkRollbackLeavesNoRow(t *testing.T) {
 }
 
 // drain runs one dispatcher sweep over every bucket.
-func drain(t *testing.T, ctx context.Context, s outbox.DispatchStore, rec outbox.Transport) relay.Result {
+func drain(t *testing.T, ctx context.Context, s driver.Handle, rec driver.Transport) relay.Result {
 	t.Helper()
-	d, err := relay.New(s, rec, relay.Config{BucketCount: s.BucketCount(), RelayID: "sweeper", Logger: quietLog})
+	d, err := relay.New(s, rec, relay.Config{BucketCount: s.Driver().BucketCount(), RelayID: "sweeper", Logger: quietLog})
 	require.NoError(t, err)
 	res, err := d.RunOnce(ctx)
 	require.NoError(t, err)
@@ -159,11 +177,10 @@ func TestCommitsInOppositeOrderToSeqAreBothDelivered(t *testing.T) {
 			// SQLite has one writer: a second write waits for the first transaction
 			// to commit, so commit order is Seq order and nothing can be skipped.
 			first := beginManual(t, ctx, s)
-			a := newEnvelope(t, s, "a", "1")
-			require.NoError(t, first.enqueue(ctx, a))
+			a := first.enqueueOne(t, ctx, newMessage("a", "1"))
 			second := newEnvelope(t, s, "b", "2")
 			done := make(chan error, 1)
-			go func() { done <- s.Enqueue(ctx, second) }()
+			go func() { done <- drv(s).Enqueue(ctx, second) }()
 			select {
 			case err := <-done:
 				t.Fatalf("the second writer did not wait for the first: %v", err)
@@ -179,13 +196,11 @@ func TestCommitsInOppositeOrderToSeqAreBothDelivered(t *testing.T) {
 		rec := outboxtest.NewRecorder()
 		early := beginManual(t, ctx, s)
 		defer early.rollback()
-		first := newEnvelope(t, s, "a", "early")
-		require.NoError(t, early.enqueue(ctx, first))
+		first := early.enqueueOne(t, ctx, newMessage("a", "early"))
 
 		late := beginManual(t, ctx, s)
 		defer late.rollback()
-		second := newEnvelope(t, s, "b", "late")
-		require.NoError(t, late.enqueue(ctx, second))
+		second := late.enqueueOne(t, ctx, newMessage("b", "late"))
 		require.Less(t, first.Seq, second.Seq)
 		require.NoError(t, late.commit())
 
@@ -206,12 +221,12 @@ func TestCommitsInOppositeOrderToSeqAreBothDelivered(t *testing.T) {
 // ownerCheck is a transport that fails the test when two publishes of one bucket
 // overlap, which only two owners of that bucket could cause.
 type ownerCheck struct {
-	next     outbox.Transport
+	next     driver.Transport
 	inFlight sync.Map // bucket -> *atomic.Int32
 	overlaps atomic.Int32
 }
 
-func (o *ownerCheck) Publish(ctx context.Context, batch []*outbox.Envelope) error {
+func (o *ownerCheck) Publish(ctx context.Context, batch []*driver.Envelope) error {
 	buckets := map[int]bool{}
 	for _, env := range batch {
 		buckets[env.Bucket] = true
@@ -242,7 +257,7 @@ func TestTwoRelaysNeverOwnOneBucket(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for bucket := range buckets {
-					ok, err := s.Claim(ctx, bucket, fmt.Sprintf("relay-%d", r), now, now.Add(time.Minute))
+					ok, err := drv(s).Claim(ctx, bucket, fmt.Sprintf("relay-%d", r), now, now.Add(time.Minute))
 					if err != nil {
 						t.Error(err)
 						return
@@ -257,11 +272,11 @@ func TestTwoRelaysNeverOwnOneBucket(t *testing.T) {
 		for bucket := range buckets {
 			require.EqualValues(t, 1, wins[bucket].Load(), "bucket %d", bucket)
 		}
-		c, err := s.ReadCoordination(ctx)
+		c, err := drv(s).ReadCoordination(ctx)
 		require.NoError(t, err)
 		for _, l := range c.Leases {
 			require.True(t, s.Config().BucketCount > l.Bucket)
-			ok, err := s.Release(ctx, l)
+			ok, err := drv(s).Release(ctx, l)
 			require.NoError(t, err)
 			require.True(t, ok)
 		}
@@ -270,11 +285,11 @@ func TestTwoRelaysNeverOwnOneBucket(t *testing.T) {
 		// at once and every key keeps its order.
 		rec := outboxtest.NewRecorder()
 		check := &ownerCheck{next: rec}
-		var sent []*outbox.Envelope
+		var sent []*driver.Envelope
 		for i := range messages {
 			sent = append(sent, newEnvelope(t, s, fmt.Sprintf("key-%d", i%20), fmt.Sprint(i)))
 		}
-		require.NoError(t, s.Enqueue(ctx, sent...))
+		require.NoError(t, drv(s).Enqueue(ctx, sent...))
 		var workers []*relay.Relay
 		for i := range 2 {
 			d, err := relay.New(s, check, relay.Config{
@@ -313,7 +328,7 @@ func TestSQLiteConcurrentWritersAndRelayNeverBusy(t *testing.T) {
 			s := b.open(t, sqlstore.Config{})
 			orders := businessTable(t, s)
 			rec := outboxtest.NewRecorder()
-			d, err := relay.New(s, rec, relay.Config{BucketCount: s.BucketCount(), PollInterval: 5 * time.Millisecond, BatchSize: 50, Logger: quietLog})
+			d, err := relay.New(s, rec, relay.Config{BucketCount: s.Config().BucketCount, PollInterval: 5 * time.Millisecond, BatchSize: 50, Logger: quietLog})
 			require.NoError(t, err)
 			require.NoError(t, d.Start(ctx))
 
@@ -340,7 +355,7 @@ func TestSQLiteConcurrentWritersAndRelayNeverBusy(t *testing.T) {
 						}
 						if i%10 == 0 {
 							// Immediate writes compete as well.
-							if err := s.Enqueue(ctx, newEnvelope(t, s, "direct", fmt.Sprint(id))); err != nil {
+							if err := drv(s).Enqueue(ctx, newEnvelope(t, s, "direct", fmt.Sprint(id))); err != nil {
 								errs <- err
 							}
 						}
@@ -431,10 +446,9 @@ func TestDispatchOneReachesALateCommit(t *testing.T) {
 			rec := outboxtest.NewRecorder()
 			early := beginManual(t, ctx, s)
 			defer early.rollback()
-			first := newEnvelope(t, s, "a", "early")
-			require.NoError(t, early.enqueue(ctx, first))
+			first := early.enqueueOne(t, ctx, newMessage("a", "early"))
 			second := newEnvelope(t, s, "b", "late")
-			require.NoError(t, s.Enqueue(ctx, second))
+			require.NoError(t, drv(s).Enqueue(ctx, second))
 			d, err := relay.New(s, rec, relay.Config{BucketCount: 1, RelayID: "stream", Logger: quietLog})
 			require.NoError(t, err)
 			res, err := d.DispatchOne(ctx, second.ID)

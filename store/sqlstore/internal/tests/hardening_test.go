@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/store/sqlstore"
 )
 
@@ -32,17 +33,17 @@ func TestClaimRefusedWithFoundRowsClient(t *testing.T) {
 	s = migrated(t, s, err)
 
 	now := time.Now().UTC().Truncate(time.Microsecond)
-	won, err := s.Claim(ctx, 1, "a", now, now.Add(time.Minute))
+	won, err := drv(s).Claim(ctx, 1, "a", now, now.Add(time.Minute))
 	require.NoError(t, err)
 	require.True(t, won)
-	won, err = s.Claim(ctx, 1, "b", now, now.Add(time.Minute))
+	won, err = drv(s).Claim(ctx, 1, "b", now, now.Add(time.Minute))
 	require.NoError(t, err)
 	require.False(t, won, "a held lease is not granted to a second relay")
 
-	ok, err := s.Heartbeat(ctx, "a", now, 2)
+	ok, err := drv(s).Heartbeat(ctx, "a", now, 2)
 	require.NoError(t, err)
 	require.True(t, ok)
-	ok, err = s.Heartbeat(ctx, "a", now, 2)
+	ok, err = drv(s).Heartbeat(ctx, "a", now, 2)
 	require.NoError(t, err)
 	require.False(t, ok, "a heartbeat that does not move forward is refused")
 }
@@ -54,11 +55,11 @@ func TestCauseWithAnyBytesIsStored(t *testing.T) {
 		ctx := testContext(t)
 		s := b.open(t, sqlstore.Config{BucketCount: 1})
 		env := newEnvelope(t, s, "k", "v")
-		require.NoError(t, s.Enqueue(ctx, env))
+		require.NoError(t, drv(s).Enqueue(ctx, env))
 		cause := "broker said \x00\xff\xfe" + strings.Repeat("é", 3000)
-		require.NoError(t, s.Reschedule(ctx, env, time.Now(), cause))
-		require.NoError(t, s.Park(ctx, env, cause))
-		parked, err := s.List(ctx, outbox.Parked, outbox.Cursor{}, 10)
+		require.NoError(t, drv(s).Reschedule(ctx, env, time.Now(), cause))
+		require.NoError(t, drv(s).Park(ctx, env, cause))
+		parked, err := drv(s).List(ctx, driver.Parked, driver.Cursor{}, 10)
 		require.NoError(t, err)
 		require.Len(t, parked, 1)
 		require.Equal(t, 2, parked[0].Attempts)
@@ -72,9 +73,9 @@ func TestRelayIDsTheColumnsCannotHoldAreRefused(t *testing.T) {
 	ctx := testContext(t)
 	s := backendNamed("sqlite/database-sql").open(t, sqlstore.Config{BucketCount: 1}) // no server needed
 	now := time.Now()
-	_, err := s.Claim(ctx, 0, "", now, now.Add(time.Minute))
+	_, err := drv(s).Claim(ctx, 0, "", now, now.Add(time.Minute))
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
-	_, err = s.Heartbeat(ctx, strings.Repeat("r", 256), now, 1)
+	_, err = drv(s).Heartbeat(ctx, strings.Repeat("r", 256), now, 1)
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
 }
 
@@ -94,19 +95,19 @@ func TestEnqueueTxOnAnotherPoolOfTheServer(t *testing.T) {
 		for _, db := range []*sql.DB{mysqlDB(t), other} {
 			tx, err := db.BeginTx(ctx, nil)
 			require.NoError(t, err)
-			var envs []*outbox.Envelope
+			var msgs []outbox.Message
 			for i := range round*7 + 1 { // 1, 8 and 15 rows: each a statement of its own
 				payload := fmt.Sprintf("%d-%p-%d", round, db, i)
-				envs = append(envs, newEnvelope(t, s, "k", payload))
+				msgs = append(msgs, newMessage("k", payload))
 				want = append(want, payload)
 			}
-			written, err := s.EnqueueTx(ctx, tx, envs...)
+			written, err := s.EnqueueTx(ctx, tx, msgs...)
 			require.NoError(t, err)
-			require.Len(t, written, len(envs))
+			require.Len(t, written, len(msgs))
 			require.NoError(t, tx.Commit())
 		}
 	}
-	fetched, err := s.Fetch(ctx, 0, 1000)
+	fetched, err := drv(s).Fetch(ctx, 0, 1000)
 	require.NoError(t, err)
 	var got []string
 	for _, env := range fetched {

@@ -27,6 +27,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
+	"github.com/outboxkit/outbox/inbox"
 	"github.com/outboxkit/outbox/store/sqlstore"
 	"github.com/outboxkit/outbox/store/sqlstore/internal/hooks"
 
@@ -148,13 +150,13 @@ func (b backend) transact(ctx context.Context, s *sqlstore.Store, fn func(ctx co
 }
 
 // execInUnit runs a statement ('?' placeholders) in the unit of work on ctx, through
-// PgxTx or Tx, whichever the store's client offers.
+// PgxTx or SQLTx, whichever the store's client offers.
 func execInUnit(ctx context.Context, s *sqlstore.Store, q string, args ...any) error {
 	if tx, ok := sqlstore.PgxTx(ctx); ok {
 		_, err := tx.Exec(ctx, rebind(q), args...)
 		return err
 	}
-	if tx, ok := sqlstore.Tx(ctx); ok {
+	if tx, ok := sqlstore.SQLTx(ctx); ok {
 		if s.Dialect() == sqlstore.PostgreSQL {
 			q = rebind(q)
 		}
@@ -274,12 +276,31 @@ func eachPostgres(t *testing.T, test func(t *testing.T, b backend)) {
 	}
 }
 
-func newEnvelope(t testing.TB, s outbox.Store, key, payload string) *outbox.Envelope {
+func newEnvelope(t testing.TB, s driver.Handle, key, payload string) *driver.Envelope {
 	t.Helper()
-	env, err := outbox.NewEnvelope(outbox.Message{Topic: "orders", Key: []byte(key), Payload: []byte(payload)}, s.BucketCount())
+	env, err := driver.NewEnvelope(newMessage(key, payload), s.Driver().BucketCount())
 	require.NoError(t, err)
 	return env
 }
+
+// newMessage is the message newEnvelope wraps, for the calls that take messages.
+func newMessage(key, payload string) outbox.Message {
+	return outbox.Message{Topic: "orders", Key: []byte(key), Payload: []byte(payload)}
+}
+
+// relaySide is every relay-side interface a store's Driver implements.
+type relaySide interface {
+	driver.Store
+	driver.Admin
+	driver.Notifier
+	driver.Finder
+	driver.Retainer
+	inbox.Store
+	inbox.Remover
+}
+
+// drv returns the store's relay side, for the tests that call it directly.
+func drv(s driver.Handle) relaySide { return s.Driver().(relaySide) }
 
 func testContext(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -301,7 +322,7 @@ var quietLog = slog.New(slog.DiscardHandler)
 func runtimeProcs() int { return runtime.GOMAXPROCS(0) }
 
 // capture returns the sender an application would use on s.
-func capture(t testing.TB, s outbox.Store, mode outbox.WriteMode) *outbox.Capture {
+func capture(t testing.TB, s outbox.Store, mode outbox.WriteMode) outbox.Sender {
 	t.Helper()
 	c, err := outbox.NewSender(s, outbox.SenderConfig{Mode: mode, Logger: quietLog})
 	require.NoError(t, err)
@@ -313,12 +334,3 @@ func send(t testing.TB, ctx context.Context, s outbox.Store, key, payload string
 	t.Helper()
 	require.NoError(t, capture(t, s, outbox.Transactional).Send(ctx, outbox.Message{Topic: "orders", Key: []byte(key), Payload: []byte(payload)}))
 }
-
-// otherBuckets reports another bucket count than the store it wraps: a writer
-// configured with another count.
-type otherBuckets struct {
-	outbox.Store
-	n int
-}
-
-func (o otherBuckets) BucketCount() int { return o.n }

@@ -51,19 +51,19 @@ func TestInboxConformance(t *testing.T) {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
 			outboxtest.RunInboxTests(t, outboxtest.InboxHarness{
-				New: func(t *testing.T) outbox.DispatchStore {
+				New: func(t *testing.T) outboxtest.Store {
 					s := b.open(t, sqlstore.Config{BucketCount: 1})
 					effectsTable(t, s)
 					return s
 				},
-				Effect: func(ctx context.Context, st outbox.DispatchStore, key string) error {
+				Effect: func(ctx context.Context, st outboxtest.Store, key string) error {
 					s := st.(*sqlstore.Store)
 					if len(key) > 100 {
 						key = key[:100]
 					}
 					return execInUnit(ctx, s, "INSERT INTO "+s.Config().Table+"_effects (k) VALUES (?)", key)
 				},
-				Effects: func(t *testing.T, st outbox.DispatchStore, key string) int {
+				Effects: func(t *testing.T, st outboxtest.Store, key string) int {
 					s := st.(*sqlstore.Store)
 					if len(key) > 100 {
 						key = key[:100]

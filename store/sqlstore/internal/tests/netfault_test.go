@@ -10,9 +10,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/outboxtest/netfault"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/sqlstore"
 )
 
@@ -50,14 +50,14 @@ func TestBlackHoledConnectionsHitTheirDeadline(t *testing.T) {
 	require.NoError(t, d.Start(context.Background()))
 	t.Cleanup(d.Kill)
 
-	require.NoError(t, direct.Enqueue(testContext(t), newEnvelope(t, direct, "k", "before")))
+	require.NoError(t, drv(direct).Enqueue(testContext(t), newEnvelope(t, direct, "k", "before")))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	require.NoError(t, rec.WaitForUnique(ctx, 1))
 
 	p.Blackhole()
 	for i := range 20 {
-		require.NoError(t, direct.Enqueue(testContext(t), newEnvelope(t, direct, fmt.Sprintf("k%d", i%3), fmt.Sprintf("during-%d", i))))
+		require.NoError(t, drv(direct).Enqueue(testContext(t), newEnvelope(t, direct, fmt.Sprintf("k%d", i%3), fmt.Sprintf("during-%d", i))))
 	}
 	require.NoError(t, rec.WaitForUnique(ctx, 21), "the relay recovers on new connections")
 	require.NoError(t, d.Err())

@@ -10,6 +10,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/store/sqlstore"
+	"github.com/outboxkit/outbox/store/sqlstore/internal/orm"
 )
 
 // ormBeginner stands for an ORM package: it begins the units' transactions on a
@@ -53,7 +54,7 @@ func (o *ormBeginner) As(target any) bool {
 
 // TestNewORMBeginsThroughTheBeginner: a store built with NewORM begins each unit
 // through its Beginner, writes and commits the messages in the *sql.Tx it returned,
-// and hands the Beginner's handle out through TxHandle; Store.As reaches the
+// and hands the Beginner's handle out through the ORM packages' handle accessor; Store.As reaches the
 // Beginner's As.
 func TestNewORMBeginsThroughTheBeginner(t *testing.T) {
 	ctx := testContext(t)
@@ -66,12 +67,12 @@ func TestNewORMBeginsThroughTheBeginner(t *testing.T) {
 	_, err = sqlstore.NewORM(db, sqlstore.SQLite, &ormBeginner{db: db}, sqlstore.Config{Table: "bad-name"})
 	require.ErrorIs(t, err, outbox.ErrMisconfigured, "the config is validated as by NewDB")
 
-	orm := &ormBeginner{db: db}
-	s, err := sqlstore.NewORM(db, sqlstore.SQLite, orm, withTable(sqlstore.Config{}))
+	beginner := &ormBeginner{db: db}
+	s, err := sqlstore.NewORM(db, sqlstore.SQLite, beginner, withTable(sqlstore.Config{}))
 	s = migrated(t, s, err)
 	var gotORM *ormBeginner
 	require.True(t, s.As(&gotORM), "As reaches the Beginner's As")
-	require.Same(t, orm, gotORM)
+	require.Same(t, beginner, gotORM)
 	var gotDB *sql.DB
 	require.True(t, s.As(&gotDB))
 	require.Same(t, db, gotDB)
@@ -80,10 +81,10 @@ func TestNewORMBeginsThroughTheBeginner(t *testing.T) {
 	orders := businessTable(t, s)
 	sender := capture(t, s, outbox.Transactional)
 	insert := func(ctx context.Context, id int) error {
-		h, ok := sqlstore.TxHandle(ctx)
-		require.True(t, ok, "TxHandle finds the Beginner's handle")
-		tx, ok := sqlstore.Tx(ctx)
-		require.True(t, ok, "Tx finds the *sql.Tx the Beginner returned")
+		h, ok := orm.TxHandle(ctx)
+		require.True(t, ok, "orm.TxHandle finds the Beginner's handle")
+		tx, ok := sqlstore.SQLTx(ctx)
+		require.True(t, ok, "SQLTx finds the *sql.Tx the Beginner returned")
 		require.Same(t, h.(*ormTx).tx, tx)
 		if _, err := h.(*ormTx).tx.ExecContext(ctx, "INSERT INTO "+orders+" (id, note) VALUES (?, ?)", id, "x"); err != nil {
 			return err
@@ -103,30 +104,30 @@ func TestNewORMBeginsThroughTheBeginner(t *testing.T) {
 	var leaked context.Context
 	require.NoError(t, s.Transact(ctx, func(ctx context.Context) error {
 		leaked = ctx
-		h, _ := sqlstore.TxHandle(ctx)
+		h, _ := orm.TxHandle(ctx)
 		require.Nil(t, h.(*ormTx).opts, "no options on ctx: nil")
 		return insert(ctx, 2)
 	}))
 	require.Equal(t, 1, countRows(t, s, orders), "the unit committed the Beginner's transaction")
 	require.Equal(t, 1, countRows(t, s, s.Config().Table), "with the message")
-	require.Equal(t, 2, orm.begun)
-	_, ok := sqlstore.TxHandle(leaked)
+	require.Equal(t, 2, beginner.begun)
+	_, ok := orm.TxHandle(leaked)
 	require.False(t, ok, "no handle once the unit ended")
 
 	readOnly := sqlstore.WithTxOptions(ctx, sql.TxOptions{ReadOnly: true})
 	require.NoError(t, s.Transact(readOnly, func(ctx context.Context) error {
-		h, _ := sqlstore.TxHandle(ctx)
+		h, _ := orm.TxHandle(ctx)
 		require.True(t, h.(*ormTx).opts.ReadOnly, "WithTxOptions reaches the Beginner")
 		return nil
 	}))
 
-	orm.fail = errors.New("no connection")
+	beginner.fail = errors.New("no connection")
 	ran := false
 	err = s.Transact(ctx, func(context.Context) error { ran = true; return nil })
-	require.ErrorIs(t, err, orm.fail, "a failed begin comes back wrapped")
+	require.ErrorIs(t, err, beginner.fail, "a failed begin comes back wrapped")
 	require.False(t, ran)
 
-	orm.fail, orm.nilTx = nil, true
+	beginner.fail, beginner.nilTx = nil, true
 	err = s.Transact(ctx, func(context.Context) error { ran = true; return nil })
 	require.ErrorIs(t, err, outbox.ErrMisconfigured, "a Beginner that returns no transaction is refused")
 	require.False(t, ran)

@@ -68,7 +68,7 @@ func TestIdleChurnWarning(t *testing.T) {
 			fetch := func() {
 				// Past the millisecond since the last look, however busy the machine.
 				time.Sleep(5 * time.Millisecond)
-				_, err := s.Fetch(ctx, 0, 10)
+				_, err := drv(s).Fetch(ctx, 0, 10)
 				require.NoError(t, err)
 			}
 			fetch() // the first look only notes the counter

@@ -23,7 +23,7 @@ func TestMigrateUpgradesTheRelayTable(t *testing.T) {
 		s := b.open(t, sqlstore.Config{BucketCount: 4})
 		relays, versions := s.Config().RelayTable, s.Config().Table+"_migrations"
 		seen := time.Date(2031, 3, 4, 5, 6, 7, 123456000, time.UTC)
-		ok, err := s.Heartbeat(ctx, "relay-a", seen, 4)
+		ok, err := drv(s).Heartbeat(ctx, "relay-a", seen, 4)
 		require.NoError(t, err)
 		require.True(t, ok)
 
@@ -35,25 +35,25 @@ func TestMigrateUpgradesTheRelayTable(t *testing.T) {
 			require.ErrorIs(t, err, outbox.ErrMisconfigured, call)
 			require.ErrorContains(t, err, "run Store.Migrate", call)
 		}
-		_, err = s.Heartbeat(ctx, "relay-a", seen.Add(time.Second), 4)
+		_, err = drv(s).Heartbeat(ctx, "relay-a", seen.Add(time.Second), 4)
 		requireMigrate(err, "Heartbeat")
-		_, err = s.ReadRelays(ctx)
+		_, err = drv(s).ReadRelays(ctx)
 		requireMigrate(err, "ReadRelays")
-		_, err = s.ReadCoordination(ctx)
+		_, err = drv(s).ReadCoordination(ctx)
 		requireMigrate(err, "ReadCoordination")
 
 		require.NoError(t, s.Migrate(ctx))
 		require.Equal(t, 3, countRows(t, s, versions))
-		got, err := s.ReadRelays(ctx)
+		got, err := drv(s).ReadRelays(ctx)
 		require.NoError(t, err)
 		require.Len(t, got, 1)
 		require.Equal(t, "relay-a", got[0].ID)
 		require.True(t, got[0].LastSeen.Equal(seen), "the row is kept: %v", got[0].LastSeen)
 		require.Zero(t, got[0].BucketCount, "a row from before the column has an unknown count")
-		ok, err = s.Heartbeat(ctx, "relay-a", seen.Add(time.Second), 4)
+		ok, err = drv(s).Heartbeat(ctx, "relay-a", seen.Add(time.Second), 4)
 		require.NoError(t, err)
 		require.True(t, ok)
-		got, err = s.ReadRelays(ctx)
+		got, err = drv(s).ReadRelays(ctx)
 		require.NoError(t, err)
 		require.Equal(t, 4, got[0].BucketCount)
 
@@ -62,7 +62,7 @@ func TestMigrateUpgradesTheRelayTable(t *testing.T) {
 		execDirect(t, s, "DELETE FROM "+versions+" WHERE version = 2")
 		require.NoError(t, s.Migrate(ctx))
 		require.Equal(t, 3, countRows(t, s, versions))
-		got, err = s.ReadRelays(ctx)
+		got, err = drv(s).ReadRelays(ctx)
 		require.NoError(t, err)
 		require.Equal(t, 4, got[0].BucketCount, "nothing was lost")
 	})
@@ -85,18 +85,18 @@ func TestReadRelaysIsOneSelectOfTheRelayTable(t *testing.T) {
 	s = migrated(t, s, err)
 	now := time.Now()
 	for _, id := range []string{"b", "a"} {
-		ok, err := s.Heartbeat(ctx, id, now, 8)
+		ok, err := drv(s).Heartbeat(ctx, id, now, 8)
 		require.NoError(t, err)
 		require.True(t, ok)
 	}
-	ok, err := s.Claim(ctx, 0, "a", now, now.Add(time.Minute))
+	ok, err := drv(s).Claim(ctx, 0, "a", now, now.Add(time.Minute))
 	require.NoError(t, err)
 	require.True(t, ok)
 
 	tracer.mu.Lock()
 	tracer.events = nil
 	tracer.mu.Unlock()
-	got, err := s.ReadRelays(ctx)
+	got, err := drv(s).ReadRelays(ctx)
 	require.NoError(t, err)
 	tracer.mu.Lock()
 	events := tracer.events

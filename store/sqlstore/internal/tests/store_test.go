@@ -7,10 +7,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/store/sqlstore"
+	"github.com/outboxkit/outbox/store/sqlstore/internal/orm"
 )
 
 func TestRoundTrip(t *testing.T) {
@@ -18,16 +21,16 @@ func TestRoundTrip(t *testing.T) {
 		ctx := testContext(t)
 		s := b.open(t, sqlstoreConfig())
 		p := int32(5)
-		env, err := outbox.NewEnvelope(outbox.Message{
+		env, err := driver.NewEnvelope(outbox.Message{
 			Topic: "t", Key: []byte{}, Payload: nil, Partition: &p,
 			Headers: []outbox.Header{{Key: "a", Value: nil}, {Key: "b", Value: []byte{}}, {Key: "a", Value: []byte("x")}},
-		}, s.BucketCount())
+		}, s.Config().BucketCount)
 		require.NoError(t, err)
 		env2 := newEnvelope(t, s, "k", "v")
-		require.NoError(t, s.Enqueue(ctx, env, env2))
+		require.NoError(t, drv(s).Enqueue(ctx, env, env2))
 		require.NotZero(t, env.Seq)
 		require.Greater(t, env2.Seq, env.Seq)
-		got, err := s.Find(ctx, env.ID)
+		got, err := drv(s).Find(ctx, env.ID)
 		require.NoError(t, err)
 		require.Equal(t, env.ID, got.ID)
 		require.Equal(t, env.Seq, got.Seq)
@@ -37,7 +40,7 @@ func TestRoundTrip(t *testing.T) {
 		require.Equal(t, env.Headers, got.Headers)
 		require.Equal(t, p, *got.Partition)
 		require.True(t, env.CreatedAt.Truncate(1000).Equal(got.CreatedAt), "%v != %v", env.CreatedAt, got.CreatedAt)
-		got2, err := s.Find(ctx, env2.ID)
+		got2, err := drv(s).Find(ctx, env2.ID)
 		require.NoError(t, err)
 		require.Equal(t, []byte("k"), got2.Key)
 		require.Equal(t, []byte("v"), got2.Payload)
@@ -83,7 +86,7 @@ func TestConfigValidation(t *testing.T) {
 	require.Equal(t, "billing.outbox_leases", cfg.LeaseTable)
 	require.Equal(t, "billing.outbox_relays", cfg.RelayTable)
 	require.Equal(t, "billing_outbox", cfg.NotifyChannel)
-	require.Equal(t, outbox.DefaultBucketCount, cfg.BucketCount)
+	require.Equal(t, driver.DefaultBucketCount, cfg.BucketCount)
 	require.Equal(t, sqlstore.DefaultMaxMessageSize, s.MaxMessageSize())
 }
 
@@ -119,11 +122,11 @@ func TestMisuseIsExplained(t *testing.T) {
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
 
 	// Outside a unit of work no accessor finds a transaction.
-	_, ok := sqlstore.Tx(ctx)
+	_, ok := sqlstore.SQLTx(ctx)
 	require.False(t, ok)
 	_, ok = sqlstore.PgxTx(ctx)
 	require.False(t, ok)
-	_, ok = sqlstore.TxHandle(ctx)
+	_, ok = orm.TxHandle(ctx)
 	require.False(t, ok)
 }
 
@@ -132,7 +135,7 @@ func TestLimitsAndLargeBatches(t *testing.T) {
 		ctx := testContext(t)
 		s := b.open(t, sqlstore.Config{MaxMessageSize: 64 << 10})
 		big := newEnvelope(t, s, "k", strings.Repeat("x", 64<<10))
-		err := s.Enqueue(ctx, newEnvelope(t, s, "k", "small"), big)
+		err := drv(s).Enqueue(ctx, newEnvelope(t, s, "k", "small"), big)
 		require.ErrorIs(t, err, outbox.ErrTooLarge)
 		require.ErrorContains(t, err, "MaxMessageSize")
 		require.Zero(t, countRows(t, s, s.Config().Table), "nothing of a refused batch is written")
@@ -140,11 +143,11 @@ func TestLimitsAndLargeBatches(t *testing.T) {
 		// More rows than one statement takes: several INSERTs, one transaction.
 		splitBatchesAt(t, 300)
 		const n = 1000
-		envs := make([]*outbox.Envelope, n)
+		envs := make([]*driver.Envelope, n)
 		for i := range envs {
 			envs[i] = newEnvelope(t, s, fmt.Sprint(i), "p")
 		}
-		require.NoError(t, s.Enqueue(ctx, envs...))
+		require.NoError(t, drv(s).Enqueue(ctx, envs...))
 		require.Equal(t, n, countRows(t, s, s.Config().Table))
 		seen := map[int64]bool{}
 		for _, env := range envs {
@@ -153,24 +156,24 @@ func TestLimitsAndLargeBatches(t *testing.T) {
 			seen[env.Seq] = true
 		}
 		// Each Seq written back is the row's own.
-		got, err := s.Find(ctx, envs[n-1].ID)
+		got, err := drv(s).Find(ctx, envs[n-1].ID)
 		require.NoError(t, err)
 		require.Equal(t, envs[n-1].Seq, got.Seq)
 
 		// A duplicate ID is refused as invalid input; when it sits in a later
 		// statement of a split batch, the earlier statements roll back too.
-		err = s.Enqueue(ctx, envs[0])
+		err = drv(s).Enqueue(ctx, envs[0])
 		require.ErrorIs(t, err, outbox.ErrInvalidMessage)
-		more := make([]*outbox.Envelope, 0, 701)
+		more := make([]*driver.Envelope, 0, 701)
 		for i := range 700 {
 			more = append(more, newEnvelope(t, s, fmt.Sprint(i), "more"))
 		}
-		err = s.Enqueue(ctx, append(more, envs[0])...)
+		err = drv(s).Enqueue(ctx, append(more, envs[0])...)
 		require.ErrorIs(t, err, outbox.ErrInvalidMessage)
 		require.Equal(t, n, countRows(t, s, s.Config().Table), "a split batch is all or nothing")
 
 		// Completing the whole batch is one call.
-		require.NoError(t, s.Complete(ctx, envs))
+		require.NoError(t, drv(s).Complete(ctx, envs))
 		require.Zero(t, countRows(t, s, s.Config().Table))
 	})
 }
@@ -179,20 +182,20 @@ func TestDeleteDispatchedInBoundedBatches(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b backend) {
 		ctx := testContext(t)
 		s := b.open(t, sqlstore.Config{})
-		var envs []*outbox.Envelope
+		var envs []*driver.Envelope
 		for i := range 25 {
 			envs = append(envs, newEnvelope(t, s, fmt.Sprint(i), "p"))
 		}
-		require.NoError(t, s.Enqueue(ctx, envs...))
+		require.NoError(t, drv(s).Enqueue(ctx, envs...))
 		at := time.Now().Add(-time.Hour)
-		require.NoError(t, s.MarkDispatched(ctx, envs[:20], at))
-		n, err := s.DeleteDispatched(ctx, time.Now(), 8)
+		require.NoError(t, drv(s).MarkDispatched(ctx, envs[:20], at))
+		n, err := drv(s).DeleteDispatched(ctx, time.Now(), 8)
 		require.NoError(t, err)
 		require.Equal(t, 8, n)
-		n, err = s.DeleteDispatched(ctx, at, 100)
+		n, err = drv(s).DeleteDispatched(ctx, at, 100)
 		require.NoError(t, err)
 		require.Zero(t, n, "only rows dispatched before the cut-off go")
-		n, err = s.DeleteDispatched(ctx, time.Now(), 100)
+		n, err = drv(s).DeleteDispatched(ctx, time.Now(), 100)
 		require.NoError(t, err)
 		require.Equal(t, 12, n)
 		require.Equal(t, 5, countRows(t, s, s.Config().Table), "pending rows stay")
@@ -211,19 +214,19 @@ func TestCompletedRowsAreVacuumed(t *testing.T) {
 				"SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = $1::regclass", s.Config().Table).Scan(&n))
 			return n
 		}
-		var envs []*outbox.Envelope
+		var envs []*driver.Envelope
 		for i := range 40 {
 			envs = append(envs, newEnvelope(t, s, fmt.Sprint(i), "p"))
 		}
-		require.NoError(t, s.Enqueue(ctx, envs...))
-		require.NoError(t, s.Complete(ctx, envs))
+		require.NoError(t, drv(s).Enqueue(ctx, envs...))
+		require.NoError(t, drv(s).Complete(ctx, envs))
 		require.Zero(t, vacuums(), "40 deletions are below the threshold")
-		var more []*outbox.Envelope
+		var more []*driver.Envelope
 		for i := range 10 {
 			more = append(more, newEnvelope(t, s, fmt.Sprint(i), "p"))
 		}
-		require.NoError(t, s.Enqueue(ctx, more...))
-		require.NoError(t, s.Complete(ctx, more))
+		require.NoError(t, drv(s).Enqueue(ctx, more...))
+		require.NoError(t, drv(s).Complete(ctx, more))
 		require.Eventually(t, func() bool { return vacuums() == 1 }, 10*time.Second, 10*time.Millisecond,
 			"the 50th deletion starts one VACUUM")
 	})
@@ -233,23 +236,31 @@ func TestEnqueueTxRollsBackWithTheApplication(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b backend) {
 		ctx := testContext(t)
 		s := b.open(t, sqlstore.Config{})
-		sub := s.Subscribe(ctx)
+		sub := drv(s).Subscribe(ctx)
 		tx := beginManual(t, ctx, s)
 		sctx, scope := outbox.NewScope(ctx)
 		defer scope.Release()
 		send(t, sctx, s, "a", "staged")
 		require.Equal(t, 1, scope.Len())
-		extra := newEnvelope(t, s, "b", "extra")
-		require.NoError(t, tx.enqueue(sctx, extra))
-		require.Zero(t, scope.Len(), "the staged envelope was taken")
+		written, err := tx.enqueue(sctx, newMessage("b", "extra"))
+		require.NoError(t, err)
+		require.Zero(t, scope.Len(), "the staged message was taken")
+		require.Len(t, written, 2, "the scope's message, then the call's")
+		require.Equal(t, []byte("staged"), written[0].Payload)
+		require.Equal(t, []byte("extra"), written[1].Payload)
 		tx.rollback()
 		require.Zero(t, countRows(t, s, s.Config().Table))
 
 		tx = beginManual(t, ctx, s)
-		again := newEnvelope(t, s, "a", "again")
-		require.NoError(t, tx.enqueue(ctx, again))
+		id := uuid.Must(uuid.NewV7())
+		written, err = tx.enqueue(ctx, outbox.Message{ID: id, Topic: "orders", Key: []byte("a"), Payload: []byte("again")})
+		require.NoError(t, err)
+		require.Len(t, written, 1)
+		again := written[0]
+		require.Equal(t, id, again.ID, "a message's own ID is kept")
+		require.NotZero(t, again.Seq)
 		require.NoError(t, tx.commit())
-		s.NotifyCommitted(again)
+		s.NotifyCommitted(written...)
 		// On PostgreSQL the listener also wakes every bucket when it connects.
 		timeout := time.After(5 * time.Second)
 		for woke := false; !woke; {
@@ -269,10 +280,10 @@ func TestHeadersSurviveAnyBytes(t *testing.T) {
 	s := backendNamed("sqlite/database-sql").open(t, sqlstore.Config{})
 	hs := []outbox.Header{{Key: "bin", Value: []byte{0, 1, 2, 255}}, {Key: "nil"}, {Key: "empty", Value: []byte{}},
 		{Key: "long", Value: []byte(strings.Repeat("v", 300))}, {Key: "bin", Value: []byte("dup")}}
-	env, err := outbox.NewEnvelope(outbox.Message{Topic: "t", Key: []byte{0, 0xff}, Payload: []byte{0}, Headers: hs}, s.BucketCount())
+	env, err := driver.NewEnvelope(outbox.Message{Topic: "t", Key: []byte{0, 0xff}, Payload: []byte{0}, Headers: hs}, s.Config().BucketCount)
 	require.NoError(t, err)
-	require.NoError(t, s.Enqueue(ctx, env))
-	got, err := s.Find(ctx, env.ID)
+	require.NoError(t, drv(s).Enqueue(ctx, env))
+	got, err := drv(s).Find(ctx, env.ID)
 	require.NoError(t, err)
 	require.Equal(t, hs, got.Headers)
 	require.Nil(t, got.Headers[1].Value)
@@ -310,7 +321,7 @@ func TestConcurrentMigrations(t *testing.T) {
 			require.NoError(t, <-errs)
 		}
 		for _, s := range stores {
-			require.NoError(t, s.Enqueue(ctx, newEnvelope(t, s, "k", "v")))
+			require.NoError(t, drv(s).Enqueue(ctx, newEnvelope(t, s, "k", "v")))
 		}
 		require.Equal(t, 4, countRows(t, first, first.Config().Table))
 		require.Equal(t, 3, countRows(t, first, first.Config().Table+"_migrations"))

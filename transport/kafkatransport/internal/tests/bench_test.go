@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/transport/kafkatransport"
 )
 
@@ -39,7 +40,7 @@ func BenchmarkPublish(b *testing.B) {
 				payloads[i] = make([]byte, 1024)
 				_, _ = rand.Read(payloads[i])
 			}
-			batch := make([]*outbox.Envelope, size)
+			batch := make([]*driver.Envelope, size)
 			nextBatch := func(round int) {
 				for i := range batch {
 					batch[i] = envelope(b, outbox.Message{

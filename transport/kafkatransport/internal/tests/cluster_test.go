@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/transport/kafkatransport"
 )
 
@@ -96,9 +97,9 @@ func (cs *consumer) readAll(t testing.TB, min int) []*kgo.Record {
 }
 
 // envelope builds an envelope for tests, failing on invalid input.
-func envelope(t testing.TB, msg outbox.Message) *outbox.Envelope {
+func envelope(t testing.TB, msg outbox.Message) *driver.Envelope {
 	t.Helper()
-	env, err := outbox.NewEnvelope(msg, outbox.DefaultBucketCount)
+	env, err := driver.NewEnvelope(msg, driver.DefaultBucketCount)
 	require.NoError(t, err)
 	return env
 }

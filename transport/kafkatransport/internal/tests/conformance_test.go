@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/transport/kafkatransport"
 )
@@ -21,7 +21,7 @@ func TestConformance(t *testing.T) {
 		readers  = map[string]*consumer{}
 	)
 	outboxtest.RunTransportTests(t, outboxtest.TransportHarness{
-		New: func(t *testing.T, topics ...string) outbox.Transport {
+		New: func(t *testing.T, topics ...string) driver.Transport {
 			c := newCluster(t, 4, topics...)
 			mu.Lock()
 			for _, topic := range topics {

@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/inbox"
 	"github.com/outboxkit/outbox/store/memstore"
 	"github.com/outboxkit/outbox/transport/kafkatransport"
@@ -33,12 +34,12 @@ func Example_consumer() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	env, err := outbox.NewEnvelope(outbox.Message{Topic: "payments", Key: []byte("acct-7"), Payload: []byte("40")}, outbox.DefaultBucketCount)
+	env, err := driver.NewEnvelope(outbox.Message{Topic: "payments", Key: []byte("acct-7"), Payload: []byte("40")}, driver.DefaultBucketCount)
 	if err != nil {
 		log.Fatal(err)
 	}
 	for range 2 { // published twice: the same envelope, so the same message id
-		if err := transport.Publish(context.Background(), []*outbox.Envelope{env}); err != nil {
+		if err := transport.Publish(context.Background(), []*driver.Envelope{env}); err != nil {
 			log.Fatal(err)
 		}
 	}
@@ -75,7 +76,7 @@ func Example_consumer() {
 	if err := consumer.Run(ctx); err != nil {
 		log.Fatal(err)
 	}
-	receipts, _ := store.Fetch(context.Background(), 0, 10)
+	receipts, _ := store.Driver().Fetch(context.Background(), 0, 10)
 	fmt.Println("receipts:", len(receipts))
 	// Output:
 	// offset 0 duplicate false

@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/inbox"
 	"github.com/outboxkit/outbox/store/memstore"
 	"github.com/outboxkit/outbox/transport/kafkatransport"
@@ -71,7 +72,7 @@ func publishKeyed(t *testing.T, c *kfake.Cluster, topic string, n, keys int) map
 	t.Helper()
 	tr := newTransport(t, c, kafkatransport.Config{})
 	byKey := map[string][]string{}
-	var envs []*outbox.Envelope
+	var envs []*driver.Envelope
 	for i := range n {
 		key := fmt.Sprintf("key-%d", i%keys)
 		env := envelope(t, outbox.Message{Topic: topic, Key: []byte(key), Payload: []byte(fmt.Sprint(i))})

@@ -13,12 +13,13 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/transport/kafkatransport"
 )
 
 // keyBatch is n messages of one key for one partition.
-func keyBatch(t *testing.T, topic, key string, partition int32, n int) []*outbox.Envelope {
-	var batch []*outbox.Envelope
+func keyBatch(t *testing.T, topic, key string, partition int32, n int) []*driver.Envelope {
+	var batch []*driver.Envelope
 	for i := range n {
 		batch = append(batch, envelope(t, outbox.Message{Topic: topic, Key: []byte(key), Partition: ptr(partition), Payload: fmt.Appendf(nil, "%s-%d", key, i)}))
 	}
@@ -73,11 +74,11 @@ func TestCutBehindARequestOnTheWireSaysTheClientMayDeliver(t *testing.T) {
 	go func() { resA <- patient.Publish(context.Background(), keyBatch(t, "behind", "a", 0, 2)) }()
 	waitQueued(t, p)
 	b := keyBatch(t, "behind", "b", 0, 2)
-	var pe *outbox.PublishError
+	var pe *driver.PublishError
 	require.ErrorAs(t, hasty.Publish(context.Background(), b), &pe)
 	require.Len(t, pe.Failed, len(b))
 	for _, f := range pe.Failed {
-		assert.False(t, outbox.IsPermanent(f.Err))
+		assert.False(t, driver.IsPermanent(f.Err))
 		assert.Contains(t, f.Err.Error(), "may still deliver")
 	}
 	p.heal()

@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/memstore"
 	"github.com/outboxkit/outbox/transport/kafkatransport"
@@ -28,7 +29,7 @@ const e2eBuckets = 8
 
 // newRelay builds a memory store and a dispatcher that publishes through tr with
 // fast retries.
-func newRelay(t *testing.T, tr outbox.Transport, tune func(*relay.Config)) (*memstore.Store, *relay.Relay) {
+func newRelay(t *testing.T, tr driver.Transport, tune func(*relay.Config)) (*memstore.Store, *relay.Relay) {
 	t.Helper()
 	store, err := memstore.New(memstore.Config{BucketCount: e2eBuckets})
 	require.NoError(t, err)
@@ -54,18 +55,18 @@ func newRelay(t *testing.T, tr outbox.Transport, tune func(*relay.Config)) (*mem
 
 // enqueueKeyed writes n messages over keys keys, one at a time so that each key's
 // messages are committed in order; the payload is "key/seq".
-func enqueueKeyed(t *testing.T, store *memstore.Store, topic string, n, keys int) map[uuid.UUID]*outbox.Envelope {
+func enqueueKeyed(t *testing.T, store *memstore.Store, topic string, n, keys int) map[uuid.UUID]*driver.Envelope {
 	t.Helper()
-	sent := map[uuid.UUID]*outbox.Envelope{}
+	sent := map[uuid.UUID]*driver.Envelope{}
 	for i := range n {
 		key := fmt.Sprintf("key-%d", i%keys)
-		env, err := outbox.NewEnvelope(outbox.Message{
+		env, err := driver.NewEnvelope(outbox.Message{
 			Topic:   topic,
 			Key:     []byte(key),
 			Payload: fmt.Appendf(nil, "%s/%d", key, i/keys),
 		}, e2eBuckets)
 		require.NoError(t, err)
-		require.NoError(t, store.Enqueue(context.Background(), env))
+		require.NoError(t, store.Driver().Enqueue(context.Background(), env))
 		sent[env.ID] = env
 	}
 	return sent
@@ -73,7 +74,7 @@ func enqueueKeyed(t *testing.T, store *memstore.Store, topic string, n, keys int
 
 // readUntilAll consumes topic until every sent id arrived at least once and returns
 // everything read, in per-partition order.
-func readUntilAll(t *testing.T, cs *consumer, sent map[uuid.UUID]*outbox.Envelope) []kafkatransport.Delivery {
+func readUntilAll(t *testing.T, cs *consumer, sent map[uuid.UUID]*driver.Envelope) []kafkatransport.Delivery {
 	t.Helper()
 	seen := map[uuid.UUID]bool{}
 	var all []kafkatransport.Delivery
@@ -92,7 +93,7 @@ func readUntilAll(t *testing.T, cs *consumer, sent map[uuid.UUID]*outbox.Envelop
 // checkFirstDeliveryOrder asserts that each key stayed on its bucket's partition and
 // that the first delivery of each message came in the order the key's messages were
 // written.
-func checkFirstDeliveryOrder(t *testing.T, all []kafkatransport.Delivery, sent map[uuid.UUID]*outbox.Envelope) {
+func checkFirstDeliveryOrder(t *testing.T, all []kafkatransport.Delivery, sent map[uuid.UUID]*driver.Envelope) {
 	t.Helper()
 	first := map[uuid.UUID]bool{}
 	next := map[string]int{} // key -> next expected seq
@@ -145,7 +146,7 @@ func TestDispatcherDeliversInKeyOrderThroughFlakyBrokers(t *testing.T) {
 }
 
 // TestDispatcherOneMessagePerKeyPerPublish hides the transport's key-order promise
-// (outbox.KeyOrderKeeper), so the dispatcher sends a key's messages in waves, one
+// (driver.KeyOrderKeeper), so the dispatcher sends a key's messages in waves, one
 // per Publish call; order must hold that way too.
 func TestDispatcherOneMessagePerKeyPerPublish(t *testing.T) {
 	t.Parallel()
@@ -156,7 +157,7 @@ func TestDispatcherOneMessagePerKeyPerPublish(t *testing.T) {
 		When: func(kmsg.Request) bool { return produces.Add(1)%4 == 0 },
 	})
 	tr := newTransport(t, c, kafkatransport.Config{}, kgo.RecordRetries(0), kgo.MetadataMinAge(10*time.Millisecond))
-	store, d := newRelay(t, struct{ outbox.Transport }{tr}, nil)
+	store, d := newRelay(t, struct{ driver.Transport }{tr}, nil)
 	sent := enqueueKeyed(t, store, "e2e-same", 400, 5)
 
 	require.NoError(t, d.Start(context.Background()))
@@ -179,13 +180,13 @@ func TestDispatcherParksOversizedMessageAtOnce(t *testing.T) {
 	tr := newTransport(t, c, kafkatransport.Config{MaxMessageSize: 1024})
 	store, d := newRelay(t, tr, func(cfg *relay.Config) { cfg.MaxAttempts = 10 })
 
-	var batch []*outbox.Envelope
+	var batch []*driver.Envelope
 	for _, size := range []int{10, 2048, 10} {
-		env, err := outbox.NewEnvelope(outbox.Message{Topic: "e2e-big", Key: []byte("k"), Payload: make([]byte, size)}, e2eBuckets)
+		env, err := driver.NewEnvelope(outbox.Message{Topic: "e2e-big", Key: []byte("k"), Payload: make([]byte, size)}, e2eBuckets)
 		require.NoError(t, err)
 		batch = append(batch, env)
 	}
-	require.NoError(t, store.Enqueue(context.Background(), batch...))
+	require.NoError(t, store.Driver().Enqueue(context.Background(), batch...))
 
 	for range 10 {
 		if _, err := d.RunOnce(context.Background()); err != nil {
@@ -200,7 +201,7 @@ func TestDispatcherParksOversizedMessageAtOnce(t *testing.T) {
 	assert.Equal(t, int64(1), stats.Parked)
 	assert.Zero(t, stats.Retried, "a permanent failure is not retried")
 
-	parked, err := store.List(context.Background(), outbox.Parked, outbox.Cursor{}, 10)
+	parked, err := store.Driver().(driver.Admin).List(context.Background(), driver.Parked, driver.Cursor{}, 10)
 	require.NoError(t, err)
 	require.Len(t, parked, 1)
 	assert.Equal(t, batch[1].ID, parked[0].ID)

@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/transport/kafkatransport"
 )
 
@@ -40,13 +41,13 @@ func Example() {
 	}
 
 	// The dispatcher normally builds these batches from the store.
-	var batch []*outbox.Envelope
+	var batch []*driver.Envelope
 	for _, m := range []outbox.Message{
 		{Topic: "orders", Key: []byte("order-1"), Payload: []byte(`{"status":"placed"}`),
 			Headers: []outbox.Header{{Key: "content-type", Value: []byte("application/json")}}},
 		{Topic: "orders", Key: []byte("order-1"), Payload: nil}, // a tombstone
 	} {
-		env, err := outbox.NewEnvelope(m, outbox.DefaultBucketCount)
+		env, err := driver.NewEnvelope(m, driver.DefaultBucketCount)
 		if err != nil {
 			log.Fatal(err)
 		}

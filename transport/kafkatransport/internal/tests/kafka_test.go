@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/transport/kafkatransport"
 )
 
@@ -39,7 +40,7 @@ func TestPublishPassesBytesThroughUnchanged(t *testing.T) {
 			{Key: outbox.HeaderIdempotencyKey, Value: []byte("app-chosen")},
 		}},
 	}
-	batch := make([]*outbox.Envelope, len(msgs))
+	batch := make([]*driver.Envelope, len(msgs))
 	for i, m := range msgs {
 		batch[i] = envelope(t, m)
 	}
@@ -83,7 +84,7 @@ func TestOmitIdempotencyKey(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t, 1, "t")
 	tr := newTransport(t, c, kafkatransport.Config{OmitIdempotencyKey: true})
-	require.NoError(t, tr.Publish(context.Background(), []*outbox.Envelope{envelope(t, outbox.Message{Topic: "t", Payload: []byte("x")})}))
+	require.NoError(t, tr.Publish(context.Background(), []*driver.Envelope{envelope(t, outbox.Message{Topic: "t", Payload: []byte("x")})}))
 	d := decodeAll(t, newConsumer(t, c, "t").read(t, 1))[0]
 	_, ok := d.Header(outbox.HeaderIdempotencyKey)
 	assert.False(t, ok)
@@ -96,13 +97,13 @@ func TestKeysLandWhereTheOutboxBucketsThem(t *testing.T) {
 	const partitions = 8
 	c := newCluster(t, partitions, "keyed")
 	tr := newTransport(t, c, kafkatransport.Config{})
-	var batch []*outbox.Envelope
+	var batch []*driver.Envelope
 	for i := range 200 {
 		batch = append(batch, envelope(t, outbox.Message{Topic: "keyed", Key: fmt.Appendf(nil, "customer-%d", i), Payload: []byte("p")}))
 	}
 	require.NoError(t, tr.Publish(context.Background(), batch))
 
-	byID := map[uuid.UUID]*outbox.Envelope{}
+	byID := map[uuid.UUID]*driver.Envelope{}
 	for _, env := range batch {
 		byID[env.ID] = env
 	}
@@ -110,7 +111,7 @@ func TestKeysLandWhereTheOutboxBucketsThem(t *testing.T) {
 	for _, d := range decodeAll(t, newConsumer(t, c, "keyed").read(t, len(batch))) {
 		env := byID[d.ID]
 		require.NotNil(t, env)
-		want := outbox.BucketOf(&env.Message, env.ID, partitions)
+		want := driver.BucketOf(&env.Message, partitions)
 		assert.Equal(t, int32(want), *d.Partition, "key %q", env.Key)
 		seen[*d.Partition] = true
 	}
@@ -122,11 +123,11 @@ func TestExplicitPartitionNeedsThePartitioner(t *testing.T) {
 	c := newCluster(t, 4, "pinned")
 	tr := newTransport(t, c, kafkatransport.Config{})
 	env := envelope(t, outbox.Message{Topic: "pinned", Key: []byte("k"), Partition: ptr(3)})
-	err := tr.Publish(context.Background(), []*outbox.Envelope{env})
-	var pe *outbox.PublishError
+	err := tr.Publish(context.Background(), []*driver.Envelope{env})
+	var pe *driver.PublishError
 	require.ErrorAs(t, err, &pe)
 	require.Len(t, pe.Failed, 1)
-	assert.True(t, outbox.IsPermanent(pe.Failed[0].Err))
+	assert.True(t, driver.IsPermanent(pe.Failed[0].Err))
 	assert.ErrorIs(t, pe.Failed[0].Err, outbox.ErrMisconfigured)
 	assert.Contains(t, err.Error(), "kafkatransport.Partitioner")
 }
@@ -152,7 +153,7 @@ func TestPartitionerHonoursExplicitPartitions(t *testing.T) {
 			t.Parallel()
 			c := newCluster(t, 4, "pinned")
 			tr := newTransport(t, c, kafkatransport.Config{}, kgo.RecordPartitioner(kafkatransport.Partitioner(fb.p)))
-			var batch []*outbox.Envelope
+			var batch []*driver.Envelope
 			for i := range 40 {
 				batch = append(batch, envelope(t, outbox.Message{Topic: "pinned", Key: fmt.Appendf(nil, "k%d", i), Partition: ptr(int32(i % 4))}))
 			}
@@ -162,14 +163,14 @@ func TestPartitionerHonoursExplicitPartitions(t *testing.T) {
 			batch = append(batch, keyed, keyless, missing)
 
 			err := tr.Publish(context.Background(), batch)
-			var pe *outbox.PublishError
+			var pe *driver.PublishError
 			require.ErrorAs(t, err, &pe)
 			require.Len(t, pe.Failed, 1, "only the missing partition fails: %v", err)
 			assert.Equal(t, missing.ID, pe.Failed[0].ID)
-			assert.True(t, outbox.IsPermanent(pe.Failed[0].Err))
+			assert.True(t, driver.IsPermanent(pe.Failed[0].Err))
 			assert.Contains(t, pe.Failed[0].Err.Error(), "no partition 9")
 
-			byID := map[uuid.UUID]*outbox.Envelope{}
+			byID := map[uuid.UUID]*driver.Envelope{}
 			for _, env := range batch {
 				byID[env.ID] = env
 			}
@@ -182,7 +183,7 @@ func TestPartitionerHonoursExplicitPartitions(t *testing.T) {
 					explicit++
 					assert.Equal(t, *env.Partition, *d.Partition)
 				case env == keyed && fb.hashesKeys:
-					assert.Equal(t, int32(outbox.BucketOf(&env.Message, env.ID, 4)), *d.Partition)
+					assert.Equal(t, int32(driver.BucketOf(&env.Message, 4)), *d.Partition)
 				}
 			}
 			assert.Equal(t, 40, explicit)
@@ -198,12 +199,12 @@ func TestMessageOverTheLimitFailsPermanentlyAlone(t *testing.T) {
 	big := envelope(t, outbox.Message{Topic: "sized", Key: []byte("k"), Payload: make([]byte, 5000)})
 	after := envelope(t, outbox.Message{Topic: "sized", Key: []byte("other"), Payload: []byte("x")})
 
-	err := tr.Publish(context.Background(), []*outbox.Envelope{small, big, after})
-	var pe *outbox.PublishError
+	err := tr.Publish(context.Background(), []*driver.Envelope{small, big, after})
+	var pe *driver.PublishError
 	require.ErrorAs(t, err, &pe)
 	require.Len(t, pe.Failed, 1)
 	assert.Equal(t, big.ID, pe.Failed[0].ID)
-	assert.True(t, outbox.IsPermanent(pe.Failed[0].Err))
+	assert.True(t, driver.IsPermanent(pe.Failed[0].Err))
 	assert.ErrorIs(t, pe.Failed[0].Err, outbox.ErrTooLarge)
 
 	got := decodeAll(t, newConsumer(t, c, "sized").readAll(t, 2))
@@ -221,14 +222,14 @@ func TestRefusedMessageHoldsBackItsKey(t *testing.T) {
 	later := envelope(t, outbox.Message{Topic: "held", Key: []byte("k"), Payload: []byte("3")})
 	keyless := envelope(t, outbox.Message{Topic: "held", Payload: []byte("5")})
 
-	err := tr.Publish(context.Background(), []*outbox.Envelope{first, big, later, keyless})
-	var pe *outbox.PublishError
+	err := tr.Publish(context.Background(), []*driver.Envelope{first, big, later, keyless})
+	var pe *driver.PublishError
 	require.ErrorAs(t, err, &pe)
 	require.Len(t, pe.Failed, 2)
 	assert.Equal(t, big.ID, pe.Failed[0].ID)
-	assert.True(t, outbox.IsPermanent(pe.Failed[0].Err))
+	assert.True(t, driver.IsPermanent(pe.Failed[0].Err))
 	assert.Equal(t, later.ID, pe.Failed[1].ID)
-	assert.False(t, outbox.IsPermanent(pe.Failed[1].Err), "a held-back message succeeds once its predecessor is parked")
+	assert.False(t, driver.IsPermanent(pe.Failed[1].Err), "a held-back message succeeds once its predecessor is parked")
 
 	got := decodeAll(t, newConsumer(t, c, "held").readAll(t, 2))
 	require.Len(t, got, 2)
@@ -251,11 +252,11 @@ func TestManyHeadersAreMeasuredOnTheWire(t *testing.T) {
 	}
 	require.Less(t, msg.Size(), tr.MaxMessageSize())
 	env := envelope(t, msg)
-	err := tr.Publish(context.Background(), []*outbox.Envelope{env})
-	var pe *outbox.PublishError
+	err := tr.Publish(context.Background(), []*driver.Envelope{env})
+	var pe *driver.PublishError
 	require.ErrorAs(t, err, &pe)
 	require.Len(t, pe.Failed, 1)
-	assert.True(t, outbox.IsPermanent(pe.Failed[0].Err))
+	assert.True(t, driver.IsPermanent(pe.Failed[0].Err))
 	assert.ErrorIs(t, pe.Failed[0].Err, outbox.ErrTooLarge)
 	assert.Contains(t, err.Error(), "as a record")
 
@@ -263,7 +264,7 @@ func TestManyHeadersAreMeasuredOnTheWire(t *testing.T) {
 	msg.Headers = msg.Headers[:28]
 	msg.Payload = make([]byte, len(msg.Payload)+tr.MaxMessageSize()-msg.Size())
 	require.Equal(t, tr.MaxMessageSize(), msg.Size())
-	require.NoError(t, tr.Publish(context.Background(), []*outbox.Envelope{envelope(t, msg)}))
+	require.NoError(t, tr.Publish(context.Background(), []*driver.Envelope{envelope(t, msg)}))
 }
 
 func TestBrokerSizeRefusalIsPermanent(t *testing.T) {
@@ -278,11 +279,11 @@ func TestBrokerSizeRefusalIsPermanent(t *testing.T) {
 	payload := make([]byte, 4096)
 	_, _ = rand.Read(payload)
 	big := envelope(t, outbox.Message{Topic: "small", Key: []byte("k"), Payload: payload})
-	err = tr.Publish(context.Background(), []*outbox.Envelope{big})
-	var pe *outbox.PublishError
+	err = tr.Publish(context.Background(), []*driver.Envelope{big})
+	var pe *driver.PublishError
 	require.ErrorAs(t, err, &pe)
 	require.Len(t, pe.Failed, 1)
-	assert.True(t, outbox.IsPermanent(pe.Failed[0].Err), "%v", err)
+	assert.True(t, driver.IsPermanent(pe.Failed[0].Err), "%v", err)
 	assert.ErrorIs(t, pe.Failed[0].Err, outbox.ErrTooLarge)
 	assert.ErrorIs(t, pe.Failed[0].Err, kerr.MessageTooLarge)
 }
@@ -297,13 +298,13 @@ func TestUnknownTopic(t *testing.T) {
 				kgo.UnknownTopicRetries(1), kgo.RetryBackoffFn(func(int) time.Duration { return 10 * time.Millisecond }))
 			ok := envelope(t, outbox.Message{Topic: "exists", Payload: []byte("fine")})
 			lost := envelope(t, outbox.Message{Topic: "nowhere", Payload: []byte("lost")})
-			err := tr.Publish(context.Background(), []*outbox.Envelope{ok, lost})
-			var pe *outbox.PublishError
+			err := tr.Publish(context.Background(), []*driver.Envelope{ok, lost})
+			var pe *driver.PublishError
 			require.ErrorAs(t, err, &pe)
 			require.Len(t, pe.Failed, 1)
 			assert.Equal(t, lost.ID, pe.Failed[0].ID)
 			assert.ErrorIs(t, pe.Failed[0].Err, kerr.UnknownTopicOrPartition)
-			assert.Equal(t, permanent, outbox.IsPermanent(pe.Failed[0].Err))
+			assert.Equal(t, permanent, driver.IsPermanent(pe.Failed[0].Err))
 		})
 	}
 }
@@ -315,12 +316,12 @@ func TestAuthorizationFailureIsPermanent(t *testing.T) {
 	tr := newTransport(t, c, kafkatransport.Config{})
 	open := envelope(t, outbox.Message{Topic: "open", Key: []byte("a"), Payload: []byte("1")})
 	secret := envelope(t, outbox.Message{Topic: "secret", Key: []byte("a"), Payload: []byte("2")})
-	err := tr.Publish(context.Background(), []*outbox.Envelope{open, secret})
-	var pe *outbox.PublishError
+	err := tr.Publish(context.Background(), []*driver.Envelope{open, secret})
+	var pe *driver.PublishError
 	require.ErrorAs(t, err, &pe)
 	require.Len(t, pe.Failed, 1)
 	assert.Equal(t, secret.ID, pe.Failed[0].ID)
-	assert.True(t, outbox.IsPermanent(pe.Failed[0].Err))
+	assert.True(t, driver.IsPermanent(pe.Failed[0].Err))
 	assert.ErrorIs(t, pe.Failed[0].Err, kerr.TopicAuthorizationFailed)
 	assert.Equal(t, open.ID, decodeAll(t, newConsumer(t, c, "open").read(t, 1))[0].ID)
 }
@@ -336,21 +337,21 @@ func TestPartialOutageReportsExactlyWhatTheBrokerDidNotTake(t *testing.T) {
 	tr := newTransport(t, c, kafkatransport.Config{}, kgo.RecordRetries(3), kgo.MetadataMinAge(10*time.Millisecond),
 		kgo.RetryBackoffFn(func(int) time.Duration { return 10 * time.Millisecond }))
 
-	var batch []*outbox.Envelope
+	var batch []*driver.Envelope
 	for i := range 60 {
 		batch = append(batch, envelope(t, outbox.Message{Topic: "flaky", Key: fmt.Appendf(nil, "key-%d", i%12), Payload: fmt.Appendf(nil, "%d", i)}))
 	}
 	err := tr.Publish(context.Background(), batch)
-	var pe *outbox.PublishError
+	var pe *driver.PublishError
 	require.ErrorAs(t, err, &pe)
 	failed := map[uuid.UUID]bool{}
 	for _, f := range pe.Failed {
-		assert.False(t, outbox.IsPermanent(f.Err), "a refusing leader is transient: %v", f.Err)
+		assert.False(t, driver.IsPermanent(f.Err), "a refusing leader is transient: %v", f.Err)
 		failed[f.ID] = true
 	}
 	wantFailed := 0
 	for _, env := range batch {
-		p := outbox.BucketOf(&env.Message, env.ID, 4)
+		p := driver.BucketOf(&env.Message, 4)
 		if p == 1 || p == 3 {
 			wantFailed++
 			assert.True(t, failed[env.ID], "message on refused partition %d not reported", p)
@@ -368,7 +369,7 @@ func TestPartialOutageReportsExactlyWhatTheBrokerDidNotTake(t *testing.T) {
 	}
 
 	// Once the partitions serve again, the failed messages publish.
-	var retry []*outbox.Envelope
+	var retry []*driver.Envelope
 	for _, env := range batch {
 		if failed[env.ID] {
 			retry = append(retry, env)
@@ -385,7 +386,7 @@ func TestClusterDownMidBatch(t *testing.T) {
 	c := newCluster(t, 2, "down")
 	tr := newTransport(t, c, kafkatransport.Config{AckTimeout: time.Second})
 	// Warm up so that metadata and the producer id are in place.
-	require.NoError(t, tr.Publish(context.Background(), []*outbox.Envelope{envelope(t, outbox.Message{Topic: "down", Payload: []byte("warm")})}))
+	require.NoError(t, tr.Publish(context.Background(), []*driver.Envelope{envelope(t, outbox.Message{Topic: "down", Payload: []byte("warm")})}))
 
 	// Take the next produce request and close the cluster under it.
 	held := make(chan struct{})
@@ -406,20 +407,20 @@ func TestClusterDownBeforeBatch(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t, 2, "gone")
 	tr := newTransport(t, c, kafkatransport.Config{AckTimeout: time.Second})
-	require.NoError(t, tr.Publish(context.Background(), []*outbox.Envelope{envelope(t, outbox.Message{Topic: "gone", Payload: []byte("warm")})}))
+	require.NoError(t, tr.Publish(context.Background(), []*driver.Envelope{envelope(t, outbox.Message{Topic: "gone", Payload: []byte("warm")})}))
 	c.Close()
 	batch := outageBatch(t, "gone")
 	requireAllTransient(t, tr.Publish(context.Background(), batch), batch)
 }
 
-func requireAllTransient(t *testing.T, err error, batch []*outbox.Envelope) {
+func requireAllTransient(t *testing.T, err error, batch []*driver.Envelope) {
 	t.Helper()
-	var pe *outbox.PublishError
+	var pe *driver.PublishError
 	require.ErrorAs(t, err, &pe)
 	require.Len(t, pe.Failed, len(batch), "no message may be reported sent")
 	ids := map[uuid.UUID]bool{}
 	for _, f := range pe.Failed {
-		assert.False(t, outbox.IsPermanent(f.Err), "an outage is transient: %v", f.Err)
+		assert.False(t, driver.IsPermanent(f.Err), "an outage is transient: %v", f.Err)
 		ids[f.ID] = true
 	}
 	for _, env := range batch {
@@ -427,8 +428,8 @@ func requireAllTransient(t *testing.T, err error, batch []*outbox.Envelope) {
 	}
 }
 
-func outageBatch(t *testing.T, topic string) []*outbox.Envelope {
-	var batch []*outbox.Envelope
+func outageBatch(t *testing.T, topic string) []*driver.Envelope {
+	var batch []*driver.Envelope
 	for i := range 20 {
 		batch = append(batch, envelope(t, outbox.Message{Topic: topic, Key: fmt.Appendf(nil, "%d", i), Payload: []byte("x")}))
 	}
@@ -441,7 +442,7 @@ func TestCancelledContext(t *testing.T) {
 	tr := newTransport(t, c, kafkatransport.Config{})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	err := tr.Publish(ctx, []*outbox.Envelope{envelope(t, outbox.Message{Topic: "t"})})
+	err := tr.Publish(ctx, []*driver.Envelope{envelope(t, outbox.Message{Topic: "t"})})
 	assert.Equal(t, context.Canceled, err, "context errors come back unwrapped")
 	require.NoError(t, tr.Publish(context.Background(), nil))
 }
@@ -452,7 +453,7 @@ func TestPublishReturnsWhenContextEndsWhileBrokerIsSilent(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t, 1, "silent")
 	tr := newTransport(t, c, kafkatransport.Config{})
-	require.NoError(t, tr.Publish(context.Background(), []*outbox.Envelope{envelope(t, outbox.Message{Topic: "silent", Payload: []byte("warm")})}))
+	require.NoError(t, tr.Publish(context.Background(), []*driver.Envelope{envelope(t, outbox.Message{Topic: "silent", Payload: []byte("warm")})}))
 	wake := make(chan struct{})
 	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
 		c.SleepControl(func() { <-wake })
@@ -461,7 +462,7 @@ func TestPublishReturnsWhenContextEndsWhileBrokerIsSilent(t *testing.T) {
 	t.Cleanup(func() { close(wake) })
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	err := tr.Publish(ctx, []*outbox.Envelope{envelope(t, outbox.Message{Topic: "silent", Payload: []byte("x")})})
+	err := tr.Publish(ctx, []*driver.Envelope{envelope(t, outbox.Message{Topic: "silent", Payload: []byte("x")})})
 	assert.Equal(t, context.DeadlineExceeded, err)
 }
 
@@ -473,7 +474,7 @@ func TestMessageIDHeaderIsStampedOnce(t *testing.T) {
 		Headers: []outbox.Header{{Key: outbox.HeaderMessageID, Value: []byte(uuid.NewString())}}})
 	own := envelope(t, outbox.Message{Topic: "ids", Payload: []byte("own")})
 	own.Headers = []outbox.Header{{Key: outbox.HeaderMessageID, Value: []byte(own.ID.String())}}
-	require.NoError(t, tr.Publish(context.Background(), []*outbox.Envelope{forwarded, own}))
+	require.NoError(t, tr.Publish(context.Background(), []*driver.Envelope{forwarded, own}))
 
 	got := decodeAll(t, newConsumer(t, c, "ids").read(t, 2))
 	// A message id from an earlier hop stays; the outbox's own comes last and wins.

@@ -7,7 +7,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/transport/natstransport"
 )
@@ -29,7 +29,7 @@ func TestConformance(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			outboxtest.RunTransportTests(t, outboxtest.TransportHarness{
-				New: func(t *testing.T, topics ...string) outbox.Transport {
+				New: func(t *testing.T, topics ...string) driver.Transport {
 					s := createStream(t, js, jetstream.StreamConfig{Subjects: topics})
 					mu.Lock()
 					for _, topic := range topics {

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/inbox"
 	"github.com/outboxkit/outbox/store/memstore"
 	"github.com/outboxkit/outbox/transport/natstransport"
@@ -120,14 +121,14 @@ func TestConsumerAppliesOnceInOrder(t *testing.T) {
 	// The shortest duplicate window, so that a republished copy is stored twice.
 	s := createStream(t, js, jetstream.StreamConfig{Subjects: []string{subject}, Duplicates: 100 * time.Millisecond})
 	tr := newTransport(t, js, natstransport.Config{})
-	var batch []*outbox.Envelope
+	var batch []*driver.Envelope
 	for i := range 10 {
 		batch = append(batch, envelope(t, outbox.Message{Topic: subject, Key: []byte("k"), Payload: fmt.Appendf(nil, "%d", i)}))
 	}
 	require.NoError(t, tr.Publish(t.Context(), batch[:5]))
 	require.NoError(t, nc.Publish(subject, []byte("not from the outbox")))
 	time.Sleep(300 * time.Millisecond) // past the window: the copy below is stored
-	require.NoError(t, tr.Publish(t.Context(), append([]*outbox.Envelope{batch[4]}, batch[5:]...)))
+	require.NoError(t, tr.Publish(t.Context(), append([]*driver.Envelope{batch[4]}, batch[5:]...)))
 	require.Equal(t, uint64(12), count(t, s))
 
 	a := newApplied()

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/transport/natstransport"
 )
 
@@ -47,19 +48,19 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	env, err := outbox.NewEnvelope(outbox.Message{
+	env, err := driver.NewEnvelope(outbox.Message{
 		Topic:   "order-placed",
 		Key:     []byte("order-7"),
 		Payload: []byte(`{"id":"order-7"}`),
 		Headers: []outbox.Header{{Key: outbox.HeaderCorrelationID, Value: []byte("req-1")}},
-	}, outbox.DefaultBucketCount)
+	}, driver.DefaultBucketCount)
 	if err != nil {
 		log.Fatal(err)
 	}
 	// Publishing twice, as a relay that crashed before forgetting the message would:
 	// the stream keeps one copy.
 	for range 2 {
-		if err := transport.Publish(ctx, []*outbox.Envelope{env}); err != nil {
+		if err := transport.Publish(ctx, []*driver.Envelope{env}); err != nil {
 			log.Fatal(err)
 		}
 	}

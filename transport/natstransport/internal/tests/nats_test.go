@@ -14,13 +14,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/transport/natstransport"
 )
 
 // failures indexes a Publish error by message id.
 func failures(t *testing.T, err error) map[uuid.UUID]error {
 	t.Helper()
-	var pe *outbox.PublishError
+	var pe *driver.PublishError
 	require.ErrorAs(t, err, &pe)
 	out := map[uuid.UUID]error{}
 	for _, f := range pe.Failed {
@@ -40,10 +41,10 @@ func TestNoStreamIsPermanent(t *testing.T) {
 	lost := envelope(t, outbox.Message{Topic: streamName("nowhere"), Key: []byte("k"), Payload: []byte("x")})
 	kept := envelope(t, outbox.Message{Topic: subject, Key: []byte("k"), Payload: []byte("y")})
 
-	failed := failures(t, tr.Publish(t.Context(), []*outbox.Envelope{lost, kept}))
+	failed := failures(t, tr.Publish(t.Context(), []*driver.Envelope{lost, kept}))
 	require.Len(t, failed, 1)
 	err := failed[lost.ID]
-	assert.True(t, outbox.IsPermanent(err), "no stream is permanent: %v", err)
+	assert.True(t, driver.IsPermanent(err), "no stream is permanent: %v", err)
 	assert.ErrorIs(t, err, outbox.ErrMisconfigured)
 	assert.ErrorContains(t, err, "no stream captures subject")
 	got := newReader(t, s, subject).read(t, 1)
@@ -61,9 +62,9 @@ func TestStreamMaxMsgSizeIsPermanent(t *testing.T) {
 	small := envelope(t, outbox.Message{Topic: subject, Key: []byte("a"), Payload: []byte("small")})
 	big := envelope(t, outbox.Message{Topic: subject, Key: []byte("b"), Payload: make([]byte, 4096)})
 
-	failed := failures(t, tr.Publish(t.Context(), []*outbox.Envelope{small, big}))
+	failed := failures(t, tr.Publish(t.Context(), []*driver.Envelope{small, big}))
 	require.Len(t, failed, 1)
-	assert.True(t, outbox.IsPermanent(failed[big.ID]), "%v", failed[big.ID])
+	assert.True(t, driver.IsPermanent(failed[big.ID]), "%v", failed[big.ID])
 	assert.ErrorIs(t, failed[big.ID], outbox.ErrTooLarge)
 	assert.Equal(t, uint64(1), count(t, s))
 }
@@ -78,10 +79,10 @@ func TestFullStreamIsTransient(t *testing.T) {
 	first := envelope(t, outbox.Message{Topic: subject, Payload: []byte("1")})
 	second := envelope(t, outbox.Message{Topic: subject, Payload: []byte("2")})
 
-	failed := failures(t, tr.Publish(t.Context(), []*outbox.Envelope{first, second}))
+	failed := failures(t, tr.Publish(t.Context(), []*driver.Envelope{first, second}))
 	require.Len(t, failed, 1)
 	require.Contains(t, failed, second.ID)
-	assert.False(t, outbox.IsPermanent(failed[second.ID]), "%v", failed[second.ID])
+	assert.False(t, driver.IsPermanent(failed[second.ID]), "%v", failed[second.ID])
 }
 
 // A topic mapped to a subject that cannot be published to fails permanently.
@@ -90,8 +91,8 @@ func TestInvalidSubjectIsPermanent(t *testing.T) {
 	_, js := connect(t, natsURL())
 	tr := newTransport(t, js, natstransport.Config{Subject: func(topic string) string { return "events." + topic }})
 	env := envelope(t, outbox.Message{Topic: "has space", Payload: []byte("x")})
-	failed := failures(t, tr.Publish(t.Context(), []*outbox.Envelope{env}))
-	assert.True(t, outbox.IsPermanent(failed[env.ID]))
+	failed := failures(t, tr.Publish(t.Context(), []*driver.Envelope{env}))
+	assert.True(t, driver.IsPermanent(failed[env.ID]))
 	assert.ErrorIs(t, failed[env.ID], outbox.ErrInvalidMessage)
 }
 
@@ -104,8 +105,8 @@ func TestRepublishIsDroppedByTheDuplicateWindow(t *testing.T) {
 	s := createStream(t, js, jetstream.StreamConfig{Subjects: []string{subject}, Duplicates: time.Minute})
 	tr := newTransport(t, js, natstransport.Config{})
 	env := envelope(t, outbox.Message{Topic: subject, Key: []byte("k"), Payload: []byte("once")})
-	require.NoError(t, tr.Publish(t.Context(), []*outbox.Envelope{env}))
-	require.NoError(t, tr.Publish(t.Context(), []*outbox.Envelope{env}), "a duplicate is acknowledged")
+	require.NoError(t, tr.Publish(t.Context(), []*driver.Envelope{env}))
+	require.NoError(t, tr.Publish(t.Context(), []*driver.Envelope{env}), "a duplicate is acknowledged")
 	assert.Equal(t, uint64(1), count(t, s))
 }
 
@@ -117,7 +118,7 @@ func TestSubjectMapping(t *testing.T) {
 	s := createStream(t, js, jetstream.StreamConfig{Subjects: []string{prefix + ".>"}})
 	tr := newTransport(t, js, natstransport.Config{Subject: func(topic string) string { return prefix + "." + topic }})
 	env := envelope(t, outbox.Message{Topic: "order-placed", Key: []byte("order-7"), Payload: []byte("p")})
-	require.NoError(t, tr.Publish(t.Context(), []*outbox.Envelope{env}))
+	require.NoError(t, tr.Publish(t.Context(), []*driver.Envelope{env}))
 	d := newReader(t, s, prefix+".order-placed").read(t, 1)[0]
 	assert.Equal(t, "order-placed", d.Topic)
 	assert.Equal(t, prefix+".order-placed", d.Subject)
@@ -157,8 +158,8 @@ func TestOutagePublishAndPing(t *testing.T) {
 	tr := newTransport(t, js, natstransport.Config{AckTimeout: 500 * time.Millisecond})
 	require.NoError(t, tr.Ping(t.Context()))
 
-	batch := func(n int) []*outbox.Envelope {
-		out := make([]*outbox.Envelope, n)
+	batch := func(n int) []*driver.Envelope {
+		out := make([]*driver.Envelope, n)
 		for i := range out {
 			out[i] = envelope(t, outbox.Message{Topic: subject, Key: fmt.Appendf(nil, "k%d", i%3), Payload: fmt.Appendf(nil, "%d", i)})
 		}
@@ -176,7 +177,7 @@ func TestOutagePublishAndPing(t *testing.T) {
 	failed := failures(t, tr.Publish(t.Context(), cut))
 	assert.Len(t, failed, len(cut), "nothing is acknowledged while cut off")
 	for _, err := range failed {
-		assert.False(t, outbox.IsPermanent(err), "an outage is transient: %v", err)
+		assert.False(t, driver.IsPermanent(err), "an outage is transient: %v", err)
 	}
 
 	p.Restore()

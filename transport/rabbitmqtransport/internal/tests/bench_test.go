@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/transport/rabbitmqtransport"
 )
 
@@ -27,12 +28,12 @@ func benchTopic(b *testing.B) string {
 	return topic
 }
 
-func benchEnvelopes(b *testing.B, topic string) []*outbox.Envelope {
-	batch := make([]*outbox.Envelope, benchBatch)
+func benchEnvelopes(b *testing.B, topic string) []*driver.Envelope {
+	batch := make([]*driver.Envelope, benchBatch)
 	for i := range batch {
 		payload := make([]byte, 256)
 		_, _ = rand.Read(payload)
-		env, err := outbox.NewEnvelope(outbox.Message{Topic: topic, Key: []byte{byte('a' + i%16)}, Payload: payload}, outbox.DefaultBucketCount)
+		env, err := driver.NewEnvelope(outbox.Message{Topic: topic, Key: []byte{byte('a' + i%16)}, Payload: payload}, driver.DefaultBucketCount)
 		require.NoError(b, err)
 		batch[i] = env
 	}
@@ -87,7 +88,7 @@ func BenchmarkPublish(b *testing.B) {
 		}
 	}
 
-	tr := newTransport(b, "", rabbitmqtransport.Config{Route: func(env *outbox.Envelope) (string, string) { return env.Topic, "" }})
+	tr := newTransport(b, "", rabbitmqtransport.Config{Route: func(env *driver.Envelope) (string, string) { return env.Topic, "" }})
 	require.NoError(b, tr.Ping(ctx)) // dial outside the timer, as the raw side does
 	transport := func() {
 		if err := tr.Publish(ctx, trBatch); err != nil {

@@ -5,7 +5,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/transport/rabbitmqtransport"
 )
@@ -19,7 +19,7 @@ const conformanceMaxSize = 64 << 10
 func TestConformance(t *testing.T) {
 	needBroker(t)
 	outboxtest.RunTransportTests(t, outboxtest.TransportHarness{
-		New: func(t *testing.T, topics ...string) outbox.Transport {
+		New: func(t *testing.T, topics ...string) driver.Transport {
 			a := newAdmin(t)
 			for _, topic := range topics {
 				a.exchange(t, topic, amqp.ExchangeFanout)
@@ -27,7 +27,7 @@ func TestConformance(t *testing.T) {
 			}
 			return newTransport(t, "", rabbitmqtransport.Config{
 				MaxMessageSize: conformanceMaxSize,
-				Route:          func(env *outbox.Envelope) (string, string) { return env.Topic, "" },
+				Route:          func(env *driver.Envelope) (string, string) { return env.Topic, "" },
 			})
 		},
 		Read: func(t *testing.T, topic string, n int) []outboxtest.Received {

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/inbox"
 	"github.com/outboxkit/outbox/store/memstore"
 	"github.com/outboxkit/outbox/transport/rabbitmqtransport"
@@ -135,9 +136,9 @@ func TestConsumerAppliesOnceInOrder(t *testing.T) {
 	topic := uniqueName("consume")
 	a.exchange(t, topic, amqp.ExchangeFanout)
 	a.queue(t, topic, topic, "", nil)
-	tr := newTransport(t, "", rabbitmqtransport.Config{Route: func(env *outbox.Envelope) (string, string) { return env.Topic, "" }})
+	tr := newTransport(t, "", rabbitmqtransport.Config{Route: func(env *driver.Envelope) (string, string) { return env.Topic, "" }})
 
-	var batch []*outbox.Envelope
+	var batch []*driver.Envelope
 	for i := range 20 {
 		batch = append(batch, envelope(t, topic, []byte("k"), fmt.Appendf(nil, "%02d", i)))
 	}
@@ -183,10 +184,10 @@ func TestConsumerSurvivesBrokenConnection(t *testing.T) {
 	topic := uniqueName("consume-cut")
 	a.exchange(t, topic, amqp.ExchangeFanout)
 	a.queue(t, topic, topic, "", nil)
-	tr := newTransport(t, "", rabbitmqtransport.Config{Route: func(env *outbox.Envelope) (string, string) { return env.Topic, "" }})
+	tr := newTransport(t, "", rabbitmqtransport.Config{Route: func(env *driver.Envelope) (string, string) { return env.Topic, "" }})
 	p := newProxy(t)
 
-	var batch []*outbox.Envelope
+	var batch []*driver.Envelope
 	for i := range 200 {
 		batch = append(batch, envelope(t, topic, fmt.Appendf(nil, "k%d", i%7), []byte(uuid.NewString())))
 	}

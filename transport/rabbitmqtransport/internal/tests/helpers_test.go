@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest/netfault"
 	"github.com/outboxkit/outbox/transport/rabbitmqtransport"
 )
@@ -149,9 +150,9 @@ func (a *admin) depth(t testing.TB, queue string) int {
 	return q.Messages
 }
 
-func envelope(t testing.TB, topic string, key, payload []byte) *outbox.Envelope {
+func envelope(t testing.TB, topic string, key, payload []byte) *driver.Envelope {
 	t.Helper()
-	env, err := outbox.NewEnvelope(outbox.Message{Topic: topic, Key: key, Payload: payload}, outbox.DefaultBucketCount)
+	env, err := driver.NewEnvelope(outbox.Message{Topic: topic, Key: key, Payload: payload}, driver.DefaultBucketCount)
 	require.NoError(t, err)
 	return env
 }
@@ -163,8 +164,8 @@ func failures(t testing.TB, err error) map[uuid.UUID]error {
 	if err == nil {
 		return out
 	}
-	var pe *outbox.PublishError
-	require.True(t, errors.As(err, &pe), "want a *outbox.PublishError, got %v", err)
+	var pe *driver.PublishError
+	require.True(t, errors.As(err, &pe), "want a *driver.PublishError, got %v", err)
 	for _, f := range pe.Failed {
 		out[f.ID] = f.Err
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/transport/rabbitmqtransport"
 )
 
@@ -28,7 +29,7 @@ func TestConfirmTimeoutAndCloseLeaveNothingBehind(t *testing.T) {
 
 	tr, err := rabbitmqtransport.New(dialer(""), rabbitmqtransport.Config{ConfirmTimeout: time.Nanosecond})
 	require.NoError(t, err)
-	var batch []*outbox.Envelope
+	var batch []*driver.Envelope
 	for range 50 {
 		batch = append(batch, envelope(t, topic, []byte("k"), make([]byte, 1024)))
 	}
@@ -37,7 +38,7 @@ func TestConfirmTimeoutAndCloseLeaveNothingBehind(t *testing.T) {
 	failed := failures(t, tr.Publish(context.Background(), batch))
 	require.NotEmpty(t, failed, "a nanosecond confirm window fails the batch")
 	for id, cause := range failed {
-		assert.False(t, outbox.IsPermanent(cause), "%s: %v", id, cause)
+		assert.False(t, driver.IsPermanent(cause), "%s: %v", id, cause)
 		assert.ErrorContains(t, cause, "Config.ConfirmTimeout")
 	}
 	require.NoError(t, tr.Ping(context.Background()), "a fresh channel after the abandoned one")

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/memstore"
 	"github.com/outboxkit/outbox/transport/rabbitmqtransport"
@@ -34,21 +35,21 @@ func TestReconnectAfterBrokenConnection(t *testing.T) {
 	tr := newTransport(t, p.Addr(), rabbitmqtransport.Config{})
 
 	first := envelope(t, topic, []byte("k"), []byte("1"))
-	require.NoError(t, tr.Publish(context.Background(), []*outbox.Envelope{first}))
+	require.NoError(t, tr.Publish(context.Background(), []*driver.Envelope{first}))
 
 	p.Cut()
 	during := envelope(t, topic, []byte("k"), []byte("2"))
-	err := tr.Publish(context.Background(), []*outbox.Envelope{during})
+	err := tr.Publish(context.Background(), []*driver.Envelope{during})
 	require.Error(t, err, "nothing reaches a cut broker")
-	var pe *outbox.PublishError
+	var pe *driver.PublishError
 	if errors.As(err, &pe) {
 		for _, f := range pe.Failed {
-			assert.False(t, outbox.IsPermanent(f.Err), "a broken connection is transient: %v", f.Err)
+			assert.False(t, driver.IsPermanent(f.Err), "a broken connection is transient: %v", f.Err)
 		}
 	}
 
 	p.Restore()
-	require.NoError(t, tr.Publish(context.Background(), []*outbox.Envelope{during}), "the transport redials")
+	require.NoError(t, tr.Publish(context.Background(), []*driver.Envelope{during}), "the transport redials")
 	got := a.read(t, topic, 2)
 	assert.Equal(t, first.ID, got[0].ID)
 	assert.Equal(t, during.ID, got[1].ID)
@@ -69,7 +70,7 @@ func TestDispatcherSurvivesBrokerOutage(t *testing.T) {
 	a.exchange(t, topic, amqp.ExchangeFanout)
 	a.queue(t, topic, topic, "", nil)
 	p := newProxy(t)
-	tr := newTransport(t, p.Addr(), rabbitmqtransport.Config{ConfirmTimeout: 2 * time.Second, Route: func(env *outbox.Envelope) (string, string) { return env.Topic, "" }})
+	tr := newTransport(t, p.Addr(), rabbitmqtransport.Config{ConfirmTimeout: 2 * time.Second, Route: func(env *driver.Envelope) (string, string) { return env.Topic, "" }})
 
 	store, err := memstore.New(memstore.Config{BucketCount: relayBuckets})
 	require.NoError(t, err)
@@ -93,9 +94,9 @@ func TestDispatcherSurvivesBrokerOutage(t *testing.T) {
 	enqueue := func(from, n int) {
 		for i := from; i < from+n; i++ {
 			key := fmt.Sprintf("key-%d", i%10)
-			env, err := outbox.NewEnvelope(outbox.Message{Topic: topic, Key: []byte(key), Payload: fmt.Appendf(nil, "%s/%d", key, i/10)}, relayBuckets)
+			env, err := driver.NewEnvelope(outbox.Message{Topic: topic, Key: []byte(key), Payload: fmt.Appendf(nil, "%s/%d", key, i/10)}, relayBuckets)
 			require.NoError(t, err)
-			require.NoError(t, store.Enqueue(context.Background(), env))
+			require.NoError(t, store.Driver().Enqueue(context.Background(), env))
 			sent[env.ID] = true
 		}
 	}
@@ -137,7 +138,7 @@ func TestDispatcherSurvivesBrokerOutage(t *testing.T) {
 
 	stats := d.Stats()
 	assert.Zero(t, stats.Parked, "nothing is parked for an outage")
-	parked, err := store.List(context.Background(), outbox.Parked, outbox.Cursor{}, 10)
+	parked, err := store.Driver().(driver.Admin).List(context.Background(), driver.Parked, driver.Cursor{}, 10)
 	require.NoError(t, err)
 	assert.Empty(t, parked)
 	assert.Positive(t, stats.Retried, "the outage forced retries")

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/transport/rabbitmqtransport"
 )
 
@@ -29,7 +30,7 @@ func TestDefaultRoute(t *testing.T) {
 
 	ea := envelope(t, topic, []byte("a"), []byte("to a"))
 	eb := envelope(t, topic, []byte("b"), []byte("to b"))
-	require.NoError(t, tr.Publish(context.Background(), []*outbox.Envelope{ea, eb}))
+	require.NoError(t, tr.Publish(context.Background(), []*driver.Envelope{ea, eb}))
 	got := a.read(t, topic+"-a", 1)[0]
 	assert.Equal(t, ea.ID, got.ID)
 	assert.Equal(t, topic, got.Topic)
@@ -42,9 +43,9 @@ func TestDefaultRoute(t *testing.T) {
 	other := uniqueName("other")
 	a.exchange(t, other, amqp.ExchangeFanout)
 	a.queue(t, other, other, "", nil)
-	routed := newTransport(t, "", rabbitmqtransport.Config{Route: func(*outbox.Envelope) (string, string) { return other, "" }})
+	routed := newTransport(t, "", rabbitmqtransport.Config{Route: func(*driver.Envelope) (string, string) { return other, "" }})
 	env := envelope(t, "orders.placed", []byte("k"), []byte("p"))
-	require.NoError(t, routed.Publish(context.Background(), []*outbox.Envelope{env}))
+	require.NoError(t, routed.Publish(context.Background(), []*driver.Envelope{env}))
 	d := a.read(t, other, 1)[0]
 	assert.Equal(t, "orders.placed", d.Topic)
 	assert.Equal(t, other, d.Exchange)
@@ -63,10 +64,10 @@ func TestUnroutableIsPermanent(t *testing.T) {
 	before := envelope(t, topic, []byte("bound"), []byte("1"))
 	lost := envelope(t, topic, []byte("nobody"), []byte("2"))
 	after := envelope(t, topic, []byte("bound"), []byte("3"))
-	failed := failures(t, tr.Publish(context.Background(), []*outbox.Envelope{before, lost, after}))
+	failed := failures(t, tr.Publish(context.Background(), []*driver.Envelope{before, lost, after}))
 	require.Len(t, failed, 1, "only the unroutable message fails: %v", failed)
 	require.Contains(t, failed, lost.ID)
-	assert.True(t, outbox.IsPermanent(failed[lost.ID]), "unroutable is permanent: %v", failed[lost.ID])
+	assert.True(t, driver.IsPermanent(failed[lost.ID]), "unroutable is permanent: %v", failed[lost.ID])
 	assert.ErrorIs(t, failed[lost.ID], outbox.ErrInvalidMessage)
 	assert.ErrorContains(t, failed[lost.ID], "NO_ROUTE")
 
@@ -76,7 +77,7 @@ func TestUnroutableIsPermanent(t *testing.T) {
 
 	// The channel is still usable: the next call publishes on it.
 	next := envelope(t, topic, []byte("bound"), []byte("4"))
-	require.NoError(t, tr.Publish(context.Background(), []*outbox.Envelope{next}))
+	require.NoError(t, tr.Publish(context.Background(), []*driver.Envelope{next}))
 	assert.Equal(t, next.ID, a.read(t, topic, 1)[0].ID)
 }
 
@@ -97,19 +98,19 @@ func TestMissingExchange(t *testing.T) {
 			tr := newTransport(t, "", rabbitmqtransport.Config{MissingExchangeTransient: transient})
 
 			first := envelope(t, topic, []byte("k"), []byte("first"))
-			require.NoError(t, tr.Publish(context.Background(), []*outbox.Envelope{first}), "warm the channel")
+			require.NoError(t, tr.Publish(context.Background(), []*driver.Envelope{first}), "warm the channel")
 			bad := envelope(t, missing, []byte("k"), []byte("nowhere"))
 			later := envelope(t, topic, []byte("k2"), []byte("later"))
-			failed := failures(t, tr.Publish(context.Background(), []*outbox.Envelope{bad, later}))
+			failed := failures(t, tr.Publish(context.Background(), []*driver.Envelope{bad, later}))
 			require.Contains(t, failed, bad.ID)
-			assert.Equal(t, !transient, outbox.IsPermanent(failed[bad.ID]), "missing exchange: %v", failed[bad.ID])
+			assert.Equal(t, !transient, driver.IsPermanent(failed[bad.ID]), "missing exchange: %v", failed[bad.ID])
 			assert.ErrorContains(t, failed[bad.ID], "NOT_FOUND")
 			if err, ok := failed[later.ID]; ok {
-				assert.False(t, outbox.IsPermanent(err), "a message the closed channel lost is transient: %v", err)
+				assert.False(t, driver.IsPermanent(err), "a message the closed channel lost is transient: %v", err)
 			}
 
 			retry := envelope(t, topic, []byte("k2"), []byte("retry"))
-			require.NoError(t, tr.Publish(context.Background(), []*outbox.Envelope{retry}), "a fresh channel after the close")
+			require.NoError(t, tr.Publish(context.Background(), []*driver.Envelope{retry}), "a fresh channel after the close")
 			want := map[uuid.UUID]bool{first.ID: true, retry.ID: true}
 			n := 2
 			if _, lost := failed[later.ID]; !lost {
@@ -134,7 +135,7 @@ func TestNackIsTransient(t *testing.T) {
 	a.queue(t, topic, topic, "", amqp.Table{"x-max-length": int32(1), "x-overflow": "reject-publish"})
 	tr := newTransport(t, "", rabbitmqtransport.Config{})
 
-	batch := []*outbox.Envelope{
+	batch := []*driver.Envelope{
 		envelope(t, topic, []byte("a"), []byte("1")),
 		envelope(t, topic, []byte("b"), []byte("2")),
 		envelope(t, topic, []byte("c"), []byte("3")),
@@ -143,7 +144,7 @@ func TestNackIsTransient(t *testing.T) {
 	require.Len(t, failed, 2, "the queue holds one message: %v", failed)
 	for _, env := range batch[1:] {
 		require.Contains(t, failed, env.ID)
-		assert.False(t, outbox.IsPermanent(failed[env.ID]), "a nack is transient: %v", failed[env.ID])
+		assert.False(t, driver.IsPermanent(failed[env.ID]), "a nack is transient: %v", failed[env.ID])
 		assert.ErrorContains(t, failed[env.ID], "basic.nack")
 	}
 	assert.Equal(t, batch[0].ID, a.read(t, topic, 1)[0].ID)
@@ -158,13 +159,13 @@ func TestHeadersOverFrameSize(t *testing.T) {
 	a.exchange(t, topic, amqp.ExchangeFanout)
 	a.queue(t, topic, topic, "", nil)
 	tr := newTransport(t, "", rabbitmqtransport.Config{})
-	big, err := outbox.NewEnvelope(outbox.Message{Topic: topic, Payload: []byte("x"), Headers: []outbox.Header{{Key: "big", Value: make([]byte, 200<<10)}}}, outbox.DefaultBucketCount)
+	big, err := driver.NewEnvelope(outbox.Message{Topic: topic, Payload: []byte("x"), Headers: []outbox.Header{{Key: "big", Value: make([]byte, 200<<10)}}}, driver.DefaultBucketCount)
 	require.NoError(t, err)
 	ok := envelope(t, topic, []byte("k"), []byte("fine"))
-	failed := failures(t, tr.Publish(context.Background(), []*outbox.Envelope{big, ok}))
+	failed := failures(t, tr.Publish(context.Background(), []*driver.Envelope{big, ok}))
 	require.Len(t, failed, 1)
 	assert.ErrorIs(t, failed[big.ID], outbox.ErrTooLarge)
-	assert.True(t, outbox.IsPermanent(failed[big.ID]))
+	assert.True(t, driver.IsPermanent(failed[big.ID]))
 	assert.Equal(t, ok.ID, a.read(t, topic, 1)[0].ID)
 }
 
@@ -183,7 +184,7 @@ func TestConcurrentPublishes(t *testing.T) {
 	for w := range workers {
 		wg.Go(func() {
 			for i := range per / 10 {
-				var batch []*outbox.Envelope
+				var batch []*driver.Envelope
 				for j := range 10 {
 					env := envelope(t, topic, fmt.Appendf(nil, "w%d", w), fmt.Appendf(nil, "%d", i*10+j))
 					batch = append(batch, env)

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/transport/redistransport"
 )
 
@@ -36,7 +37,7 @@ func BenchmarkPublish(b *testing.B) {
 				payloads[i] = make([]byte, 1024)
 				_, _ = rand.Read(payloads[i])
 			}
-			batch := make([]*outbox.Envelope, size)
+			batch := make([]*driver.Envelope, size)
 			nextBatch := func(round int) {
 				for i := range batch {
 					batch[i] = envelope(b, outbox.Message{

@@ -4,7 +4,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/transport/redistransport"
 )
@@ -18,7 +18,7 @@ func TestConformance(t *testing.T) {
 		readers = map[string]*reader{}
 	)
 	outboxtest.RunTransportTests(t, outboxtest.TransportHarness{
-		New: func(t *testing.T, topics ...string) outbox.Transport {
+		New: func(t *testing.T, topics ...string) driver.Transport {
 			t.Cleanup(func() { deleteKeys(client, topics...) })
 			return newTransport(t, client, redistransport.Config{MaxMessageSize: maxSize})
 		},

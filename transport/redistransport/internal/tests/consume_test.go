@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/inbox"
 	"github.com/outboxkit/outbox/store/memstore"
 	"github.com/outboxkit/outbox/transport/redistransport"
@@ -105,7 +106,7 @@ func TestConsumerAppliesOnceInOrder(t *testing.T) {
 	stream := streamKey(t, client, "consume")
 	require.NoError(t, client.XGroupCreateMkStream(t.Context(), stream, "billing", "0").Err())
 	tr := newTransport(t, client, redistransport.Config{})
-	var batch []*outbox.Envelope
+	var batch []*driver.Envelope
 	for i := range 10 {
 		batch = append(batch, envelope(t, outbox.Message{Topic: stream, Key: []byte("k"), Payload: fmt.Appendf(nil, "%d", i)}))
 	}
@@ -116,7 +117,7 @@ func TestConsumerAppliesOnceInOrder(t *testing.T) {
 	require.Len(t, read[0].Messages, 3)
 	require.NoError(t, tr.Publish(t.Context(), batch[3:5]))
 	require.NoError(t, client.XAdd(t.Context(), &redis.XAddArgs{Stream: stream, Values: []any{"payload", "not from the outbox"}}).Err())
-	require.NoError(t, tr.Publish(t.Context(), append([]*outbox.Envelope{batch[4]}, batch[5:]...)), "a retry appends batch[4] again")
+	require.NoError(t, tr.Publish(t.Context(), append([]*driver.Envelope{batch[4]}, batch[5:]...)), "a retry appends batch[4] again")
 	require.Equal(t, int64(12), length(t, client, stream))
 
 	a := newApplied()

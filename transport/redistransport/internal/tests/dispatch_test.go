@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/memstore"
 	"github.com/outboxkit/outbox/transport/redistransport"
@@ -22,7 +23,7 @@ import (
 
 const e2eBuckets = 8
 
-func newRelay(t *testing.T, tr outbox.Transport) (*memstore.Store, *relay.Relay) {
+func newRelay(t *testing.T, tr driver.Transport) (*memstore.Store, *relay.Relay) {
 	t.Helper()
 	store, err := memstore.New(memstore.Config{BucketCount: e2eBuckets})
 	require.NoError(t, err)
@@ -44,24 +45,24 @@ func newRelay(t *testing.T, tr outbox.Transport) (*memstore.Store, *relay.Relay)
 
 // enqueueKeyed writes n messages over keys keys, one at a time so that each key's
 // messages commit in order; the payload is "key/seq".
-func enqueueKeyed(t *testing.T, store *memstore.Store, topic string, first, n, keys int, sent map[uuid.UUID]*outbox.Envelope) {
+func enqueueKeyed(t *testing.T, store *memstore.Store, topic string, first, n, keys int, sent map[uuid.UUID]*driver.Envelope) {
 	t.Helper()
 	for i := first; i < first+n; i++ {
 		key := fmt.Sprintf("key-%d", i%keys)
-		env, err := outbox.NewEnvelope(outbox.Message{
+		env, err := driver.NewEnvelope(outbox.Message{
 			Topic:   topic,
 			Key:     []byte(key),
 			Payload: fmt.Appendf(nil, "%s/%d", key, i/keys),
 		}, e2eBuckets)
 		require.NoError(t, err)
-		require.NoError(t, store.Enqueue(context.Background(), env))
+		require.NoError(t, store.Driver().Enqueue(context.Background(), env))
 		sent[env.ID] = env
 	}
 }
 
 // readAll reads until every sent message arrived at least once (seen records what
 // earlier calls read) and returns what it read, in stream order.
-func readAll(t *testing.T, r *reader, sent map[uuid.UUID]*outbox.Envelope, seen map[uuid.UUID]bool) []redistransport.Delivery {
+func readAll(t *testing.T, r *reader, sent map[uuid.UUID]*driver.Envelope, seen map[uuid.UUID]bool) []redistransport.Delivery {
 	t.Helper()
 	var all []redistransport.Delivery
 	deadline := time.Now().Add(2 * time.Minute)
@@ -109,7 +110,7 @@ func TestDispatcherSurvivesBrokerOutage(t *testing.T) {
 	tr := newTransport(t, client, redistransport.Config{})
 	store, d := newRelay(t, tr)
 	r := newReader(direct, stream)
-	sent, seen := map[uuid.UUID]*outbox.Envelope{}, map[uuid.UUID]bool{}
+	sent, seen := map[uuid.UUID]*driver.Envelope{}, map[uuid.UUID]bool{}
 
 	require.NoError(t, d.Start(context.Background()))
 	t.Cleanup(func() {

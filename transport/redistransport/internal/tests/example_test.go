@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/transport/redistransport"
 )
 
@@ -35,16 +36,16 @@ func Example() {
 	if err := client.XGroupCreateMkStream(ctx, stream, "billing", "0").Err(); err != nil {
 		log.Fatal(err)
 	}
-	env, err := outbox.NewEnvelope(outbox.Message{
+	env, err := driver.NewEnvelope(outbox.Message{
 		Topic:   "order-placed",
 		Key:     []byte("order-7"),
 		Payload: []byte(`{"id":"order-7"}`),
 		Headers: []outbox.Header{{Key: outbox.HeaderCorrelationID, Value: []byte("req-1")}},
-	}, outbox.DefaultBucketCount)
+	}, driver.DefaultBucketCount)
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := transport.Publish(ctx, []*outbox.Envelope{env}); err != nil {
+	if err := transport.Publish(ctx, []*driver.Envelope{env}); err != nil {
 		log.Fatal(err)
 	}
 

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest/netfault"
 	"github.com/outboxkit/outbox/transport/redistransport"
 )
@@ -69,9 +70,9 @@ func newTransport(tb testing.TB, client redis.UniversalClient, cfg redistranspor
 	return tr
 }
 
-func envelope(tb testing.TB, m outbox.Message) *outbox.Envelope {
+func envelope(tb testing.TB, m outbox.Message) *driver.Envelope {
 	tb.Helper()
-	env, err := outbox.NewEnvelope(m, outbox.DefaultBucketCount)
+	env, err := driver.NewEnvelope(m, driver.DefaultBucketCount)
 	require.NoError(tb, err)
 	return env
 }

@@ -13,12 +13,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/transport/redistransport"
 )
 
 func failures(t *testing.T, err error) map[uuid.UUID]error {
 	t.Helper()
-	var pe *outbox.PublishError
+	var pe *driver.PublishError
 	require.ErrorAs(t, err, &pe)
 	out := map[uuid.UUID]error{}
 	for _, f := range pe.Failed {
@@ -39,9 +40,9 @@ func TestWrongTypeIsPermanent(t *testing.T) {
 	bad := envelope(t, outbox.Message{Topic: taken, Key: []byte("k"), Payload: []byte("x")})
 	ok := envelope(t, outbox.Message{Topic: good, Key: []byte("other"), Payload: []byte("y")})
 
-	failed := failures(t, tr.Publish(t.Context(), []*outbox.Envelope{bad, ok}))
+	failed := failures(t, tr.Publish(t.Context(), []*driver.Envelope{bad, ok}))
 	require.Len(t, failed, 1)
-	assert.True(t, outbox.IsPermanent(failed[bad.ID]), "%v", failed[bad.ID])
+	assert.True(t, driver.IsPermanent(failed[bad.ID]), "%v", failed[bad.ID])
 	assert.ErrorIs(t, failed[bad.ID], outbox.ErrMisconfigured)
 	assert.ErrorContains(t, failed[bad.ID], "WRONGTYPE")
 	assert.Equal(t, int64(1), length(t, client, good))
@@ -60,10 +61,10 @@ func TestFailureHoldsBackTheKeysLaterEntries(t *testing.T) {
 	second := envelope(t, outbox.Message{Topic: good, Key: []byte("k"), Payload: []byte("2")})
 	other := envelope(t, outbox.Message{Topic: good, Key: []byte("j"), Payload: []byte("3")})
 
-	failed := failures(t, tr.Publish(t.Context(), []*outbox.Envelope{first, second, other}))
+	failed := failures(t, tr.Publish(t.Context(), []*driver.Envelope{first, second, other}))
 	require.Len(t, failed, 2)
-	assert.True(t, outbox.IsPermanent(failed[first.ID]))
-	assert.False(t, outbox.IsPermanent(failed[second.ID]))
+	assert.True(t, driver.IsPermanent(failed[first.ID]))
+	assert.False(t, driver.IsPermanent(failed[second.ID]))
 	assert.ErrorContains(t, failed[second.ID], "earlier message of its key")
 }
 
@@ -81,9 +82,9 @@ func TestWaitReplicasUnmet(t *testing.T) {
 	tr := newTransport(t, client, redistransport.Config{WaitReplicas: 1, WaitTimeout: 50 * time.Millisecond})
 	env := envelope(t, outbox.Message{Topic: stream, Key: []byte("k"), Payload: []byte("x")})
 
-	failed := failures(t, tr.Publish(t.Context(), []*outbox.Envelope{env}))
+	failed := failures(t, tr.Publish(t.Context(), []*driver.Envelope{env}))
 	require.Contains(t, failed, env.ID)
-	assert.False(t, outbox.IsPermanent(failed[env.ID]))
+	assert.False(t, driver.IsPermanent(failed[env.ID]))
 	assert.ErrorContains(t, failed[env.ID], "only 0 of 1 replicas")
 	assert.Equal(t, int64(1), length(t, client, stream), "the entry is on the primary")
 }
@@ -95,7 +96,7 @@ func TestMaxLenTrims(t *testing.T) {
 	stream := streamKey(t, client, "trim")
 	tr := newTransport(t, client, redistransport.Config{MaxLen: 100})
 	for round := range 10 {
-		batch := make([]*outbox.Envelope, 200)
+		batch := make([]*driver.Envelope, 200)
 		for i := range batch {
 			batch[i] = envelope(t, outbox.Message{Topic: stream, Payload: fmt.Appendf(nil, "%d/%d", round, i)})
 		}
@@ -115,7 +116,7 @@ func TestStreamMapping(t *testing.T) {
 	t.Cleanup(func() { deleteKeys(client, stream) })
 	tr := newTransport(t, client, redistransport.Config{Stream: func(topic string) string { return prefix + ":" + topic }})
 	env := envelope(t, outbox.Message{Topic: "order-placed", Key: []byte("order-7"), Payload: []byte("p")})
-	require.NoError(t, tr.Publish(t.Context(), []*outbox.Envelope{env}))
+	require.NoError(t, tr.Publish(t.Context(), []*driver.Envelope{env}))
 	d := newReader(client, stream).read(t, 1)[0]
 	assert.Equal(t, "order-placed", d.Topic)
 	assert.Equal(t, stream, d.Stream)
@@ -137,8 +138,8 @@ func TestOutagePublishAndPing(t *testing.T) {
 	client := connect(t, p.Addr())
 	tr := newTransport(t, client, redistransport.Config{})
 	require.NoError(t, tr.Ping(t.Context()))
-	batch := func(n int) []*outbox.Envelope {
-		out := make([]*outbox.Envelope, n)
+	batch := func(n int) []*driver.Envelope {
+		out := make([]*driver.Envelope, n)
 		for i := range out {
 			out[i] = envelope(t, outbox.Message{Topic: stream, Key: fmt.Appendf(nil, "k%d", i%3), Payload: fmt.Appendf(nil, "%d", i)})
 		}
@@ -154,7 +155,7 @@ func TestOutagePublishAndPing(t *testing.T) {
 	failed := failures(t, tr.Publish(t.Context(), cut))
 	assert.Len(t, failed, len(cut), "nothing is acknowledged while cut off")
 	for _, err := range failed {
-		assert.False(t, outbox.IsPermanent(err), "an outage is transient: %v", err)
+		assert.False(t, driver.IsPermanent(err), "an outage is transient: %v", err)
 	}
 	assert.Equal(t, int64(10), length(t, direct, stream))
 

@@ -12,17 +12,18 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/transport/watermilltransport"
 )
 
 const benchBatch = 50
 
-func benchEnvelopes(b *testing.B, topic string) []*outbox.Envelope {
-	batch := make([]*outbox.Envelope, benchBatch)
+func benchEnvelopes(b *testing.B, topic string) []*driver.Envelope {
+	batch := make([]*driver.Envelope, benchBatch)
 	for i := range batch {
 		payload := make([]byte, 256)
 		_, _ = rand.Read(payload)
-		env, err := outbox.NewEnvelope(outbox.Message{Topic: topic, Key: []byte{byte('a' + i%16)}, Payload: payload}, outbox.DefaultBucketCount)
+		env, err := driver.NewEnvelope(outbox.Message{Topic: topic, Key: []byte{byte('a' + i%16)}, Payload: payload}, driver.DefaultBucketCount)
 		require.NoError(b, err)
 		batch[i] = env
 	}

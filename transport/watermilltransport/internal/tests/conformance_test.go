@@ -3,7 +3,7 @@ package tests
 import (
 	"testing"
 
-	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/transport/watermilltransport"
 )
@@ -16,7 +16,7 @@ const conformanceMaxSize = 64 << 10
 func TestConformance(t *testing.T) {
 	needBroker(t)
 	outboxtest.RunTransportTests(t, outboxtest.TransportHarness{
-		New: func(t *testing.T, topics ...string) outbox.Transport {
+		New: func(t *testing.T, topics ...string) driver.Transport {
 			a := newAdmin(t)
 			for _, topic := range topics {
 				a.queue(t, topic, nil)

@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/memstore"
 	"github.com/outboxkit/outbox/transport/watermilltransport"
@@ -67,9 +68,9 @@ func TestDispatcherSurvivesBrokerOutage(t *testing.T) {
 	enqueue := func(from, n int) {
 		for i := from; i < from+n; i++ {
 			key := fmt.Sprintf("key-%d", i%10)
-			env, err := outbox.NewEnvelope(outbox.Message{Topic: topic, Key: []byte(key), Payload: fmt.Appendf(nil, "%s/%d", key, i/10)}, relayBuckets)
+			env, err := driver.NewEnvelope(outbox.Message{Topic: topic, Key: []byte(key), Payload: fmt.Appendf(nil, "%s/%d", key, i/10)}, relayBuckets)
 			require.NoError(t, err)
-			require.NoError(t, store.Enqueue(context.Background(), env))
+			require.NoError(t, store.Driver().Enqueue(context.Background(), env))
 			sent[env.ID] = true
 		}
 	}
@@ -108,7 +109,7 @@ func TestDispatcherSurvivesBrokerOutage(t *testing.T) {
 
 	stats := d.Stats()
 	assert.Zero(t, stats.Parked, "nothing is parked for an outage")
-	parked, err := store.List(context.Background(), outbox.Parked, outbox.Cursor{}, 10)
+	parked, err := store.Driver().(driver.Admin).List(context.Background(), driver.Parked, driver.Cursor{}, 10)
 	require.NoError(t, err)
 	assert.Empty(t, parked)
 	assert.Positive(t, stats.Retried, "the outage forced retries")

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest/netfault"
 	"github.com/outboxkit/outbox/transport/watermilltransport"
 )
@@ -148,9 +149,9 @@ func (a *admin) read(tb testing.TB, queue string, n int) []watermilltransport.De
 	return out
 }
 
-func envelope(tb testing.TB, topic string, key, payload []byte) *outbox.Envelope {
+func envelope(tb testing.TB, topic string, key, payload []byte) *driver.Envelope {
 	tb.Helper()
-	env, err := outbox.NewEnvelope(outbox.Message{Topic: topic, Key: key, Payload: payload}, outbox.DefaultBucketCount)
+	env, err := driver.NewEnvelope(outbox.Message{Topic: topic, Key: key, Payload: payload}, driver.DefaultBucketCount)
 	require.NoError(tb, err)
 	return env
 }

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/transport/watermilltransport"
 )
 
@@ -32,16 +32,16 @@ func TestRefusedCallFailsWhole(t *testing.T) {
 				cfg.Permanent = func(err error) bool { return strings.Contains(err.Error(), "delivery not confirmed") }
 			}
 			tr := newTransport(t, publisher(t, ""), cfg)
-			batch := []*outbox.Envelope{
+			batch := []*driver.Envelope{
 				envelope(t, topic, []byte("a"), []byte("1")),
 				envelope(t, topic, []byte("b"), []byte("2")),
 			}
 			err := tr.Publish(context.Background(), batch)
-			var pe *outbox.PublishError
+			var pe *driver.PublishError
 			require.ErrorAs(t, err, &pe)
 			require.Len(t, pe.Failed, 2, "the call fails as a whole")
 			for _, f := range pe.Failed {
-				assert.Equal(t, permanent, outbox.IsPermanent(f.Err), "%v", f.Err)
+				assert.Equal(t, permanent, driver.IsPermanent(f.Err), "%v", f.Err)
 			}
 			assert.Equal(t, batch[0].ID, a.read(t, topic, 1)[0].ID, "the confirmed part of the call is there: retrying it is a duplicate")
 		})

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/store/dynamostore"
 )
@@ -44,9 +45,9 @@ func BenchmarkHandle(b *testing.B) {
 				b.StopTimer()
 				var st streamOf
 				for i := range tc.records {
-					env, err := outbox.NewEnvelope(outbox.Message{Topic: "t", Key: keys[i%tc.buckets], Payload: make([]byte, 256)}, 16)
+					env, err := driver.NewEnvelope(outbox.Message{Topic: "t", Key: keys[i%tc.buckets], Payload: make([]byte, 256)}, 16)
 					require.NoError(b, err)
-					require.NoError(b, s.Enqueue(ctx, env))
+					require.NoError(b, s.Driver().Enqueue(ctx, env))
 					st.add(events.DynamoDBOperationTypeInsert, fmt.Sprintf("OUTBOX#MESSAGES#%d", env.Bucket), fmt.Sprintf("%019d", env.Seq))
 				}
 				d.take()

@@ -13,8 +13,9 @@ import (
 	"github.com/truora/minidyn/server"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/dynamostore"
 	"github.com/outboxkit/outbox/store/dynamostore/dynamostreams"
 )
@@ -36,11 +37,11 @@ func ExampleHandler_Handle() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	env, err := outbox.NewEnvelope(outbox.Message{Topic: "orders", Key: []byte("order-7"), Payload: []byte("created")}, 4)
+	env, err := driver.NewEnvelope(outbox.Message{Topic: "orders", Key: []byte("order-7"), Payload: []byte("created")}, 4)
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := store.Enqueue(ctx, env); err != nil {
+	if err := store.Driver().Enqueue(ctx, env); err != nil {
 		log.Fatal(err)
 	}
 
@@ -49,7 +50,7 @@ func ExampleHandler_Handle() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	h, err := dynamostreams.New(disp, store, dynamostreams.Config{})
+	h, err := dynamostreams.New(disp, store.Driver(), dynamostreams.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -17,10 +17,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/dynamostore"
 	"github.com/outboxkit/outbox/store/dynamostore/dynamostreams"
+	"github.com/outboxkit/outbox/store/memstore"
 )
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -30,7 +32,7 @@ func keyFor(t testing.TB, bucket, n int) []byte {
 	t.Helper()
 	for i := range 10_000 {
 		k := fmt.Appendf(nil, "key-%d", i)
-		if outbox.BucketOf(&outbox.Message{Key: k}, [16]byte{}, n) == bucket {
+		if driver.BucketOf(&outbox.Message{Key: k}, n) == bucket {
 			return k
 		}
 	}
@@ -39,19 +41,19 @@ func keyFor(t testing.TB, bucket, n int) []byte {
 }
 
 // enqueue writes n messages of key, one Enqueue each, and returns them.
-func enqueue(t testing.TB, s *dynamostore.Store, key []byte, n int) []*outbox.Envelope {
+func enqueue(t testing.TB, s *dynamostore.Store, key []byte, n int) []*driver.Envelope {
 	t.Helper()
-	var envs []*outbox.Envelope
+	var envs []*driver.Envelope
 	for i := range n {
-		env, err := outbox.NewEnvelope(outbox.Message{Topic: "orders", Key: key, Payload: fmt.Appendf(nil, "%s-%d", key, i+1)}, s.BucketCount())
+		env, err := driver.NewEnvelope(outbox.Message{Topic: "orders", Key: key, Payload: fmt.Appendf(nil, "%s-%d", key, i+1)}, s.Driver().BucketCount())
 		require.NoError(t, err)
-		require.NoError(t, s.Enqueue(context.Background(), env))
+		require.NoError(t, s.Driver().Enqueue(context.Background(), env))
 		envs = append(envs, env)
 	}
 	return envs
 }
 
-func payloads(envs []*outbox.Envelope) []string {
+func payloads(envs []*driver.Envelope) []string {
 	out := make([]string, len(envs))
 	for i, e := range envs {
 		out[i] = string(e.Payload)
@@ -61,7 +63,7 @@ func payloads(envs []*outbox.Envelope) []string {
 
 // inserts adds an INSERT record for each envelope's item, with the key read back
 // from the table.
-func inserts(t *testing.T, d *testDB, s *dynamostore.Store, st *streamOf, envs ...*outbox.Envelope) []string {
+func inserts(t *testing.T, d *testDB, s *dynamostore.Store, st *streamOf, envs ...*driver.Envelope) []string {
 	t.Helper()
 	var ids []string
 	for _, e := range envs {
@@ -73,18 +75,18 @@ func inserts(t *testing.T, d *testDB, s *dynamostore.Store, st *streamOf, envs .
 	return ids
 }
 
-func newHandlerB(t testing.TB, s *dynamostore.Store, rec outbox.Transport) (*relay.Relay, *dynamostreams.Handler) {
+func newHandlerB(t testing.TB, s *dynamostore.Store, rec driver.Transport) (*relay.Relay, *dynamostreams.Handler) {
 	return newHandler(t, s, rec, "lambda-bench")
 }
 
-func newHandler(t testing.TB, s *dynamostore.Store, rec outbox.Transport, id string) (*relay.Relay, *dynamostreams.Handler) {
+func newHandler(t testing.TB, s *dynamostore.Store, rec driver.Transport, id string) (*relay.Relay, *dynamostreams.Handler) {
 	t.Helper()
 	disp, err := relay.New(s, rec, relay.Config{
-		RelayID: id, BucketCount: s.BucketCount(), BackoffBase: time.Millisecond, BackoffMax: time.Millisecond,
+		RelayID: id, BucketCount: s.Driver().BucketCount(), BackoffBase: time.Millisecond, BackoffMax: time.Millisecond,
 		BacklogInterval: -1, Logger: quiet(),
 	})
 	require.NoError(t, err)
-	h, err := dynamostreams.New(disp, s, dynamostreams.Config{Logger: quiet()})
+	h, err := dynamostreams.New(disp, s.Driver(), dynamostreams.Config{Logger: quiet()})
 	require.NoError(t, err)
 	return disp, h
 }
@@ -122,7 +124,7 @@ func TestHandlerDispatchesWhatTheStreamNames(t *testing.T) {
 	assert.Equal(t, []string{fmt.Sprintf("%019d", a[3].Seq), fmt.Sprintf("%019d", a[4].Seq)},
 		keysOf(t, d, s.Config().TableName, "OUTBOX#MESSAGES#0"), "what the stream did not name stays")
 
-	view, err := s.ReadCoordination(context.Background())
+	view, err := s.Driver().ReadCoordination(context.Background())
 	require.NoError(t, err)
 	for _, l := range view.Leases {
 		assert.Empty(t, l.Owner, "the buckets claimed for the dispatch are released")
@@ -206,7 +208,7 @@ func TestHandlerKeepsLeaseAndKeyOrder(t *testing.T) {
 	b := enqueue(t, s, kb, 1)
 
 	now := time.Now()
-	ok, err := s.Claim(ctx, 1, "worker-elsewhere", now, now.Add(time.Minute))
+	ok, err := s.Driver().Claim(ctx, 1, "worker-elsewhere", now, now.Add(time.Minute))
 	require.NoError(t, err)
 	require.True(t, ok)
 
@@ -218,7 +220,7 @@ func TestHandlerKeepsLeaseAndKeyOrder(t *testing.T) {
 	inserts(t, d, s, &st, b...)
 	resp, err := h.Handle(ctx, st.ev)
 	require.NoError(t, err)
-	assert.Empty(t, resp.BatchItemFailures, "a failed publish is the dispatcher's to retry; a held bucket is its holder's")
+	assert.Empty(t, resp.BatchItemFailures, "a failed publish is the relay's to retry; a held bucket is its holder's")
 	assert.Zero(t, rec.Len(), "nothing of key a goes out before its first message; bucket 1 is held elsewhere")
 
 	// The safety net: a sweep after the backoff delivers key a in order.
@@ -235,11 +237,16 @@ func TestNewValidates(t *testing.T) {
 	s := d.newStore(t, dynamostore.Config{BucketCount: 1})
 	disp, err := relay.New(s, outboxtest.NewRecorder(), relay.Config{RelayID: "r", Logger: quiet()})
 	require.NoError(t, err)
-	_, err = dynamostreams.New(nil, s, dynamostreams.Config{})
+	_, err = dynamostreams.New(nil, s.Driver(), dynamostreams.Config{})
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
 	_, err = dynamostreams.New(disp, nil, dynamostreams.Config{})
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
-	_, err = dynamostreams.New(disp, s, dynamostreams.Config{MaxConcurrency: -1})
+	mem, err := memstore.New(memstore.Config{})
+	require.NoError(t, err)
+	_, err = dynamostreams.New(disp, mem.Driver(), dynamostreams.Config{})
+	require.ErrorIs(t, err, outbox.ErrMisconfigured, "another kind of store has no stream keys")
+	assert.Contains(t, err.Error(), "Driver()")
+	_, err = dynamostreams.New(disp, s.Driver(), dynamostreams.Config{MaxConcurrency: -1})
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
 	assert.Contains(t, err.Error(), "Config.MaxConcurrency")
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 // Relay relays envelopes from a store to a transport. Build one with [New], then
@@ -21,21 +22,21 @@ import (
 // [Relay.RunOnce] from a scheduler, and [Relay.DispatchOne] from a change
 // stream.
 type Relay struct {
-	store     outbox.DispatchStore
-	transport outbox.Transport
+	store     driver.Store
+	transport driver.Transport
 	cfg       Config
 	log       *slog.Logger
-	notifier  outbox.Notifier
-	finder    outbox.Finder
-	retainer  outbox.Retainer
-	// sameKeyBatches: the transport keeps key order (outbox.KeyOrderKeeper), so one
+	notifier  driver.Notifier
+	finder    driver.Finder
+	retainer  driver.Retainer
+	// sameKeyBatches: the transport keeps key order (driver.KeyOrderKeeper), so one
 	// Publish call may carry several envelopes of a key.
 	sameKeyBatches bool
-	prober         outbox.Prober
+	prober         driver.Prober
 
 	// mu guards leases: the buckets this relay may publish, with the lease as stored.
 	mu     sync.Mutex
-	leases map[int]outbox.Lease
+	leases map[int]driver.Lease
 	// bucketLocks serialise draining one bucket (worker, RunOnce, DispatchOne) and
 	// releasing its lease.
 	bucketLocks []chan struct{}
@@ -49,7 +50,7 @@ type Relay struct {
 	// lastPlan and lastView are the last round's plan and view; round counts rounds
 	// for standby skipping. Guarded by coordMu.
 	lastPlan leasePlan
-	lastView outbox.Coordination
+	lastView driver.Coordination
 	round    uint64
 	// lastBeat is the time of the relay's last accepted heartbeat; zero before the
 	// first and after a resignation. Guarded by coordMu.
@@ -71,7 +72,7 @@ type Relay struct {
 	sampleBusy atomic.Bool
 
 	// health tracks whether the broker answers (transports that implement
-	// outbox.Pinger).
+	// driver.Pinger).
 	health brokerHealth
 
 	// failLogMu guards failLog, the per-bucket rate limit of publish-failure warnings.
@@ -92,7 +93,7 @@ type Relay struct {
 	resigned atomic.Bool
 }
 
-// Stats are counters since the dispatcher was built.
+// Stats are counters since the relay was built.
 type Stats struct {
 	// Rounds is the number of coordination rounds run.
 	Rounds int64
@@ -109,14 +110,14 @@ type Stats struct {
 	Deleted int64
 	// OutOfOrder counts envelopes a transport acknowledged although an earlier
 	// envelope of their key failed in the same Publish call; it can only be non-zero
-	// with a transport that claims to keep key order ([outbox.KeyOrderKeeper]) and
+	// with a transport that claims to keep key order ([driver.KeyOrderKeeper]) and
 	// does not.
 	OutOfOrder int64
 	// Backlog is the last backlog sample this relay took (it samples while it holds
 	// bucket 0, every Config.BacklogInterval), and BacklogAt when it took it; both
 	// zero before the first sample. Pending counts are capped per bucket as the
-	// store's outbox.Stats says.
-	Backlog   outbox.Stats
+	// store's driver.Backlog says.
+	Backlog   driver.Backlog
 	BacklogAt time.Time
 }
 
@@ -141,17 +142,21 @@ func (r *Result) add(o Result) {
 	r.Deleted += o.Deleted
 }
 
-// New builds a dispatcher over store and transport. It reads nothing and starts
+// New builds a relay over store and transport. It reads nothing and starts
 // nothing. It takes its bucket count from the store (a non-zero Config.BucketCount
-// must equal it), and Retention needs a store that implements [outbox.Retainer];
+// must equal it), and Retention needs a store that implements [driver.Retainer];
 // otherwise, and for any setting [Config.Validate] refuses, New returns an error
 // wrapping [outbox.ErrMisconfigured].
-func New(store outbox.DispatchStore, transport outbox.Transport, cfg Config) (*Relay, error) {
+func New(handle driver.Handle, transport driver.Transport, cfg Config) (*Relay, error) {
+	if handle == nil {
+		return nil, fmt.Errorf("%w: relay: store is nil", outbox.ErrMisconfigured)
+	}
+	store := handle.Driver()
 	if store == nil {
-		return nil, fmt.Errorf("%w: dispatcher: store is nil", outbox.ErrMisconfigured)
+		return nil, fmt.Errorf("%w: relay: the store's Driver is nil", outbox.ErrMisconfigured)
 	}
 	if transport == nil {
-		return nil, fmt.Errorf("%w: dispatcher: transport is nil", outbox.ErrMisconfigured)
+		return nil, fmt.Errorf("%w: relay: transport is nil", outbox.ErrMisconfigured)
 	}
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
@@ -160,11 +165,11 @@ func New(store outbox.DispatchStore, transport outbox.Transport, cfg Config) (*R
 	n := store.BucketCount()
 	switch {
 	case n < 1:
-		return nil, fmt.Errorf("%w: dispatcher: the store reports %d buckets; a store needs at least 1", outbox.ErrMisconfigured, n)
+		return nil, fmt.Errorf("%w: relay: the store reports %d buckets; a store needs at least 1", outbox.ErrMisconfigured, n)
 	case cfg.BucketCount == 0:
 		cfg.BucketCount = n
 	case cfg.BucketCount != n:
-		return nil, fmt.Errorf("%w: dispatcher Config.BucketCount is %d but the store has %d buckets; leave BucketCount 0 to take the store's count, or build the store with %d (every writer, store and relay must use one count)",
+		return nil, fmt.Errorf("%w: relay.Config.BucketCount is %d but the store has %d buckets; leave BucketCount 0 to take the store's count, or build the store with %d (every writer, store and relay must use one count)",
 			outbox.ErrMisconfigured, cfg.BucketCount, n, cfg.BucketCount)
 	}
 	if cfg.RelayID == "" {
@@ -180,7 +185,7 @@ func New(store outbox.DispatchStore, transport outbox.Transport, cfg Config) (*R
 		transport:   transport,
 		cfg:         cfg,
 		log:         cfg.Logger.With("relay", cfg.RelayID),
-		leases:      make(map[int]outbox.Lease),
+		leases:      make(map[int]driver.Lease),
 		handing:     make(map[int]bool),
 		bucketLocks: make([]chan struct{}, cfg.BucketCount),
 		failLog:     make([]failLogState, cfg.BucketCount),
@@ -190,25 +195,29 @@ func New(store outbox.DispatchStore, transport outbox.Transport, cfg Config) (*R
 	for i := range d.bucketLocks {
 		d.bucketLocks[i] = make(chan struct{}, 1)
 	}
-	d.notifier, _ = store.(outbox.Notifier)
+	d.notifier, _ = store.(driver.Notifier)
 	d.obs = cfg.Observer
 	d.backlog = newBacklogSource(store) // sampleBacklog bounds each call
-	if f, ok := store.(outbox.Finder); ok {
+	if f, ok := store.(driver.Finder); ok {
 		d.finder = deadlinedFinder{bounded, f}
 	}
-	if r, ok := store.(outbox.Retainer); ok {
+	if r, ok := store.(driver.Retainer); ok {
 		d.retainer = deadlinedRetainer{bounded, r}
 	}
-	d.health.pinger, _ = transport.(outbox.Pinger)
+	d.health.pinger, _ = transport.(driver.Pinger)
+	if d.health.pinger == nil {
+		d.log.Warn("relay: the transport cannot be pinged, so broker-loss failover is off: a relay cut off from its broker keeps its buckets; implement driver.Pinger (a transport wrapper forwards its inner transport's Ping)",
+			"transport", fmt.Sprintf("%T", transport))
+	}
 	d.health.cache, d.health.timeout = d.settleInterval(), cfg.LeaseRenewInterval
-	if k, ok := transport.(outbox.KeyOrderKeeper); ok {
+	if k, ok := transport.(driver.KeyOrderKeeper); ok {
 		d.sameKeyBatches = k.KeepsKeyOrder()
 	}
-	if p, ok := store.(outbox.Prober); ok {
+	if p, ok := store.(driver.Prober); ok {
 		d.prober = deadlinedProber{bounded, p}
 	}
 	if cfg.Retention > 0 && d.retainer == nil {
-		return nil, fmt.Errorf("%w: dispatcher Config.Retention is %s but the store does not implement outbox.Retainer; set Retention to 0",
+		return nil, fmt.Errorf("%w: relay.Config.Retention is %s but the store does not implement driver.Retainer; set Retention to 0",
 			outbox.ErrMisconfigured, cfg.Retention)
 	}
 	return d, nil
@@ -217,7 +226,7 @@ func New(store outbox.DispatchStore, transport outbox.Transport, cfg Config) (*R
 // RelayID is the ID this relay uses in leases and heartbeats.
 func (d *Relay) RelayID() string { return d.cfg.RelayID }
 
-// Stats returns the dispatcher's counters.
+// Stats returns the relay's counters.
 func (d *Relay) Stats() Stats {
 	backlog, at := d.lastBacklog()
 	return Stats{
@@ -256,12 +265,12 @@ func (d *Relay) ownedAt(now time.Time) []int {
 // starts later could still be in flight when a peer takes the bucket.
 func (d *Relay) margin() time.Duration { return d.cfg.LeaseRenewInterval / 2 }
 
-func (d *Relay) valid(l outbox.Lease, now time.Time) bool {
+func (d *Relay) valid(l driver.Lease, now time.Time) bool {
 	return now.Before(l.ExpiresAt.Add(-d.margin()))
 }
 
 // errLeaseRanOut: a publish was still in flight when its bucket's lease lapsed.
-var errLeaseRanOut = errors.New("dispatcher: publish outlasted the bucket's lease")
+var errLeaseRanOut = errors.New("relay: publish outlasted the bucket's lease")
 
 // leaseLeft reports whether bucket's lease covers a publish starting now, and how long
 // the lease has left.
@@ -341,7 +350,7 @@ func (d *Relay) RunOnce(ctx context.Context) (Result, error) {
 	if _, err := d.coordinate(ctx); err != nil {
 		// Hand back whatever the round took before it failed.
 		if rerr := d.resignBounded(ctx); rerr != nil {
-			d.log.Warn("dispatcher: releasing leases after a failed round failed; they lapse after LeaseDuration", "error", rerr)
+			d.log.Warn("relay: releasing leases after a failed round failed; they lapse after LeaseDuration", "error", rerr)
 		}
 		return res, err
 	}
@@ -358,7 +367,7 @@ func (d *Relay) RunOnce(ctx context.Context) (Result, error) {
 		if err == nil {
 			err = rerr
 		} else {
-			d.log.Warn("dispatcher: releasing leases after a failed sweep failed; they lapse after LeaseDuration", "error", rerr)
+			d.log.Warn("relay: releasing leases after a failed sweep failed; they lapse after LeaseDuration", "error", rerr)
 		}
 	}
 	return res, err
@@ -373,7 +382,7 @@ func (d *Relay) resignBounded(ctx context.Context) error {
 }
 
 // DispatchOne publishes the envelope with id, for a change-stream trigger. The store
-// must implement [outbox.Finder].
+// must implement [driver.Finder].
 //
 // To keep per-key order it never publishes the envelope alone: under the lease of the
 // envelope's bucket it drains that bucket, in Seq order, up to and including the
@@ -386,16 +395,16 @@ func (d *Relay) resignBounded(ctx context.Context) error {
 func (d *Relay) DispatchOne(ctx context.Context, id uuid.UUID) (Result, error) {
 	var res Result
 	if d.finder == nil {
-		return res, fmt.Errorf("%w: dispatcher: DispatchOne needs a store that implements outbox.Finder", outbox.ErrMisconfigured)
+		return res, fmt.Errorf("%w: relay: DispatchOne needs a store that implements driver.Finder", outbox.ErrMisconfigured)
 	}
 	env, err := d.finder.Find(ctx, id)
-	if errors.Is(err, outbox.ErrNotFound) {
+	if errors.Is(err, driver.ErrNotFound) {
 		return res, nil // published and deleted already
 	}
 	if err != nil {
 		return res, err
 	}
-	if env.Status != outbox.Pending {
+	if env.Status != driver.Pending {
 		return res, nil
 	}
 	if err := d.checkEnvelope(env); err != nil {
@@ -415,7 +424,7 @@ func (d *Relay) DispatchOne(ctx context.Context, id uuid.UUID) (Result, error) {
 func (d *Relay) DispatchAt(ctx context.Context, bucket int, seq int64) (Result, error) {
 	var res Result
 	if bucket < 0 || bucket >= d.cfg.BucketCount {
-		return res, fmt.Errorf("%w: dispatcher: DispatchAt: bucket %d is outside this relay's %d buckets; every writer, store and relay must use one count",
+		return res, fmt.Errorf("%w: relay: DispatchAt: bucket %d is outside this relay's %d buckets; every writer, store and relay must use one count",
 			outbox.ErrMisconfigured, bucket, d.cfg.BucketCount)
 	}
 	b := bucket
@@ -432,7 +441,7 @@ func (d *Relay) DispatchAt(ctx context.Context, bucket int, seq int64) (Result, 
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.releaseBound())
 			defer cancel()
 			if err := d.releaseOne(rctx, b); err != nil {
-				d.log.Warn("dispatcher: releasing a bucket claimed for one dispatch failed; its lease will lapse", "bucket", b, "error", err)
+				d.log.Warn("relay: releasing a bucket claimed for one dispatch failed; its lease will lapse", "bucket", b, "error", err)
 			}
 		}()
 	}
@@ -473,7 +482,7 @@ func (d *Relay) claimOne(ctx context.Context, b int) (bool, error) {
 		return false, nil
 	}
 	d.mu.Lock()
-	d.leases[b] = outbox.Lease{Bucket: b, Owner: d.cfg.RelayID, ExpiresAt: exp}
+	d.leases[b] = driver.Lease{Bucket: b, Owner: d.cfg.RelayID, ExpiresAt: exp}
 	d.mu.Unlock()
 	return true, nil
 }
@@ -499,7 +508,7 @@ func (d *Relay) releaseOne(ctx context.Context, b int) error {
 }
 
 // checkEnvelope refuses an envelope written with another bucket count.
-func (d *Relay) checkEnvelope(env *outbox.Envelope) error {
+func (d *Relay) checkEnvelope(env *driver.Envelope) error {
 	if env.Bucket < 0 || env.Bucket >= d.cfg.BucketCount {
 		return fmt.Errorf("%w: envelope %s is in bucket %d, outside this relay's %d buckets; every writer, store and relay must use one count",
 			outbox.ErrMisconfigured, env.ID, env.Bucket, d.cfg.BucketCount)
@@ -601,7 +610,7 @@ func (d *Relay) drainOnce(ctx context.Context, b int, upTo int64) (pass, error) 
 	}
 	for _, e := range envs {
 		if err := d.checkEnvelope(e); err != nil {
-			d.log.Error("dispatcher: bucket count mismatch; the relay stops", "bucket", b, "error", err)
+			d.log.Error("relay: bucket count mismatch; the relay stops", "bucket", b, "error", err)
 			return p, err
 		}
 	}
@@ -609,7 +618,7 @@ func (d *Relay) drainOnce(ctx context.Context, b int, upTo int64) (pass, error) 
 	// Due envelopes in Seq order; a key whose earlier envelope is not due (it failed
 	// and waits for its retry) holds its later envelopes back.
 	blocked := make(map[string]bool)
-	var due []*outbox.Envelope
+	var due []*driver.Envelope
 	for _, e := range envs {
 		keyed := e.Key != nil && !d.cfg.Unordered
 		if keyed && blocked[string(e.Key)] {
@@ -627,9 +636,9 @@ func (d *Relay) drainOnce(ctx context.Context, b int, upTo int64) (pass, error) 
 	// Publish in waves: the n-th due envelope of a key goes in wave n, so a call
 	// carries at most one envelope per key and a failure can still hold back that
 	// key's later envelopes. Keys that are all distinct (the usual case) make one wave.
-	var waves [][]*outbox.Envelope
+	var waves [][]*driver.Envelope
 	if d.cfg.Unordered || d.sameKeyBatches {
-		waves = [][]*outbox.Envelope{due}
+		waves = [][]*driver.Envelope{due}
 	} else {
 		seen := make(map[string]int)
 		for _, e := range due {
@@ -646,7 +655,7 @@ func (d *Relay) drainOnce(ctx context.Context, b int, upTo int64) (pass, error) 
 	}
 	// What the broker acknowledged in every wave is completed in one call at the end
 	// of the pass (and before an early return), so waves cost no extra store write.
-	var acked []*outbox.Envelope
+	var acked []*driver.Envelope
 	completeAll := func() error {
 		if err := d.complete(ctx, acked); err != nil {
 			return err
@@ -658,7 +667,7 @@ func (d *Relay) drainOnce(ctx context.Context, b int, upTo int64) (pass, error) 
 	for i, wave := range waves {
 		if i > 0 {
 			// Drop envelopes whose key failed in an earlier wave.
-			wave = slices.DeleteFunc(wave, func(e *outbox.Envelope) bool { return blocked[string(e.Key)] })
+			wave = slices.DeleteFunc(wave, func(e *driver.Envelope) bool { return blocked[string(e.Key)] })
 		}
 		if len(wave) == 0 {
 			break
@@ -671,7 +680,7 @@ func (d *Relay) drainOnce(ctx context.Context, b int, upTo int64) (pass, error) 
 		p.add(res)
 		acked = append(acked, ackedWave...)
 		if errors.Is(err, errLeaseRanOut) {
-			d.log.Warn("dispatcher: a publish outlasted the bucket's lease and was abandoned; its messages go out again", "bucket", b)
+			d.log.Warn("relay: a publish outlasted the bucket's lease and was abandoned; its messages go out again", "bucket", b)
 			return p, completeAll()
 		}
 		if err != nil {
@@ -705,7 +714,7 @@ func (d *Relay) drainOnce(ctx context.Context, b int, upTo int64) (pass, error) 
 // The publish may take at most leaseLeft: a peer can claim the bucket once the lease
 // lapses, so a batch still in flight then is abandoned (errLeaseRanOut), with nothing
 // assumed sent and no attempt charged.
-func (d *Relay) publish(ctx context.Context, batch []*outbox.Envelope, leaseLeft time.Duration) (Result, map[string]bool, []*outbox.Envelope, error) {
+func (d *Relay) publish(ctx context.Context, batch []*driver.Envelope, leaseLeft time.Duration) (Result, map[string]bool, []*driver.Envelope, error) {
 	var res Result
 	pctx, cancel := context.WithTimeout(ctx, leaseLeft)
 	start := time.Now()
@@ -726,7 +735,7 @@ func (d *Relay) publish(ctx context.Context, batch []*outbox.Envelope, leaseLeft
 	}
 	failed := make(map[uuid.UUID]error)
 	if err != nil {
-		var pe *outbox.PublishError
+		var pe *driver.PublishError
 		if errors.As(err, &pe) {
 			for _, f := range pe.Failed {
 				failed[f.ID] = f.Err
@@ -738,7 +747,7 @@ func (d *Relay) publish(ctx context.Context, batch []*outbox.Envelope, leaseLeft
 		}
 	}
 	now := d.now()
-	acked := make([]*outbox.Envelope, 0, len(batch))
+	acked := make([]*driver.Envelope, 0, len(batch))
 	failedKeys := make(map[string]bool)
 	for _, e := range batch {
 		if _, bad := failed[e.ID]; bad {
@@ -749,7 +758,7 @@ func (d *Relay) publish(ctx context.Context, batch []*outbox.Envelope, leaseLeft
 		}
 		if e.Key != nil && failedKeys[string(e.Key)] && !d.cfg.Unordered {
 			d.outOfOrder.Add(1)
-			d.log.Warn("dispatcher: the transport acknowledged a message after failing an earlier one of its key in the same batch; first deliveries of this key are out of order",
+			d.log.Warn("relay: the transport acknowledged a message after failing an earlier one of its key in the same batch; first deliveries of this key are out of order",
 				"message_id", e.ID, "topic", e.Topic, "bucket", e.Bucket)
 		}
 		acked = append(acked, e)
@@ -759,7 +768,7 @@ func (d *Relay) publish(ctx context.Context, batch []*outbox.Envelope, leaseLeft
 	}
 	permanentFailure := false
 	for _, cause := range failed {
-		permanentFailure = permanentFailure || outbox.IsPermanent(cause)
+		permanentFailure = permanentFailure || driver.IsPermanent(cause)
 	}
 	d.health.published(now, len(acked), err != nil && !permanentFailure)
 	// Only a key's first failure in the batch is an attempt. The key's later failed
@@ -779,7 +788,7 @@ func (d *Relay) publish(ctx context.Context, batch []*outbox.Envelope, leaseLeft
 		}
 		attempts := e.Attempts + 1
 		msg := cause.Error()
-		permanent := outbox.IsPermanent(cause)
+		permanent := driver.IsPermanent(cause)
 		// A relay cut off from its broker parks nothing: a peer may deliver it.
 		if permanent || (attempts >= d.cfg.MaxAttempts && !d.health.cutOff(ctx, now, 0)) {
 			if err := d.store.Park(ctx, e, msg); err != nil {
@@ -790,7 +799,7 @@ func (d *Relay) publish(ctx context.Context, batch []*outbox.Envelope, leaseLeft
 			if d.obs != nil {
 				d.obs.Parked(ctx, e, permanent, msg)
 			}
-			d.log.Warn("dispatcher: message parked; it waits for an operator to requeue or purge it",
+			d.log.Warn("relay: message parked; it waits for an operator to requeue or purge it",
 				"message_id", e.ID, "topic", e.Topic, "bucket", e.Bucket, "attempts", attempts,
 				"permanent", permanent, "error", msg)
 			continue
@@ -812,7 +821,7 @@ func (d *Relay) publish(ctx context.Context, batch []*outbox.Envelope, leaseLeft
 // complete forgets what the broker acknowledged in a drain pass, in one call: deletes
 // it, or marks it dispatched when retention is on. On failure the envelopes stay
 // pending and go out again: duplicates, never a loss.
-func (d *Relay) complete(ctx context.Context, acked []*outbox.Envelope) error {
+func (d *Relay) complete(ctx context.Context, acked []*driver.Envelope) error {
 	if len(acked) == 0 {
 		return nil
 	}
@@ -841,7 +850,7 @@ type failLogState struct {
 // logFailure logs a failed publish that will be retried: at WARN for the first
 // failure of a bucket in each LeaseRenewInterval, with the number of failures logged
 // at DEBUG since the previous warning; at DEBUG otherwise.
-func (d *Relay) logFailure(e *outbox.Envelope, attempts int, next time.Time, cause string, now time.Time) {
+func (d *Relay) logFailure(e *driver.Envelope, attempts int, next time.Time, cause string, now time.Time) {
 	d.failLogMu.Lock()
 	st := &d.failLog[e.Bucket]
 	warn := st.last.IsZero() || now.Sub(st.last) >= d.cfg.LeaseRenewInterval || now.Before(st.last)
@@ -855,11 +864,11 @@ func (d *Relay) logFailure(e *outbox.Envelope, attempts int, next time.Time, cau
 	attrs := []any{"message_id", e.ID, "topic", e.Topic, "bucket", e.Bucket, "attempts", attempts,
 		"next_attempt", next, "error", cause}
 	if warn {
-		d.log.Warn("dispatcher: publish failed; retrying later",
+		d.log.Warn("relay: publish failed; retrying later",
 			append(attrs, "suppressed", suppressed)...)
 		return
 	}
-	d.log.Debug("dispatcher: publish failed; retrying later", attrs...)
+	d.log.Debug("relay: publish failed; retrying later", attrs...)
 }
 
 // backoff is the delay after the given number of failed attempts: BackoffBase doubled

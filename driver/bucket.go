@@ -1,6 +1,6 @@
-package outbox
+package driver
 
-import "github.com/google/uuid"
+import "github.com/outboxkit/outbox"
 
 // BucketOf returns the bucket of a message in a store with n buckets. It lands keys
 // exactly where Kafka's default partitioner puts them among n partitions, so a topic
@@ -10,7 +10,7 @@ import "github.com/google/uuid"
 //   - an explicit partition: partition modulo n;
 //   - a key (empty included): murmur2(key), positive-masked, modulo n;
 //   - keyless: the same hash of the message ID, spreading keyless messages evenly.
-func BucketOf(msg *Message, id uuid.UUID, n int) int {
+func BucketOf(msg *outbox.Message, n int) int {
 	if n <= 1 {
 		return 0
 	}
@@ -20,7 +20,7 @@ func BucketOf(msg *Message, id uuid.UUID, n int) int {
 	case msg.Key != nil:
 		return int(murmur2(msg.Key)&0x7fffffff) % n
 	default:
-		return int(murmur2(id[:])&0x7fffffff) % n
+		return int(murmur2(msg.ID[:])&0x7fffffff) % n
 	}
 }
 

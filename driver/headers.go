@@ -1,9 +1,11 @@
-package outbox
+package driver
 
 import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+
+	"github.com/outboxkit/outbox"
 )
 
 // ErrCorrupt reports stored or received bytes that are not a valid encoding, such as
@@ -25,7 +27,7 @@ const headersV1 byte = 1
 //
 // Uvarints are the unsigned LEB128 varints of encoding/binary, minimally encoded. Nil
 // and empty values stay distinct, as Kafka keeps them; keys may repeat.
-func EncodeHeaders(headers []Header) []byte {
+func EncodeHeaders(headers []outbox.Header) []byte {
 	size := 1 + binary.MaxVarintLen64
 	for _, h := range headers {
 		size += 2*binary.MaxVarintLen64 + len(h.Key) + len(h.Value)
@@ -50,7 +52,7 @@ func EncodeHeaders(headers []Header) []byte {
 // [ErrCorrupt], unknown versions, truncated or trailing bytes and non-minimal
 // varints, so every accepted input re-encodes to the same bytes. A zero count decodes
 // to an empty, non-nil slice.
-func DecodeHeaders(b []byte) ([]Header, error) {
+func DecodeHeaders(b []byte) ([]outbox.Header, error) {
 	if len(b) == 0 {
 		return nil, fmt.Errorf("%w: headers: empty", ErrCorrupt)
 	}
@@ -66,7 +68,7 @@ func DecodeHeaders(b []byte) ([]Header, error) {
 	if count > uint64(len(r.b))/2 {
 		return nil, fmt.Errorf("%w: headers: %d cannot fit in %d bytes", ErrCorrupt, count, len(r.b))
 	}
-	headers := make([]Header, 0, count)
+	headers := make([]outbox.Header, 0, count)
 	for range count {
 		keyLen, err := r.uvarint()
 		if err != nil {
@@ -88,7 +90,7 @@ func DecodeHeaders(b []byte) ([]Header, error) {
 			}
 			value = append(make([]byte, 0, len(raw)), raw...)
 		}
-		headers = append(headers, Header{Key: string(key), Value: value})
+		headers = append(headers, outbox.Header{Key: string(key), Value: value})
 	}
 	if len(r.b) != 0 {
 		return nil, fmt.Errorf("%w: headers: %d trailing bytes", ErrCorrupt, len(r.b))

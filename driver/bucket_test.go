@@ -1,4 +1,4 @@
-package outbox_test
+package driver_test
 
 import (
 	"testing"
@@ -7,21 +7,22 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 func TestBucketOfPartitionAndKeyless(t *testing.T) {
 	t.Parallel()
 	p := int32(13)
 	msg := outbox.Message{Topic: "t", Key: []byte("ignored"), Partition: &p}
-	require.Equal(t, 5, outbox.BucketOf(&msg, uuid.New(), 8), "explicit partition modulo the count")
+	require.Equal(t, 5, driver.BucketOf(&msg, 8), "explicit partition modulo the count")
 
 	// Keyless messages hash their ID: stable per ID, spread over the buckets.
 	keyless := outbox.Message{Topic: "t"}
 	seen := map[int]int{}
 	for range 800 {
-		id := uuid.Must(uuid.NewV7())
-		b := outbox.BucketOf(&keyless, id, 8)
-		require.Equal(t, b, outbox.BucketOf(&keyless, id, 8))
+		keyless.ID = uuid.Must(uuid.NewV7())
+		b := driver.BucketOf(&keyless, 8)
+		require.Equal(t, b, driver.BucketOf(&keyless, 8))
 		seen[b]++
 	}
 	require.Len(t, seen, 8)
@@ -31,8 +32,9 @@ func TestBucketOfPartitionAndKeyless(t *testing.T) {
 	// nil and empty keys are different: empty is a real key, one bucket whatever the
 	// ID (transport/kafkatransport checks it is the bucket Kafka's partitioner picks).
 	empty := outbox.Message{Topic: "t", Key: []byte{}}
-	want := outbox.BucketOf(&empty, uuid.New(), 8)
+	want := driver.BucketOf(&empty, 8)
 	for range 100 {
-		require.Equal(t, want, outbox.BucketOf(&empty, uuid.New(), 8))
+		empty.ID = uuid.New()
+		require.Equal(t, want, driver.BucketOf(&empty, 8))
 	}
 }

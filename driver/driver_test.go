@@ -1,4 +1,4 @@
-package outbox_test
+package driver_test
 
 import (
 	"context"
@@ -10,11 +10,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
-func newEnvelope(t *testing.T, topic string) *outbox.Envelope {
+func newEnvelope(t *testing.T, topic string) *driver.Envelope {
 	t.Helper()
-	env, err := outbox.NewEnvelope(outbox.Message{Topic: topic, Key: []byte("k")}, 8)
+	env, err := driver.NewEnvelope(outbox.Message{Topic: topic, Key: []byte("k")}, 8)
 	require.NoError(t, err)
 	return env
 }
@@ -23,27 +24,27 @@ func TestNewEnvelope(t *testing.T) {
 	t.Parallel()
 	p := int32(3)
 	msg := outbox.Message{Topic: "orders", Key: []byte{}, Partition: &p, Headers: []outbox.Header{{Key: "h", Value: nil}}}
-	env, err := outbox.NewEnvelope(msg, 8)
+	env, err := driver.NewEnvelope(msg, 8)
 	require.NoError(t, err)
 	require.EqualValues(t, 7, env.ID.Version())
 	require.Equal(t, 3, env.Bucket)
 	require.Equal(t, 8, env.BucketCount)
-	require.Equal(t, outbox.Pending, env.Status)
+	require.Equal(t, driver.Pending, env.Status)
 	require.True(t, env.Due(time.Now()))
 
-	_, err = outbox.NewEnvelope(outbox.Message{}, 8)
+	_, err = driver.NewEnvelope(outbox.Message{}, 8)
 	require.ErrorIs(t, err, outbox.ErrInvalidMessage)
 	neg := int32(-1)
-	_, err = outbox.NewEnvelope(outbox.Message{Topic: "t", Partition: &neg}, 8)
+	_, err = driver.NewEnvelope(outbox.Message{Topic: "t", Partition: &neg}, 8)
 	require.ErrorIs(t, err, outbox.ErrInvalidMessage)
-	_, err = outbox.NewEnvelope(outbox.Message{Topic: "t", Headers: []outbox.Header{{}}}, 8)
+	_, err = driver.NewEnvelope(outbox.Message{Topic: "t", Headers: []outbox.Header{{}}}, 8)
 	require.ErrorIs(t, err, outbox.ErrInvalidMessage)
-	_, err = outbox.NewEnvelope(outbox.Message{Topic: "t"}, 0)
+	_, err = driver.NewEnvelope(outbox.Message{Topic: "t"}, 0)
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
 	for _, bad := range []string{"a\x00b", "\xff\xfe"} {
-		_, err = outbox.NewEnvelope(outbox.Message{Topic: bad}, 8)
+		_, err = driver.NewEnvelope(outbox.Message{Topic: bad}, 8)
 		require.ErrorIs(t, err, outbox.ErrInvalidMessage, "topic %q", bad)
-		_, err = outbox.NewEnvelope(outbox.Message{Topic: "t", Headers: []outbox.Header{{Key: bad}}}, 8)
+		_, err = driver.NewEnvelope(outbox.Message{Topic: "t", Headers: []outbox.Header{{Key: bad}}}, 8)
 		require.ErrorIs(t, err, outbox.ErrInvalidMessage, "header key %q", bad)
 	}
 	require.ErrorIs(t, outbox.ErrTooLarge, outbox.ErrInvalidMessage, "a message too large is an invalid message")
@@ -53,7 +54,7 @@ func TestNewEnvelope(t *testing.T) {
 func TestEnvelopeCloneIsDeep(t *testing.T) {
 	t.Parallel()
 	p := int32(1)
-	env, err := outbox.NewEnvelope(outbox.Message{Topic: "t", Key: []byte("k"), Payload: []byte("v"),
+	env, err := driver.NewEnvelope(outbox.Message{Topic: "t", Key: []byte("k"), Payload: []byte("v"),
 		Headers: []outbox.Header{{Key: "a", Value: []byte("1")}}, Partition: &p}, 4)
 	require.NoError(t, err)
 	c := env.Clone()
@@ -64,7 +65,7 @@ func TestEnvelopeCloneIsDeep(t *testing.T) {
 	require.Equal(t, "1", string(env.Headers[0].Value))
 	require.EqualValues(t, 1, *env.Partition)
 
-	tomb := &outbox.Envelope{Message: outbox.Message{Key: []byte{}}}
+	tomb := &driver.Envelope{Message: outbox.Message{Key: []byte{}}}
 	require.NotNil(t, tomb.Clone().Key, "empty key stays empty, not nil")
 	require.Nil(t, tomb.Clone().Payload, "tombstone stays nil")
 }
@@ -73,22 +74,22 @@ func TestPublishErrorAndPermanent(t *testing.T) {
 	t.Parallel()
 	cause := errors.New("record too large")
 	a, b := newEnvelope(t, "a"), newEnvelope(t, "b")
-	err := error(&outbox.PublishError{Failed: []outbox.MessageError{
-		{ID: a.ID, Err: outbox.Permanent(cause)},
+	err := error(&driver.PublishError{Failed: []driver.MessageError{
+		{ID: a.ID, Err: driver.Permanent(cause)},
 		{ID: b.ID, Err: context.DeadlineExceeded},
 	}})
 	require.ErrorIs(t, err, cause)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
-	require.True(t, outbox.IsPermanent(err), "some failure is permanent")
-	require.False(t, outbox.IsPermanent(context.DeadlineExceeded))
-	require.True(t, outbox.IsPermanent(fmt.Errorf("wrapped: %w", outbox.Permanent(cause))))
-	require.NoError(t, outbox.Permanent(nil))
+	require.True(t, driver.IsPermanent(err), "some failure is permanent")
+	require.False(t, driver.IsPermanent(context.DeadlineExceeded))
+	require.True(t, driver.IsPermanent(fmt.Errorf("wrapped: %w", driver.Permanent(cause))))
+	require.NoError(t, driver.Permanent(nil))
 	require.Contains(t, err.Error(), "2 messages failed")
 }
 
 func TestHubNotifiesAndCloses(t *testing.T) {
 	t.Parallel()
-	var hub outbox.Hub
+	var hub driver.Hub
 	ctx, cancel := context.WithCancel(context.Background())
 	ch := hub.Subscribe(ctx)
 	hub.Notify(3, 5)

@@ -1,4 +1,4 @@
-package outbox_test
+package driver_test
 
 import (
 	"bytes"
@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
 
 func TestHeaderCodec(t *testing.T) {
@@ -24,9 +25,9 @@ func TestHeaderCodec(t *testing.T) {
 		{{Key: "binary", Value: every}, {Key: "ключ", Value: bytes.Repeat([]byte("x"), 300)}},
 	}
 	for _, headers := range cases {
-		enc := outbox.EncodeHeaders(headers)
+		enc := driver.EncodeHeaders(headers)
 		assert.Equal(t, byte(1), enc[0], "version byte first")
-		got, err := outbox.DecodeHeaders(enc)
+		got, err := driver.DecodeHeaders(enc)
 		require.NoError(t, err)
 		require.NotNil(t, got)
 		require.Len(t, got, len(headers))
@@ -39,7 +40,7 @@ func TestHeaderCodec(t *testing.T) {
 
 	// The layout, byte by byte: version, count, then key and value+1 lengths.
 	assert.Equal(t, []byte{1, 2, 1, 'a', 2, 'b', 1, 'c', 0},
-		outbox.EncodeHeaders([]outbox.Header{{Key: "a", Value: []byte("b")}, {Key: "c", Value: nil}}))
+		driver.EncodeHeaders([]outbox.Header{{Key: "a", Value: []byte("b")}, {Key: "c", Value: nil}}))
 
 	for name, bad := range map[string][]byte{
 		"empty":           {},
@@ -51,8 +52,8 @@ func TestHeaderCodec(t *testing.T) {
 		"trailing bytes":  {1, 0, 0},
 		"padded varint":   {1, 0x80, 0x00},
 	} {
-		_, err := outbox.DecodeHeaders(bad)
-		assert.ErrorIs(t, err, outbox.ErrCorrupt, name)
+		_, err := driver.DecodeHeaders(bad)
+		assert.ErrorIs(t, err, driver.ErrCorrupt, name)
 	}
 }
 
@@ -62,12 +63,12 @@ func TestHeaderCodec(t *testing.T) {
 func FuzzHeaderCodec(f *testing.F) {
 	f.Add([]byte{1, 0})
 	f.Add([]byte{1, 2, 1, 'a', 2, 'b', 1, 'c', 0})
-	f.Add(outbox.EncodeHeaders([]outbox.Header{{Key: "k", Value: []byte{}}, {Key: "", Value: []byte{0xff}}}))
+	f.Add(driver.EncodeHeaders([]outbox.Header{{Key: "k", Value: []byte{}}, {Key: "", Value: []byte{0xff}}}))
 	f.Add([]byte{2, 0})
 	f.Add([]byte{1, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		if headers, err := outbox.DecodeHeaders(data); err == nil {
-			if again := outbox.EncodeHeaders(headers); !bytes.Equal(again, data) {
+		if headers, err := driver.DecodeHeaders(data); err == nil {
+			if again := driver.EncodeHeaders(headers); !bytes.Equal(again, data) {
 				t.Fatalf("decoded %x, re-encoded %x", data, again)
 			}
 		}
@@ -84,7 +85,7 @@ func FuzzHeaderCodec(f *testing.F) {
 			headers = append(headers, outbox.Header{Key: key, Value: value})
 			rest = rest[2+n:]
 		}
-		got, err := outbox.DecodeHeaders(outbox.EncodeHeaders(headers))
+		got, err := driver.DecodeHeaders(driver.EncodeHeaders(headers))
 		if err != nil {
 			t.Fatalf("round trip: %v", err)
 		}

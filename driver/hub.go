@@ -1,4 +1,4 @@
-package outbox
+package driver
 
 import (
 	"context"
@@ -6,7 +6,7 @@ import (
 )
 
 // Hub fans commit notifications out to in-process subscribers. Stores embed one to
-// implement [Notifier]: they call Notify after a commit, dispatchers Subscribe. Sends
+// implement [Notifier]: they call Notify after a commit, relays Subscribe. Sends
 // never block the writer: each subscriber has a small buffer and a full buffer drops
 // the wake-up, which is safe because the subscriber is already due to wake.
 //

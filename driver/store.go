@@ -1,0 +1,215 @@
+package driver
+
+import (
+	"context"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Handle is implemented by what a store's constructor returns (beside
+// [outbox.Store]): it hands the store's relay side to relays and tools, which take a
+// Handle so that applications pass them the store itself.
+type Handle interface {
+	// Driver returns the store's relay side. Applications do not call it.
+	Driver() Store
+}
+
+// Store is the relay side of a store: everything a relay needs, and the base the
+// optional capabilities ([Admin], [Notifier], [Finder], [Prober], [Retainer],
+// [BacklogSampler]) are found on by type assertion. A store's size limit
+// ([SizeLimiter]) is found on its handle.
+type Store interface {
+	// BucketCount is the store's configured bucket count. Envelopes written to it
+	// carry the same count.
+	BucketCount() int
+	// Enqueue writes envelopes all or nothing, in a transaction of its own, and
+	// assigns their Seq. It refuses an envelope stamped with another bucket count
+	// ([outbox.ErrMisconfigured]) and returns [outbox.ErrClosed] after Close.
+	Enqueue(ctx context.Context, envs ...*Envelope) error
+	// Check reports whether a relay can work on the store: its tables exist (it was
+	// migrated) and its settings agree with what it finds there. It returns an error
+	// wrapping [outbox.ErrMisconfigured] that names the fix (run Migrate, say) when
+	// it cannot, and other errors when the store could not be reached. A relay calls
+	// it at Start.
+	Check(ctx context.Context) error
+	Queue
+	Leaser
+}
+
+// Queue is the store side of draining a bucket: fetch its head, then complete,
+// reschedule or park what was published.
+type Queue interface {
+	// Fetch returns up to limit pending envelopes of one bucket in Seq order, including
+	// envelopes that are not yet due (the relay needs them to hold back later
+	// messages of a blocked key). Parked and dispatched envelopes are not returned.
+	Fetch(ctx context.Context, bucket, limit int) ([]*Envelope, error)
+	// Complete forgets envelopes the broker acknowledged: it deletes them. It is
+	// idempotent: completing an envelope that is gone is not an error.
+	Complete(ctx context.Context, envs []*Envelope) error
+	// Reschedule records a failed attempt: Attempts+1, NextAttemptAt=next, LastError=cause.
+	Reschedule(ctx context.Context, env *Envelope, next time.Time, cause string) error
+	// Park records a failure and parks the envelope; it is never retried automatically.
+	Park(ctx context.Context, env *Envelope, cause string) error
+}
+
+// Lease is one bucket's lease as read from the store. Owner is empty for a free
+// bucket. ExpiresAt doubles as the lease's version: renewals and releases are
+// conditional on it. Lease times have microsecond precision.
+type Lease struct {
+	Bucket    int
+	Owner     string
+	ExpiresAt time.Time
+}
+
+// Free reports whether the lease can be claimed at now: no owner, or lapsed.
+func (l Lease) Free(now time.Time) bool {
+	return l.Owner == "" || !l.ExpiresAt.After(now)
+}
+
+// RelayRecord is one relay's heartbeat record.
+type RelayRecord struct {
+	ID       string
+	LastSeen time.Time
+	// StoppedAt is set once the relay stopped gracefully; peers stop counting it.
+	StoppedAt time.Time
+	// BucketCount is the bucket count the relay runs with, as of its last heartbeat;
+	// 0 when unknown. Relays that see a peer with another count stop with
+	// [outbox.ErrMisconfigured].
+	BucketCount int
+}
+
+// Stopped reports whether the relay stamped itself stopped.
+func (r RelayRecord) Stopped() bool { return !r.StoppedAt.IsZero() }
+
+// Coordination is one consistent view of every lease and every relay record.
+type Coordination struct {
+	// Leases holds the stored leases, sorted by bucket. Buckets never leased are
+	// absent; leases of buckets beyond the bucket count are dropped by the reader.
+	Leases []Lease
+	// Relays holds every relay record, sorted by ID.
+	Relays []RelayRecord
+}
+
+// Leaser is the lease and heartbeat protocol relays coordinate through: every
+// write is conditional, and the returned bool says whether the condition held. A
+// refused write is not an error. Times are truncated to microseconds by the caller; stores must
+// round-trip them exactly.
+type Leaser interface {
+	// ReadCoordination reads every lease and relay record in one consistent read.
+	ReadCoordination(ctx context.Context) (Coordination, error)
+	// ReadRelays reads every relay record, sorted by ID. It may serve a slightly
+	// stale copy (an eventually consistent read) and should cost one small read:
+	// relays call it between rounds, every half PollInterval, to notice a peer joining
+	// or stopping, and confirm with ReadCoordination.
+	ReadRelays(ctx context.Context) ([]RelayRecord, error)
+	// Heartbeat sets relay's LastSeen to at and its BucketCount to bucketCount,
+	// creating the record if needed, only if the stored LastSeen is earlier than at.
+	// It clears StoppedAt (a restart under the same ID).
+	Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int) (bool, error)
+	// StopRelay stamps the relay's record StoppedAt=at (and LastSeen=at if later), so a
+	// heartbeat the relay abandoned cannot revive it.
+	StopRelay(ctx context.Context, relay string, at time.Time) error
+	// DeleteRelay deletes a relay record only if its LastSeen still equals lastSeen.
+	DeleteRelay(ctx context.Context, relay string, lastSeen time.Time) (bool, error)
+	// Claim takes a bucket for owner until expiresAt, only if the lease is absent, has
+	// no owner, or expired at now.
+	Claim(ctx context.Context, bucket int, owner string, now, expiresAt time.Time) (bool, error)
+	// Renew extends held to expiresAt, only if the stored lease still names held.Owner
+	// with expiry held.ExpiresAt, and that expiry is after now (an expired lease is
+	// never revived by a renewal).
+	Renew(ctx context.Context, held Lease, now, expiresAt time.Time) (bool, error)
+	// Release frees held, only if the stored lease still names held.Owner with expiry
+	// held.ExpiresAt.
+	Release(ctx context.Context, held Lease) (bool, error)
+}
+
+// Admin is the optional operator surface.
+type Admin interface {
+	// List returns envelopes with the given status, ordered by bucket then Seq,
+	// starting after the cursor (zero value: from the start), at most limit.
+	List(ctx context.Context, status Status, after Cursor, limit int) ([]*Envelope, error)
+	// Requeue makes parked envelopes pending again, due now, with Attempts reset. It
+	// returns how many it changed; unknown or non-parked IDs are skipped.
+	Requeue(ctx context.Context, ids ...uuid.UUID) (int, error)
+	// Purge deletes the given envelopes whatever their status and returns how many.
+	Purge(ctx context.Context, ids ...uuid.UUID) (int, error)
+	// Stats samples the backlog.
+	Stats(ctx context.Context) (Backlog, error)
+}
+
+// Cursor is a position in List's order.
+type Cursor struct {
+	Bucket int
+	Seq    int64
+}
+
+// After returns the cursor just past env, for paging through List.
+func After(env *Envelope) Cursor { return Cursor{Bucket: env.Bucket, Seq: env.Seq} }
+
+// Backlog is a backlog sample.
+type Backlog struct {
+	// Pending counts pending envelopes per bucket, each count capped at PendingLimit.
+	Pending []int
+	// PendingLimit is the cap per bucket; a bucket at the cap may hold more.
+	PendingLimit int
+	// Parked counts parked envelopes (capped like Pending where the store must count
+	// item by item).
+	Parked int
+	// OldestPending is the CreatedAt of the oldest bucket head, zero when empty.
+	OldestPending time.Time
+}
+
+// BacklogSampler is the optional capability a store offers when sampling its
+// backlog needs more than [Admin.Stats], or when the store itself decides whether
+// this instance samples. The relay holding bucket 0 calls it every
+// relay Config.BacklogInterval; stores without it are sampled through
+// Admin.Stats.
+type BacklogSampler interface {
+	// SampleBacklog samples the backlog as Admin.Stats does. ok is false, with no
+	// error, when the store declined to sample (it made no request): the DynamoDB
+	// store samples only while the relay using it holds bucket 0.
+	SampleBacklog(ctx context.Context) (stats Backlog, ok bool, err error)
+}
+
+// Notifier is the optional wake-up capability: commits that wrote to a bucket are
+// announced so a local relay need not wait for its next poll. Wake-ups are a
+// latency optimisation, never needed for correctness.
+type Notifier interface {
+	// Subscribe returns a channel of bucket numbers with new commits. Notifications
+	// coalesce and never block the writer; the channel closes when ctx ends or the
+	// store closes.
+	Subscribe(ctx context.Context) <-chan int
+}
+
+// Finder is the optional lookup by ID, used by stream-triggered dispatch.
+type Finder interface {
+	// Find returns the envelope with id in any status, or [ErrNotFound].
+	Find(ctx context.Context, id uuid.UUID) (*Envelope, error)
+}
+
+// Prober is the optional cheap idle check. A worker polling a bucket it holds asks
+// it before a full Fetch, so an idle bucket costs the store one minimal read. The
+// answer may come from a stale read: a wrong "no" delays the bucket to the next poll,
+// it never loses a message (commit wake-ups skip the probe).
+type Prober interface {
+	// HasPending reports whether the bucket may hold pending envelopes.
+	HasPending(ctx context.Context, bucket int) (bool, error)
+}
+
+// Retainer is the optional capability that keeps dispatched envelopes for a while.
+type Retainer interface {
+	// MarkDispatched marks envelopes dispatched at at instead of deleting them.
+	// Idempotent like Complete.
+	MarkDispatched(ctx context.Context, envs []*Envelope, at time.Time) error
+	// DeleteDispatched deletes at most limit envelopes dispatched before before and
+	// returns how many; callers loop until it returns fewer than limit.
+	DeleteDispatched(ctx context.Context, before time.Time, limit int) (int, error)
+}
+
+// SizeLimiter is implemented by store handles and transports with a per-message
+// limit, so a sender can refuse an oversized message before anything is written.
+type SizeLimiter interface {
+	// MaxMessageSize is the largest [outbox.Message.Size] accepted.
+	MaxMessageSize() int
+}
