@@ -239,7 +239,11 @@ func (f fleetSuite) blockingPublish(t *testing.T) {
 	s := &claims{Store: f.store(t, 4).Driver()}
 	cfg := func(id string) relay.Config {
 		c := quick(id)
-		c.BatchSize = 2 // each bucket drains in several calls one after the other: over a lease
+		c.BatchSize = 1 // each bucket drains in several calls one after the other: over a lease
+		// Publishes still block for twice the renew interval; the longer lease leaves a
+		// round room to be late on a busy machine (under -race a SQLite round took
+		// over the 2 s a 3 s lease leaves) without a renewal arriving after expiry.
+		c.LeaseDuration = 6 * time.Second
 		return c
 	}
 	tr := blocking{Recorder: outboxtest.NewRecorder(), hold: 2 * time.Second}
