@@ -47,7 +47,7 @@ func has(attrs attribute.Set, want map[string]string) bool {
 			}
 			continue
 		}
-		if !ok || got.Emit() != v {
+		if !ok || got.String() != v {
 			return false
 		}
 	}

@@ -12,7 +12,5 @@ var (
 	errUsage          = storeconn.ErrUsage
 	openStore         = storeconn.Open
 	awsConfig         = storeconn.AWSConfig
-	dynamoClient      = storeconn.DynamoClient
 	dynamoCreateTable = storeconn.CreateDynamoTable
-	redact            = storeconn.Redact
 )

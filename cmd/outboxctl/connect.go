@@ -11,8 +11,5 @@ type (
 var (
 	errUsage          = storeconn.ErrUsage
 	openStore         = storeconn.Open
-	awsConfig         = storeconn.AWSConfig
-	dynamoClient      = storeconn.DynamoClient
 	dynamoCreateTable = storeconn.CreateDynamoTable
-	redact            = storeconn.Redact
 )

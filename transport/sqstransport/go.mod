@@ -2,10 +2,7 @@ module github.com/outboxkit/outbox/transport/sqstransport
 
 go 1.26.0
 
-require (
-	github.com/outboxkit/outbox v0.0.0-00010101000000-000000000000
-	github.com/outboxkit/outbox/internal/sqsemulator v0.0.0-00010101000000-000000000000
-)
+require github.com/outboxkit/outbox v0.0.0-00010101000000-000000000000
 
 require (
 	github.com/aws/aws-sdk-go-v2 v1.48.0
@@ -16,13 +13,9 @@ require (
 )
 
 require (
-	github.com/aws/aws-sdk-go-v2/credentials v1.21.0 // indirect
 	github.com/aws/aws-sdk-go-v2/internal/configsources v1.5.12 // indirect
 	github.com/aws/aws-sdk-go-v2/internal/endpoints/v2 v2.8.12 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 )
 
-replace (
-	github.com/outboxkit/outbox => ../..
-	github.com/outboxkit/outbox/internal/sqsemulator => ../../internal/sqsemulator
-)
+replace github.com/outboxkit/outbox => ../..

@@ -236,60 +236,6 @@ func (p *netProxy) heal() {
 	p.mu.Unlock()
 }
 
-// setLatency delays every byte by d from when the proxy took it.
-func (p *netProxy) setLatency(d time.Duration) {
-	p.mu.Lock()
-	p.latency = d
-	p.changed.Broadcast()
-	p.mu.Unlock()
-}
-
-// resetAll resets every connection on both sides, dropping what was in flight.
-func (p *netProxy) resetAll() {
-	p.mu.Lock()
-	var links []*link
-	for l := range p.links {
-		links = append(links, l)
-		p.lockedReset(l)
-	}
-	p.changed.Broadcast()
-	p.mu.Unlock()
-	for _, l := range links {
-		resetConn(l.client)
-		resetConn(l.server)
-	}
-}
-
-// settle waits until the proxy holds nothing: everything it was given has been
-// delivered or dropped. Call it after heal.
-func (p *netProxy) settle(t testing.TB, timeout time.Duration) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	stop := context.AfterFunc(ctx, func() {
-		p.mu.Lock()
-		p.changed.Broadcast()
-		p.mu.Unlock()
-	})
-	defer stop()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for p.queued > 0 || p.writing > 0 {
-		if ctx.Err() != nil {
-			t.Fatalf("proxy still holds %d bytes after %s", p.queued, timeout)
-		}
-		p.changed.Wait()
-	}
-}
-
-// droppedBytes reports how many bytes were discarded because their sender reset
-// its connection.
-func (p *netProxy) droppedBytes() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.dropped
-}
-
 func (p *netProxy) close() {
 	p.mu.Lock()
 	p.closed = true

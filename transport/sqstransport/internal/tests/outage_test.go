@@ -1,6 +1,6 @@
 //go:build unix
 
-package sqstransport_test
+package tests
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package sqstransport_test
+package tests
 
 import (
 	"sync"

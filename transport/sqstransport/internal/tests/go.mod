@@ -1,0 +1,27 @@
+module github.com/outboxkit/outbox/transport/sqstransport/internal/tests
+
+go 1.26.0
+
+require (
+	github.com/aws/aws-sdk-go-v2 v1.48.0
+	github.com/aws/aws-sdk-go-v2/service/sqs v1.53.0
+	github.com/google/uuid v1.6.0
+	github.com/outboxkit/outbox v0.0.0-00010101000000-000000000000
+	github.com/outboxkit/outbox/internal/sqsemulator v0.0.0-00010101000000-000000000000
+	github.com/outboxkit/outbox/transport/sqstransport v0.0.0-00010101000000-000000000000
+	github.com/stretchr/testify v1.12.1
+)
+
+require (
+	github.com/aws/aws-sdk-go-v2/credentials v1.21.0 // indirect
+	github.com/aws/aws-sdk-go-v2/internal/configsources v1.5.12 // indirect
+	github.com/aws/aws-sdk-go-v2/internal/endpoints/v2 v2.8.12 // indirect
+	github.com/aws/smithy-go v1.28.9 // indirect
+	go.yaml.in/yaml/v3 v3.0.5 // indirect
+)
+
+replace (
+	github.com/outboxkit/outbox => ../../../..
+	github.com/outboxkit/outbox/internal/sqsemulator => ../../../../internal/sqsemulator
+	github.com/outboxkit/outbox/transport/sqstransport => ../..
+)
