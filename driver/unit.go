@@ -84,7 +84,7 @@ func RunTransaction(ctx context.Context, u Unit, fn func(ctx context.Context) er
 	}
 	done = true
 	msgs, _ := scope.End()
-	envs, err := envelopes(msgs, u.BucketCount)
+	envs, err := NewEnvelopes(msgs, u.BucketCount)
 	if err != nil {
 		tx.Rollback(context.WithoutCancel(ctx))
 		return err
@@ -98,7 +98,7 @@ func nest(ctx context.Context, outer *unit.Scope[outbox.Message], fn func(ctx co
 	if err != nil {
 		return err
 	}
-	inner := &unit.Scope[outbox.Message]{Owner: outer.Owner, Tx: outer.Tx, Parent: outer}
+	inner := &unit.Scope[outbox.Message]{Owner: outer.Owner, Tx: outer.Tx}
 	ctx = unit.Open(ctx, inner)
 	undo := func(cause error) error {
 		inner.End()
@@ -125,12 +125,18 @@ func nest(ctx context.Context, outer *unit.Scope[outbox.Message], fn func(ctx co
 	return outer.Stage(outbox.ErrClosed, nil, msgs...)
 }
 
-func envelopes(msgs []outbox.Message, bucketCount int) ([]*Envelope, error) {
+// NewEnvelopes builds pending envelopes for msgs with [NewEnvelope], for a store's
+// writes of messages; an error names the message by its index. No messages give no
+// envelopes.
+func NewEnvelopes(msgs []outbox.Message, bucketCount int) ([]*Envelope, error) {
+	if len(msgs) == 0 {
+		return nil, nil
+	}
 	envs := make([]*Envelope, len(msgs))
 	for i, m := range msgs {
 		env, err := NewEnvelope(m, bucketCount)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("message %d: %w", i, err)
 		}
 		envs[i] = env
 	}
@@ -166,5 +172,5 @@ func Take(ctx context.Context, bucketCount int) ([]*Envelope, error) {
 	if s == nil || s.Owner != nil {
 		return nil, nil
 	}
-	return envelopes(s.Take(), bucketCount)
+	return NewEnvelopes(s.Take(), bucketCount)
 }

@@ -18,11 +18,8 @@ type Scope[T any] struct {
 	// application opened for its own transaction.
 	Owner any
 	// Tx is the store's transaction object, for its accessors; nil for an
-	// application's scope. A savepoint's scope shares its parent's.
+	// application's scope. A savepoint's scope shares its enclosing unit's.
 	Tx any
-	// Parent is the scope a savepoint's items go to when it succeeds; nil for a
-	// top-level unit.
-	Parent *Scope[T]
 
 	outer *Scope[T] // the scope that was innermost on the ctx this one was opened on
 

@@ -43,13 +43,9 @@ func (s *Store) Enqueue(ctx context.Context, msgs ...outbox.Message) error {
 		return fmt.Errorf("%w: dynamostore: Enqueue takes at most %d messages per call (one transaction), got %d; split the batch",
 			outbox.ErrTooLarge, MaxEnqueue, len(msgs))
 	}
-	envs := make([]*driver.Envelope, len(msgs))
-	for i, m := range msgs {
-		env, err := driver.NewEnvelope(m, s.cfg.BucketCount)
-		if err != nil {
-			return fmt.Errorf("dynamostore: Enqueue: message %d: %w", i, err)
-		}
-		envs[i] = env
+	envs, err := driver.NewEnvelopes(msgs, s.cfg.BucketCount)
+	if err != nil {
+		return fmt.Errorf("dynamostore: Enqueue: %w", err)
 	}
 	return s.enqueue(ctx, envs)
 }

@@ -201,13 +201,9 @@ func (s driverStore) Subscribe(ctx context.Context) <-chan int { return s.hub.Su
 // Enqueue writes messages all or nothing, as pending envelopes; a message with a
 // zero ID gets one.
 func (s *Store) Enqueue(ctx context.Context, msgs ...outbox.Message) error {
-	envs := make([]*driver.Envelope, len(msgs))
-	for i, m := range msgs {
-		env, err := driver.NewEnvelope(m, s.bucketCount)
-		if err != nil {
-			return err
-		}
-		envs[i] = env
+	envs, err := driver.NewEnvelopes(msgs, s.bucketCount)
+	if err != nil {
+		return fmt.Errorf("memstore: %w", err)
 	}
 	return s.write(ctx, envs, nil)
 }

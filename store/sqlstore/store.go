@@ -308,16 +308,9 @@ func (s *Store) Enqueue(ctx context.Context, msgs ...outbox.Message) error {
 
 // envelopes builds pending envelopes for msgs.
 func (s *Store) envelopes(msgs []outbox.Message) ([]*driver.Envelope, error) {
-	if len(msgs) == 0 {
-		return nil, nil
-	}
-	envs := make([]*driver.Envelope, len(msgs))
-	for i, m := range msgs {
-		env, err := driver.NewEnvelope(m, s.cfg.BucketCount)
-		if err != nil {
-			return nil, fmt.Errorf("sqlstore: message %d: %w", i, err)
-		}
-		envs[i] = env
+	envs, err := driver.NewEnvelopes(msgs, s.cfg.BucketCount)
+	if err != nil {
+		return nil, fmt.Errorf("sqlstore: %w", err)
 	}
 	return envs, nil
 }
