@@ -192,9 +192,9 @@ func TestStoreOutageBacksOffAndRecovers(t *testing.T) {
 	store.down.Store(false)
 	wait2, cancel2 := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel2()
-	require.NoError(t, rec.WaitFor(wait2, 200), "the worker must recover on its own")
+	// Batches whose completion the outage cut off are published again (at least once).
+	require.NoError(t, rec.WaitForUnique(wait2, 200), "the worker must recover on its own")
 	require.NoError(t, d.Err())
-	require.Equal(t, 200, rec.Unique())
 }
 
 // BenchmarkDrainBacklog100k drains a backlog of 100,000 messages (and, to show that
