@@ -2,7 +2,10 @@ package relay
 
 import (
 	"context"
+	"log/slog"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/outboxkit/outbox/driver"
@@ -28,71 +31,86 @@ func newBacklogSource(store driver.Store) backlogSource {
 	return nil
 }
 
-// backlogState is the last backlog sample. Guarded by Relay.backlogMu.
-type backlogState struct {
+// backlogSampler samples the backlog every BacklogInterval while this relay may
+// publish bucket 0. Only one relay of a fleet holds bucket 0, so the sample's cost
+// does not grow with the fleet. A failed sample is logged at DEBUG and tried again at
+// the next interval; it never fails a round.
+type backlogSampler struct {
+	cfg    *Config
+	log    *slog.Logger
+	source backlogSource // nil: the store cannot say
+	leases *leaseTable
+	meter  *meter
+
+	mu     sync.Mutex
 	sample driver.Backlog
-	at     time.Time
-	// tried is when the last sample was attempted, successful or not.
-	tried time.Time
+	at     time.Time // when sample was taken; zero: never
+	tried  time.Time // when the last sample was attempted, successful or not
+
+	// inFlight runs at most one sample at a time (busy); the worker waits for it
+	// before it stops.
+	inFlight sync.WaitGroup
+	busy     atomic.Bool
 }
 
-// sampleBacklog samples the backlog if this relay may publish bucket 0 and the last
-// attempt is at least BacklogInterval old. Only one relay of a fleet holds bucket 0,
-// so the sample's cost does not grow with the fleet. A failed sample is logged at
-// DEBUG and tried again at the next interval; it never fails the round.
-func (d *Relay) sampleBacklog(ctx context.Context) {
-	if d.backlog == nil || d.cfg.BacklogInterval < 0 {
+// off reports that no sample is ever taken.
+func (s *backlogSampler) off() bool { return s.source == nil || s.cfg.BacklogInterval < 0 }
+
+// take samples the backlog if this relay may publish bucket 0 and the last attempt is
+// at least BacklogInterval old.
+func (s *backlogSampler) take(ctx context.Context) {
+	if s.off() {
 		return
 	}
-	now := d.now()
-	d.backlogMu.Lock()
-	due := d.backlogState.tried.IsZero() || now.Sub(d.backlogState.tried) >= d.cfg.BacklogInterval || now.Before(d.backlogState.tried)
-	d.backlogMu.Unlock()
-	if !due || !d.publishable(0, now) {
+	now := s.cfg.now()
+	s.mu.Lock()
+	due := s.tried.IsZero() || now.Sub(s.tried) >= s.cfg.BacklogInterval || now.Before(s.tried)
+	s.mu.Unlock()
+	if !due || !s.leases.publishable(0, now) {
 		return
 	}
-	d.backlogMu.Lock()
-	d.backlogState.tried = now
-	d.backlogMu.Unlock()
-	cctx, cancel := context.WithTimeout(ctx, d.cfg.LeaseRenewInterval)
-	st, ok, err := d.backlog(cctx)
+	s.mu.Lock()
+	s.tried = now
+	s.mu.Unlock()
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.LeaseRenewInterval)
+	st, ok, err := s.source(cctx)
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil {
-			d.log.Debug("relay: sampling the backlog failed; trying again later", "error", err)
+			s.log.Debug("relay: sampling the backlog failed; trying again later", "error", err)
 		}
 		return
 	}
 	if !ok {
 		return
 	}
-	at := d.now()
-	d.backlogMu.Lock()
-	d.backlogState.sample, d.backlogState.at = st, at
-	d.backlogMu.Unlock()
-	if d.obs != nil {
-		d.obs.Backlog(ctx, st, at)
-	}
+	at := s.cfg.now()
+	s.mu.Lock()
+	s.sample, s.at = st, at
+	s.mu.Unlock()
+	s.meter.obs.Backlog(ctx, st, at)
 }
 
-// startSample samples the backlog in the background, if it is due and no sample is
-// in flight, so a slow sample never delays the next round. The worker waits for it
-// before it stops.
-func (d *Relay) startSample(ctx context.Context) {
-	if d.backlog == nil || d.cfg.BacklogInterval < 0 || !d.sampleBusy.CompareAndSwap(false, true) {
+// start samples in the background, if no sample is in flight, so a slow sample never
+// delays the next round.
+func (s *backlogSampler) start(ctx context.Context) {
+	if s.off() || !s.busy.CompareAndSwap(false, true) {
 		return
 	}
-	d.sampling.Go(func() {
-		defer d.sampleBusy.Store(false)
-		d.sampleBacklog(ctx)
+	s.inFlight.Go(func() {
+		defer s.busy.Store(false)
+		s.take(ctx)
 	})
 }
 
-// lastBacklog returns the last backlog sample and when it was taken (zero: none).
-func (d *Relay) lastBacklog() (driver.Backlog, time.Time) {
-	d.backlogMu.Lock()
-	defer d.backlogMu.Unlock()
-	st := d.backlogState.sample
+// wait waits for a sample in flight.
+func (s *backlogSampler) wait() { s.inFlight.Wait() }
+
+// last returns the last sample and when it was taken (zero: none).
+func (s *backlogSampler) last() (driver.Backlog, time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.sample
 	st.Pending = slices.Clone(st.Pending) // the caller's to keep
-	return st, d.backlogState.at
+	return st, s.at
 }

@@ -253,17 +253,17 @@ func TestBackoffGrowsAndIsCapped(t *testing.T) {
 	d := newDispatcher(t, store, outboxtest.NewRecorder(), cfg)
 	var got []time.Duration
 	for n := 1; n <= 7; n++ {
-		got = append(got, d.backoff(n))
+		got = append(got, d.cfg.backoff(n))
 	}
 	require.Equal(t, []time.Duration{1e9, 2e9, 4e9, 8e9, 10e9, 10e9, 10e9}, got)
-	require.Equal(t, 10*time.Second, d.backoff(1000), "no overflow for large attempt counts")
+	require.Equal(t, 10*time.Second, d.cfg.backoff(1000), "no overflow for large attempt counts")
 
 	cfg.Jitter = 0.5
 	dj := newDispatcher(t, store, outboxtest.NewRecorder(), cfg)
 	for n := 1; n <= 6; n++ {
-		full := d.backoff(n)
+		full := d.cfg.backoff(n)
 		for range 100 {
-			j := dj.backoff(n)
+			j := dj.cfg.backoff(n)
 			require.LessOrEqual(t, j, full)
 			require.GreaterOrEqual(t, j, full/2)
 		}

@@ -54,13 +54,13 @@ func TestLeaseWritesRunConcurrently(t *testing.T) {
 		Logger: quietLogger(), Now: f.clock.Now}
 	a, err := New(store, outboxtest.NewRecorder(), cfg)
 	require.NoError(t, err)
-	_, err = a.coordinate(context.Background())
+	_, err = a.coord.coordinate(context.Background())
 	require.NoError(t, err)
 	require.Len(t, a.Owned(), 16)
 	require.Equal(t, 4, store.max, "16 claims run MaxConcurrency at a time")
 	f.clock.Advance(testRI)
 	store.max = 0
-	_, err = a.coordinate(context.Background())
+	_, err = a.coord.coordinate(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, 4, store.max, "16 renewals run MaxConcurrency at a time")
 }
@@ -127,7 +127,7 @@ func TestCrashAtAnyPointOfARoundHandsOverWithinTheLease(t *testing.T) {
 			ctx := context.Background()
 			for range 4 {
 				for _, d := range []*Relay{a, b} {
-					_, err := d.coordinate(ctx)
+					_, err := d.coord.coordinate(ctx)
 					require.NoError(t, err)
 				}
 				f.clock.Advance(testRI)
@@ -137,7 +137,7 @@ func TestCrashAtAnyPointOfARoundHandsOverWithinTheLease(t *testing.T) {
 			crash.mu.Lock()
 			crash.n, crash.writes = n, 0
 			crash.mu.Unlock()
-			_, err := a.coordinate(ctx)
+			_, err := a.coord.coordinate(ctx)
 			if n <= renewals {
 				require.ErrorIs(t, err, errCrashed)
 			} else {
@@ -156,7 +156,7 @@ func TestCrashAtAnyPointOfARoundHandsOverWithinTheLease(t *testing.T) {
 			// loop would (lapse rounds included), until it holds everything.
 			f.clock.Advance(testRI / 2)
 			for len(b.Owned()) < 8 {
-				plan, err := b.coordinate(ctx)
+				plan, err := b.coord.coordinate(ctx)
 				require.NoError(t, err)
 				for _, bk := range b.Owned() {
 					if dl, ok := deadline[bk]; ok {
@@ -165,7 +165,7 @@ func TestCrashAtAnyPointOfARoundHandsOverWithinTheLease(t *testing.T) {
 					}
 				}
 				require.Less(t, f.clock.Now().Sub(epoch), 10*testLD, "b never took everything")
-				f.clock.Advance(b.roundDelay(plan))
+				f.clock.Advance(b.coord.roundDelay(plan))
 			}
 			require.Empty(t, deadline)
 		})

@@ -81,23 +81,3 @@ func (h *brokerHealth) ping(ctx context.Context) error {
 	}
 	return err
 }
-
-// stepAside hands this relay's buckets to its peers while it cannot reach its broker,
-// and waits, pinging every PollInterval, until it can. It reports false if the worker
-// was asked to stop meanwhile.
-func (d *Relay) stepAside(ctx context.Context) bool {
-	d.log.Warn("relay: the broker has been unreachable for longer than a lease; handing this relay's buckets to peers until it answers",
-		"lease_duration", d.cfg.LeaseDuration)
-	if err := d.resign(ctx); err != nil && ctx.Err() == nil {
-		d.log.Warn("relay: handing buckets back failed; they lapse after LeaseDuration", "error", err)
-	}
-	for {
-		if !d.sleep(ctx, d.cfg.PollInterval) {
-			return false
-		}
-		if d.health.ping(ctx) == nil {
-			d.log.Info("relay: the broker answers again; rejoining the fleet")
-			return true
-		}
-	}
-}

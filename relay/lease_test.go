@@ -66,7 +66,7 @@ func (f *fleet) setSkew(id string, d time.Duration) {
 func (f *fleet) round(ids ...string) {
 	f.t.Helper()
 	for _, id := range ids {
-		_, err := f.relays[id].coordinate(context.Background())
+		_, err := f.relays[id].coord.coordinate(context.Background())
 		require.NoError(f.t, err)
 		f.checkOneOwner()
 	}
@@ -172,7 +172,7 @@ func TestGracefulStopHandsBucketsOverNextRound(t *testing.T) {
 		f.round(ids...)
 		f.clock.Advance(testRI)
 	}
-	require.NoError(t, f.relays["c"].resign(context.Background()))
+	require.NoError(t, f.relays["c"].coord.resign(context.Background()))
 	f.checkOneOwner()
 	require.Empty(t, f.relays["c"].Owned())
 	f.clock.Advance(time.Second) // well within the lease
@@ -258,7 +258,7 @@ func TestClockSetBackPublishesNothingAndClaimsNothing(t *testing.T) {
 	}
 
 	// "b" stops: "a" still claims nothing while its heartbeat is refused.
-	require.NoError(t, f.relays["b"].resign(context.Background()))
+	require.NoError(t, f.relays["b"].coord.resign(context.Background()))
 	f.clock.Advance(time.Second)
 	f.round("a")
 	require.Empty(t, f.relays["a"].Owned())
@@ -325,7 +325,7 @@ func TestFleetNeverHasTwoOwners(t *testing.T) {
 				join()
 			case x < 8 && len(live) > 1: // graceful stop
 				i := rng.IntN(len(live))
-				require.NoError(t, f.relays[live[i]].resign(context.Background()))
+				require.NoError(t, f.relays[live[i]].coord.resign(context.Background()))
 				delete(f.relays, live[i])
 				live = slices.Delete(live, i, i+1)
 			case x < 10 && len(live) > 1: // crash
@@ -388,7 +388,7 @@ func TestStandbysWhenRelaysOutnumberBuckets(t *testing.T) {
 			break
 		}
 	}
-	require.NoError(t, f.relays[owner].resign(context.Background()))
+	require.NoError(t, f.relays[owner].coord.resign(context.Background()))
 	rest := slices.DeleteFunc(slices.Clone(ids), func(s string) bool { return s == owner })
 	f.clock.Advance(time.Second)
 	f.round(rest...)
@@ -401,10 +401,10 @@ func TestStandbysWhenRelaysOutnumberBuckets(t *testing.T) {
 
 	// Standbys far back in line skip every other round when timings allow.
 	far := f.relays[rest[len(rest)-1]]
-	far.lastPlan = leasePlan{Standby: true, StandbyRank: 5}
-	far.round = 1
-	require.True(t, far.skipRound())
-	require.False(t, far.skipRound())
+	far.coord.lastPlan = leasePlan{Standby: true, StandbyRank: 5}
+	far.coord.round = 1
+	require.True(t, far.coord.skipRound())
+	require.False(t, far.coord.skipRound())
 }
 
 var _ driver.Handle = (*stallingStore)(nil)
@@ -448,10 +448,10 @@ func TestInFlightRenewalAfterAStallIsRefused(t *testing.T) {
 	// "a" reads, then stalls past its lease; "b" takes the lapsed buckets meanwhile.
 	stalling.afterRead = func() {
 		f.clock.Advance(testLD)
-		_, err := f.relays["b"].coordinate(ctx)
+		_, err := f.relays["b"].coord.coordinate(ctx)
 		require.NoError(t, err)
 	}
-	_, err = a.coordinate(ctx)
+	_, err = a.coord.coordinate(ctx)
 	require.NoError(t, err)
 	require.EqualValues(t, 2, a.Stats().RefusedWrites, "one refused renewal per lost bucket")
 	require.Empty(t, a.Owned())
@@ -480,7 +480,7 @@ func TestRenewalOfALeaseThatLapsedDuringTheRoundIsRefused(t *testing.T) {
 	// else runs.
 	f.clock.Advance(testRI)
 	stalling.afterRead = func() { f.clock.Advance(testLD) }
-	_, err = a.coordinate(ctx)
+	_, err = a.coord.coordinate(ctx)
 	require.NoError(t, err)
 	require.EqualValues(t, 2, a.Stats().RefusedWrites, "both renewals of lapsed leases are refused")
 	require.Empty(t, a.Owned(), "a relay publishes nothing from a lease that lapsed")

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"github.com/outboxkit/outbox/driver"
@@ -68,60 +69,64 @@ func (NopObserver) Backlog(context.Context, driver.Backlog, time.Time)     {}
 
 var _ Observer = NopObserver{}
 
+// meter counts what the relay did, for [Relay.Stats], and reports each event to the
+// observer (never nil: [NopObserver] stands in for none).
+type meter struct {
+	obs Observer
+
+	rounds, refused, published, retried, parked, deleted, outOfOrder atomic.Int64
+}
+
+func newMeter(obs Observer) *meter {
+	if obs == nil {
+		obs = NopObserver{}
+	}
+	return &meter{obs: obs}
+}
+
 // refuse counts a refused conditional write and reports it.
-func (d *Relay) refuse(ctx context.Context, op string) {
-	d.refused.Add(1)
-	if d.obs != nil {
-		d.obs.RefusedWrite(ctx, op)
+func (m *meter) refuse(ctx context.Context, op string) {
+	m.refused.Add(1)
+	m.obs.RefusedWrite(ctx, op)
+}
+
+// abandoned reports a publish abandoned because the relay stops or the bucket's lease
+// ran out.
+func (m *meter) abandoned(ctx context.Context, batch []*driver.Envelope, start time.Time, took time.Duration, err error) {
+	m.obs.Published(ctx, batch, nil, start, took, err)
+}
+
+func (m *meter) completed(ctx context.Context, envs []*driver.Envelope) {
+	m.published.Add(int64(len(envs)))
+	m.obs.Completed(ctx, envs)
+}
+
+func (m *meter) retry(ctx context.Context, env *driver.Envelope, attempts int, cause string) {
+	m.retried.Add(1)
+	m.obs.Retried(ctx, env, attempts, cause)
+}
+
+func (m *meter) park(ctx context.Context, env *driver.Envelope, permanent bool, cause string) {
+	m.parked.Add(1)
+	m.obs.Parked(ctx, env, permanent, cause)
+}
+
+func (m *meter) retentionDeleted(ctx context.Context, n int) {
+	m.deleted.Add(int64(n))
+	if n > 0 {
+		m.obs.RetentionDeleted(ctx, n)
 	}
 }
 
-// observeAbandoned reports a publish abandoned because the relay stops or the
-// bucket's lease ran out.
-func (d *Relay) observeAbandoned(ctx context.Context, batch []*driver.Envelope, start time.Time, took time.Duration, err error) {
-	if d.obs != nil {
-		d.obs.Published(ctx, batch, nil, start, took, err)
-	}
-}
-
-// Ready reports whether the worker is running and in a valid plan: its last
-// coordination round succeeded less than LeaseDuration ago, found no bucket count
-// mismatch, and the relay either holds its whole fair share or is a standby (the
-// fleet has more relays than buckets). A relay that just started, is still taking
-// over buckets from its peers, cannot reach the store, or has stopped is not ready.
-// It suits a readiness probe.
-func (d *Relay) Ready() bool {
-	if !d.running() {
-		return false
-	}
-	d.coordMu.Lock()
-	plan, at := d.lastPlan, d.lastRoundOK
-	d.coordMu.Unlock()
-	if at.IsZero() || d.now().Sub(at) >= d.cfg.LeaseDuration || plan.Mismatch != nil {
-		return false
-	}
-	if plan.Standby {
-		return true
-	}
-	return plan.Share > 0 && len(d.Owned()) >= plan.Share
-}
-
-// afterRound runs after each coordination round of the worker: it records a
-// successful round for [Relay.Ready], reports the round to the observer and
-// samples the backlog when it is due.
-func (d *Relay) afterRound(ctx context.Context, plan leasePlan, err error) {
-	if ctx.Err() != nil {
-		return
-	}
-	if err == nil {
-		d.coordMu.Lock()
-		d.lastRoundOK = d.now()
-		d.coordMu.Unlock()
-	}
-	if d.obs != nil {
-		d.obs.Round(ctx, len(d.Owned()), plan.Standby, err)
-	}
-	if err == nil {
-		d.startSample(ctx)
+// stats returns the counters.
+func (m *meter) stats() Stats {
+	return Stats{
+		Rounds:        m.rounds.Load(),
+		RefusedWrites: m.refused.Load(),
+		Published:     m.published.Load(),
+		Retried:       m.retried.Load(),
+		Parked:        m.parked.Load(),
+		Deleted:       m.deleted.Load(),
+		OutOfOrder:    m.outOfOrder.Load(),
 	}
 }

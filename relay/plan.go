@@ -8,7 +8,7 @@ import (
 	"github.com/outboxkit/outbox/driver"
 )
 
-// planParams are the settings every relay of a fleet must share for their plans to
+// planParams are the settings every relay of a fleetView must share for their plans to
 // agree.
 type planParams struct {
 	// BucketCount is the number of buckets to divide.
@@ -48,7 +48,7 @@ type leasePlan struct {
 	// ClockBehind reports that the relay's stored heartbeat is later than its clock:
 	// its heartbeat is refused and it claims nothing.
 	ClockBehind bool
-	// Unsettled reports that the fleet is moving buckets: a free bucket waits for a
+	// Unsettled reports that the fleetView is moving buckets: a free bucket waits for a
 	// relay still short of its share, a relay holds more than its share, or a relay
 	// that is stopping still holds leases. The relay then re-plans soon instead of
 	// after LeaseRenewInterval.
@@ -78,9 +78,9 @@ func (p leasePlan) owns(bucket int) bool {
 
 // planRound computes self's part of a coordination round from one consistent view. It is a
 // pure function: relays that read the same view at the same time compute plans whose
-// writes are disjoint, so a healthy fleet makes no refused conditional write.
+// writes are disjoint, so a healthy fleetView makes no refused conditional write.
 //
-// The fleet-wide split it derives, and of which it returns self's part:
+// The fleetView-wide split it derives, and of which it returns self's part:
 //
 //   - Active relays are those whose heartbeat is younger than LeaseDuration and that
 //     have not stamped themselves stopped. A relay that does not see itself active
@@ -104,83 +104,138 @@ func (p leasePlan) owns(bucket int) bool {
 //     claims nothing, and does not renew a lease whose expiry is later than
 //     now+LeaseDuration.
 func planRound(view driver.Coordination, self string, now time.Time, p planParams) leasePlan {
-	n := p.BucketCount
 	plan := leasePlan{StandbyRank: -1}
-	if n < 1 {
+	if p.BucketCount < 1 {
 		return plan
 	}
-	soon := func(t time.Time) {
-		if t.After(now) && (plan.NextChange.IsZero() || t.Before(plan.NextChange)) {
-			plan.NextChange = t
+	f := fleetView{self: self, now: now, plan: &plan}
+	f.readRelays(view.Relays, p)
+	f.readLeases(view.Leases, p.BucketCount)
+	if !f.selfActive {
+		// Not counted by the fleetView (stopping, or never seen): hand everything back.
+		plan.Release = f.selfHeld
+		return plan
+	}
+	f.share = fairShares(f.active, f.held, p.BucketCount)
+	f.layOut()
+	release, deficit, short := f.excess()
+	owner := assignFree(f.active, f.ranges, f.free, deficit)
+	for _, l := range f.selfHeld {
+		switch {
+		case release[l.Bucket]:
+			plan.Release = append(plan.Release, l)
+		case l.ExpiresAt.After(now.Add(p.LeaseDuration)):
+			plan.Hold = append(plan.Hold, l)
+		default:
+			plan.Renew = append(plan.Renew, l)
 		}
 	}
+	if f.stopHold || (short && len(f.free) > 0) {
+		plan.Unsettled = true
+	}
+	if !plan.ClockBehind && !f.stopHold {
+		for _, b := range f.free {
+			if owner[b] == self {
+				plan.Claim = append(plan.Claim, b)
+			}
+		}
+	}
+	return plan
+}
 
-	var active []string
-	selfActive := false
-	stopping := make(map[string]bool)
-	for _, r := range view.Relays {
-		if r.ID == self {
-			plan.ClockBehind = r.LastSeen.After(now)
-			if selfActive = !r.Stopped() && now.Sub(r.LastSeen) < p.LeaseDuration; selfActive {
-				active = append(active, self)
+// fleetView is what planRound reads from one view of the fleet, step by step, into self's plan.
+type fleetView struct {
+	self string
+	now  time.Time
+	plan *leasePlan
+
+	// From the relay records (readRelays).
+	active     []string // in id order
+	selfActive bool
+	stopping   map[string]bool // stamped stopped less than StopHold ago
+	// From the leases (readLeases).
+	held     map[string][]int // valid leases by owner, ascending
+	free     []int
+	selfHeld []driver.Lease
+	stopHold bool // a stopping relay still holds a valid lease
+	// The split (fairShares, layOut).
+	share  map[string]int
+	ranges map[string][2]int
+}
+
+// changesAt records t as a time the plan can change by time alone, if it is the
+// earliest after now.
+func (f *fleetView) changesAt(t time.Time) {
+	if t.After(f.now) && (f.plan.NextChange.IsZero() || t.Before(f.plan.NextChange)) {
+		f.plan.NextChange = t
+	}
+}
+
+// readRelays finds the active relays (heartbeat younger than LeaseDuration, not
+// stamped stopped), those stopping, self's clock trouble, and a peer with another
+// bucket count.
+func (f *fleetView) readRelays(relays []driver.RelayRecord, p planParams) {
+	f.stopping = make(map[string]bool)
+	for _, r := range relays {
+		if r.ID == f.self {
+			f.plan.ClockBehind = r.LastSeen.After(f.now)
+			if f.selfActive = !r.Stopped() && f.now.Sub(r.LastSeen) < p.LeaseDuration; f.selfActive {
+				f.active = append(f.active, f.self)
 			}
 			continue
 		}
 		if r.Stopped() {
-			if now.Sub(r.StoppedAt) < p.StopHold {
-				stopping[r.ID] = true
-				soon(r.StoppedAt.Add(p.StopHold))
+			if f.now.Sub(r.StoppedAt) < p.StopHold {
+				f.stopping[r.ID] = true
+				f.changesAt(r.StoppedAt.Add(p.StopHold))
 			}
 			continue
 		}
-		if now.Sub(r.LastSeen) >= p.LeaseDuration {
+		if f.now.Sub(r.LastSeen) >= p.LeaseDuration {
 			continue
 		}
-		soon(r.LastSeen.Add(p.LeaseDuration))
-		active = append(active, r.ID)
-		if r.BucketCount != 0 && r.BucketCount != n && plan.Mismatch == nil {
-			plan.Mismatch = &r
+		f.changesAt(r.LastSeen.Add(p.LeaseDuration))
+		f.active = append(f.active, r.ID)
+		if r.BucketCount != 0 && r.BucketCount != p.BucketCount && f.plan.Mismatch == nil {
+			f.plan.Mismatch = &r
 		}
 	}
-	slices.Sort(active)
-	plan.Active = len(active)
+	slices.Sort(f.active)
+	f.plan.Active = len(f.active)
+}
 
-	// Per bucket: who validly holds it, and which buckets are free.
-	leases := make([]driver.Lease, n)
+// readLeases finds, per bucket, who validly holds it, and which buckets are free.
+func (f *fleetView) readLeases(leases []driver.Lease, n int) {
+	byBucket := make([]driver.Lease, n)
 	leased := make([]bool, n)
-	for _, l := range view.Leases {
+	for _, l := range leases {
 		if l.Bucket < 0 || l.Bucket >= n {
 			continue
 		}
-		leases[l.Bucket] = l
+		byBucket[l.Bucket] = l
 		leased[l.Bucket] = true
 	}
-	held := make(map[string][]int, len(active))
-	var free []int
-	var selfHeld []driver.Lease
-	hold := false
+	f.held = make(map[string][]int, len(f.active))
 	for b := range n {
-		l := leases[b]
-		if !leased[b] || l.Free(now) {
-			free = append(free, b)
+		l := byBucket[b]
+		if !leased[b] || l.Free(f.now) {
+			f.free = append(f.free, b)
 			continue
 		}
-		held[l.Owner] = append(held[l.Owner], b)
-		if l.Owner == self {
-			selfHeld = append(selfHeld, l)
+		f.held[l.Owner] = append(f.held[l.Owner], b)
+		if l.Owner == f.self {
+			f.selfHeld = append(f.selfHeld, l)
 		} else {
-			soon(l.ExpiresAt)
+			f.changesAt(l.ExpiresAt)
 		}
-		hold = hold || stopping[l.Owner]
+		f.stopHold = f.stopHold || f.stopping[l.Owner]
 	}
+}
 
-	if !selfActive {
-		// Not counted by the fleet (stopping, or never seen): hand everything back.
-		plan.Release = selfHeld
-		return plan
-	}
-
-	// Shares: the extra buckets go to the relays holding the most, then by id.
+// fairShares gives each active relay n/len(active) buckets; the n%len(active) extra
+// buckets go to the relays holding the most, then in id order, so where the split
+// leaves a choice the current holder keeps its buckets.
+func fairShares(active []string, held map[string][]int, n int) map[string]int {
 	k := len(active)
 	base, extra := n/k, n%k
 	byHoldings := slices.Clone(active)
@@ -197,49 +252,59 @@ func planRound(view driver.Coordination, self string, now time.Time, p planParam
 			share[id]++
 		}
 	}
+	return share
+}
 
-	// Ranges in relay-id order; standby ranks among relays without a share.
-	rangeOf := make(map[string][2]int, k)
+// layOut lays the shares out as contiguous ranges in relay-id order, and ranks the
+// relays without a share as standbys.
+func (f *fleetView) layOut() {
+	f.ranges = make(map[string][2]int, len(f.active))
 	start, standby := 0, 0
-	for _, id := range active {
-		rangeOf[id] = [2]int{start, start + share[id]}
-		start += share[id]
-		if share[id] == 0 {
-			if id == self {
-				plan.Standby = true
-				plan.StandbyRank = standby
+	for _, id := range f.active {
+		f.ranges[id] = [2]int{start, start + f.share[id]}
+		start += f.share[id]
+		if f.share[id] == 0 {
+			if id == f.self {
+				f.plan.Standby = true
+				f.plan.StandbyRank = standby
 			}
 			standby++
 		}
 	}
-	plan.Share = share[self]
-	plan.RangeStart, plan.RangeEnd = rangeOf[self][0], rangeOf[self][1]
+	f.plan.Share = f.share[f.self]
+	f.plan.RangeStart, f.plan.RangeEnd = f.ranges[f.self][0], f.ranges[f.self][1]
+}
 
-	// What each relay keeps after handing back its excess.
-	deficit := make(map[string]int, k)
-	var selfRelease map[int]bool
-	short := false
-	for _, id := range active {
-		hs := held[id]
-		excess := len(hs) - share[id]
-		if excess <= 0 {
-			deficit[id] = -excess
-			short = short || excess < 0
+// excess works out what each relay keeps after handing back what it holds above its
+// share: the buckets self hands back, how many each relay is short, and whether any
+// is.
+func (f *fleetView) excess() (release map[int]bool, deficit map[string]int, short bool) {
+	deficit = make(map[string]int, len(f.active))
+	for _, id := range f.active {
+		hs := f.held[id]
+		over := len(hs) - f.share[id]
+		if over <= 0 {
+			deficit[id] = -over
+			short = short || over < 0
 			continue
 		}
-		plan.Unsettled = true
-		if id == self {
-			selfRelease = make(map[int]bool, excess)
-			for _, b := range handBack(hs, rangeOf[id], excess) {
-				selfRelease[b] = true
+		f.plan.Unsettled = true
+		if id == f.self {
+			release = make(map[int]bool, over)
+			for _, b := range handBack(hs, f.ranges[id], over) {
+				release[b] = true
 			}
 		}
 	}
+	return release, deficit, short
+}
 
-	// Claims: own range first, then whoever is still short, in id order.
+// assignFree gives the free buckets to the relays short of their share: each its own
+// range first, then whoever is still short, in id order.
+func assignFree(active []string, ranges map[string][2]int, free []int, deficit map[string]int) map[int]string {
 	owner := make(map[int]string, len(free))
 	for _, id := range active {
-		r := rangeOf[id]
+		r := ranges[id]
 		for _, b := range free {
 			if deficit[id] == 0 {
 				break
@@ -261,28 +326,7 @@ func planRound(view driver.Coordination, self string, now time.Time, p planParam
 			}
 		}
 	}
-
-	for _, l := range selfHeld {
-		switch {
-		case selfRelease[l.Bucket]:
-			plan.Release = append(plan.Release, l)
-		case l.ExpiresAt.After(now.Add(p.LeaseDuration)):
-			plan.Hold = append(plan.Hold, l)
-		default:
-			plan.Renew = append(plan.Renew, l)
-		}
-	}
-	if hold || (short && len(free) > 0) {
-		plan.Unsettled = true
-	}
-	if !plan.ClockBehind && !hold {
-		for _, b := range free {
-			if owner[b] == self {
-				plan.Claim = append(plan.Claim, b)
-			}
-		}
-	}
-	return plan
+	return owner
 }
 
 // handBack picks excess buckets of held (ascending) to release: outside the range

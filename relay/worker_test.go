@@ -286,10 +286,10 @@ func TestTwoWorkersShareBucketsAndKeepOrder(t *testing.T) {
 			}
 			now := time.Now().UTC()
 			mine := map[int]bool{}
-			for _, bk := range a.ownedAt(now) {
+			for _, bk := range a.leases.owned(now) {
 				mine[bk] = true
 			}
-			for _, bk := range b.ownedAt(now) {
+			for _, bk := range b.leases.owned(now) {
 				if mine[bk] {
 					t.Errorf("bucket %d publishable by both relays at %s", bk, now)
 				}
