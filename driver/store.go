@@ -213,3 +213,11 @@ type SizeLimiter interface {
 	// MaxMessageSize is the largest [outbox.Message.Size] accepted.
 	MaxMessageSize() int
 }
+
+// RelayIDChecker is implemented by relay sides that cannot record every relay ID (a
+// column or key of bounded width): a relay asks when it is built, so an ID the store never
+// could write fails there, not at the first heartbeat after Start.
+type RelayIDChecker interface {
+	// CheckRelayID returns an error saying why the store cannot record id, or nil.
+	CheckRelayID(id string) error
+}

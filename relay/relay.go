@@ -131,6 +131,11 @@ func New(handle driver.Handle, transport driver.Transport, cfg Config) (*Relay, 
 		}
 		cfg.RelayID = id
 	}
+	if c, ok := store.(driver.RelayIDChecker); ok {
+		if err := c.CheckRelayID(cfg.RelayID); err != nil {
+			return nil, fmt.Errorf("%w: relay.Config.RelayID (%d bytes) cannot be recorded by the store: %w", outbox.ErrMisconfigured, len(cfg.RelayID), err)
+		}
+	}
 	d, err := assemble(store, transport, cfg)
 	if err != nil {
 		return nil, err

@@ -177,3 +177,6 @@ func checkRelayID(id string) error {
 	}
 	return nil
 }
+
+// CheckRelayID implements [driver.RelayIDChecker]: 1 to 255 characters.
+func (s driverStore) CheckRelayID(id string) error { return checkRelayID(id) }

@@ -117,7 +117,10 @@ func columnAdded(ctx context.Context, q querier, stmt string) bool {
 // for teams that apply migrations with their own tooling. Statements are in order,
 // without trailing semicolons: version 1 creates the tables (IF NOT EXISTS), version
 // 2 is an ALTER TABLE that adds the relay table's bucket_count column, version 3
-// creates the inbox table, Table+"_inbox" (IF NOT EXISTS; see [Store.InboxTable]).
+// creates the inbox table, Table+"_inbox" (IF NOT EXISTS; see [Store.InboxTable]),
+// version 4 creates the settings table, Table+"_settings", and the last statement
+// records the store's bucket count in it (unless one is recorded: a relay's Start
+// records it too, and every store built with another count then fails).
 // On MySQL and SQLite the version 2 ALTER fails if the column exists already; apply
 // it once.
 func (s *Store) DDL() []string {
@@ -129,10 +132,13 @@ func (s *Store) DDL() []string {
 	for _, m := range ms {
 		out = append(out, m.statements...)
 	}
-	return out
+	record := insertIgnore(s.dialect, s.settingsTable(), "name, value", fmt.Sprintf("'%s', %d", bucketCountSetting, s.cfg.BucketCount), "name")
+	return append(out, record)
 }
 
-// Migrate creates or upgrades the store's tables from the embedded migrations. It is
+// Migrate creates or upgrades the store's tables from the embedded migrations, and
+// records the store's bucket count in them; tables migrated for another count fail it
+// with [outbox.ErrMisconfigured] (so do writes and a relay's Start). It is
 // safe to run at every start and from several processes at once: each step is
 // idempotent (IF NOT EXISTS, or an added column that exists already is taken as
 // added) and recorded in Table+"_migrations", and on PostgreSQL the whole
@@ -201,13 +207,13 @@ func (s *Store) migrate(ctx context.Context, q querier, ms []migration) error {
 			return s.wrap(ctx, "migrate", err)
 		}
 	}
-	return nil
+	return s.recordBucketCount(ctx, q)
 }
 
 // DropTables drops the store's tables and every message in them. Tests and demos
 // use it; production schemas are rarely dropped by code.
 func (s *Store) DropTables(ctx context.Context) error {
-	for _, t := range []string{s.cfg.Table, s.cfg.LeaseTable, s.cfg.RelayTable, s.InboxTable(), s.cfg.Table + "_migrations"} {
+	for _, t := range []string{s.cfg.Table, s.cfg.LeaseTable, s.cfg.RelayTable, s.InboxTable(), s.settingsTable(), s.cfg.Table + "_migrations"} {
 		if _, err := s.db.exec(ctx, "DROP TABLE IF EXISTS "+t); err != nil {
 			return s.wrap(ctx, "drop tables", err)
 		}
@@ -227,6 +233,7 @@ func (s driverStore) Check(ctx context.Context) error {
 		{s.cfg.Table, selectColumns},
 		{s.cfg.LeaseTable, "bucket, owner, expires_at"},
 		{s.cfg.RelayTable, "id, last_seen, stopped_at, bucket_count"},
+		{s.settingsTable(), "name, value"},
 	} {
 		err := s.probe(ctx, "SELECT "+t.columns+" FROM "+t.name+" WHERE 1 = 0")
 		if err == nil {
@@ -245,7 +252,8 @@ func (s driverStore) Check(ctx context.Context) error {
 		}
 		return s.wrap(ctx, "check", err)
 	}
-	return nil
+	// Record the count if the tables were set up from DDL without it, and compare.
+	return s.recordBucketCount(ctx, s.db)
 }
 
 // probe runs query and reads its (empty) result.

@@ -36,6 +36,7 @@ type Store struct {
 	idle idleWatch // database/sql: warns when the pool keeps too few idle connections
 
 	hub      driver.Hub
+	buckets  bucketCheck
 	closed   atomic.Bool
 	sender   notifySender
 	vacuum   vacuumer
@@ -363,6 +364,12 @@ func (s *Store) inTx(ctx context.Context, fn func(q querier) error) error {
 // insert writes envs (already checked) on q, in as few statements as the
 // bind-parameter limit allows, and assigns their Seq.
 func (s *Store) insert(ctx context.Context, q querier, envs []*driver.Envelope) error {
+	if len(envs) == 0 {
+		return nil
+	}
+	if err := s.verifyBuckets(ctx, q); err != nil {
+		return err
+	}
 	limit := maxRows(s.dialect)
 	for len(envs) > 0 {
 		n := min(len(envs), limit)

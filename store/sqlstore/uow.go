@@ -218,6 +218,10 @@ func (u *unit) commitPgx(ctx context.Context, envs []*driver.Envelope) error {
 		}
 		return s.wrap(ctx, "commit", tx.Commit(ctx))
 	}
+	if err := s.verifyBuckets(ctx, pgxQuerier{tx}); err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return err
+	}
 	query, args := s.insertStatement(envs)
 	batch := &pgx.Batch{}
 	batch.Queue(query, args...)

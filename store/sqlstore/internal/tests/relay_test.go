@@ -43,7 +43,7 @@ func TestMigrateUpgradesTheRelayTable(t *testing.T) {
 		requireMigrate(err, "ReadCoordination")
 
 		require.NoError(t, s.Migrate(ctx))
-		require.Equal(t, 3, countRows(t, s, versions))
+		require.Equal(t, 4, countRows(t, s, versions))
 		got, err := drv(s).ReadRelays(ctx)
 		require.NoError(t, err)
 		require.Len(t, got, 1)
@@ -61,7 +61,7 @@ func TestMigrateUpgradesTheRelayTable(t *testing.T) {
 		// as done instead of failing on a duplicate column.
 		execDirect(t, s, "DELETE FROM "+versions+" WHERE version = 2")
 		require.NoError(t, s.Migrate(ctx))
-		require.Equal(t, 3, countRows(t, s, versions))
+		require.Equal(t, 4, countRows(t, s, versions))
 		got, err = drv(s).ReadRelays(ctx)
 		require.NoError(t, err)
 		require.Equal(t, 4, got[0].BucketCount, "nothing was lost")

@@ -1,0 +1,4 @@
+CREATE TABLE IF NOT EXISTS {{.Settings}} (
+    name  VARCHAR(64) NOT NULL PRIMARY KEY,
+    value BIGINT      NOT NULL
+);
