@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync/atomic"
@@ -257,9 +258,20 @@ func (u *unit) commitSQL(ctx context.Context, envs []*driver.Envelope) error {
 	s := u.s
 	if err := s.insert(ctx, sqlQuerier{u.sqlTx}, envs); err != nil {
 		u.rollback(ctx)
-		return s.wrap(ctx, "enqueue in transaction", duplicate(err))
+		return s.wrap(ctx, "enqueue in transaction", endedInside(duplicate(err), len(envs)))
 	}
-	return s.wrap(ctx, "commit", u.sqlTx.Commit())
+	return s.wrap(ctx, "commit", endedInside(u.sqlTx.Commit(), len(envs)))
+}
+
+// endedInside names the one way a unit's messages can be lost through the front door:
+// the function ended the unit's *sql.Tx itself (SQLTx's Commit or Rollback), so what
+// it wrote before committed or rolled back without the unit's n messages.
+func endedInside(err error, n int) error {
+	if !errors.Is(err, sql.ErrTxDone) {
+		return err
+	}
+	return fmt.Errorf("%w: sqlstore: the unit's transaction was committed or rolled back inside the function given to Transact (through SQLTx, or an ORM handle on it): the application's statements before that took effect, and the unit's %d message(s) were NOT written; never call Commit or Rollback on SQLTx's transaction, return nil or an error from the function instead: %w",
+		outbox.ErrMisconfigured, n, err)
 }
 
 // PgxTx returns the pgx transaction of the unit of work on ctx: call it with the ctx
