@@ -38,6 +38,12 @@ type Config struct {
 	// the warnings about failed publishes: at most one per bucket per interval.
 	// Defaults to 10 s.
 	LeaseRenewInterval time.Duration
+	// StoreTimeout bounds every store call the relay makes, so a connection that hangs
+	// (a black-holed network path) fails the call instead of wedging the relay. Raise
+	// it for a store behind a slow link whose lease writes take longer than
+	// LeaseRenewInterval; it must be at most LeaseDuration. Defaults to
+	// LeaseRenewInterval.
+	StoreTimeout time.Duration
 	// MaxAttempts is how many failed publish attempts park an envelope. Defaults to 10.
 	MaxAttempts int
 	// BackoffBase is the delay after the first failure; each further failure doubles
@@ -115,6 +121,9 @@ func (c Config) withDefaults() Config {
 	if c.LeaseRenewInterval == 0 {
 		c.LeaseRenewInterval = DefaultLeaseRenewInterval
 	}
+	if c.StoreTimeout == 0 {
+		c.StoreTimeout = c.LeaseRenewInterval
+	}
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = DefaultMaxAttempts
 	}
@@ -172,6 +181,10 @@ func (c Config) validate() error {
 		return bad("LeaseRenewInterval", "is %s; it must be positive (0 selects %s)", c.LeaseRenewInterval, DefaultLeaseRenewInterval)
 	case c.LeaseRenewInterval*3 > c.LeaseDuration:
 		return bad("LeaseRenewInterval", "is %s; it must be at most a third of LeaseDuration (%s) so a lease survives a missed renewal", c.LeaseRenewInterval, c.LeaseDuration)
+	case c.StoreTimeout < 0:
+		return bad("StoreTimeout", "is %s; it must be positive (0 selects LeaseRenewInterval)", c.StoreTimeout)
+	case c.StoreTimeout > c.LeaseDuration:
+		return bad("StoreTimeout", "is %s; it must be at most LeaseDuration (%s): a lease write that may take longer than the lease cannot keep it", c.StoreTimeout, c.LeaseDuration)
 	case c.MaxAttempts < 1:
 		return bad("MaxAttempts", "is %d; it must be at least 1", c.MaxAttempts)
 	case c.BackoffBase < 0:

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/outboxkit/outbox"
@@ -53,7 +54,13 @@ type coordinator struct {
 	lastBeat time.Time
 	// lastOK is when the worker's last round succeeded, for Ready.
 	lastOK time.Time
+	// failedClaims counts the consecutive rounds in which a claim failed (an error,
+	// not a refusal): see giveWay.
+	failedClaims int
 }
+
+// giveWayAfter is how many rounds in a row with failed claims make a relay give way.
+const giveWayAfter = 3
 
 func (c *coordinator) params() planParams {
 	return planParams{BucketCount: c.cfg.BucketCount, LeaseDuration: c.cfg.LeaseDuration, StopHold: c.cfg.LeaseRenewInterval}
@@ -125,10 +132,22 @@ func (c *coordinator) coordinate(ctx context.Context) (leasePlan, error) {
 	for _, l := range plan.Release {
 		writes = append(writes, func(ctx context.Context) error { return c.handBack(ctx, l) })
 	}
+	var claimFailed atomic.Bool
 	for _, b := range plan.Claim {
-		writes = append(writes, func(ctx context.Context) error { return c.claim(ctx, b) })
+		writes = append(writes, func(ctx context.Context) error {
+			err := c.claim(ctx, b)
+			claimFailed.CompareAndSwap(false, err != nil)
+			return err
+		})
 	}
-	if err := c.concurrently(ctx, writes); err != nil {
+	err = c.concurrently(ctx, writes)
+	switch {
+	case claimFailed.Load() && ctx.Err() == nil:
+		c.failedClaims++
+	case len(plan.Claim) > 0:
+		c.failedClaims = 0
+	}
+	if err != nil {
 		return plan, err
 	}
 
@@ -374,6 +393,13 @@ func (c *coordinator) loop(r lifecycle.Run, rounds chan<- struct{}, after func(c
 			if fatal(err) {
 				return err
 			}
+			if c.mustGiveWay() {
+				if !c.giveWay(r, err) {
+					return nil
+				}
+				next = time.Now()
+				continue
+			}
 			errDelay = c.cfg.errorDelay(errDelay)
 			c.log.Warn("relay: coordination round failed; retrying", "error", err, "retry_in", errDelay)
 			next = time.Now().Add(errDelay)
@@ -479,6 +505,33 @@ func (c *coordinator) stepAside(r lifecycle.Run) bool {
 			return true
 		}
 	}
+}
+
+// mustGiveWay reports whether this relay's claims failed in giveWayAfter rounds in a
+// row, and resets the count if so.
+func (c *coordinator) mustGiveWay() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.failedClaims < giveWayAfter {
+		return false
+	}
+	c.failedClaims = 0
+	return true
+}
+
+// giveWay hands this relay's share to its peers for a LeaseDuration because it cannot
+// complete its claims (a slow link whose writes keep missing StoreTimeout): otherwise
+// the plan would keep leaving it buckets it never takes. It stamps the relay stopped
+// and hands back what it holds (if that fails too, its heartbeat and leases lapse, as
+// no round runs meanwhile), waits, and rejoins. It reports false if the worker was
+// asked to stop meanwhile.
+func (c *coordinator) giveWay(r lifecycle.Run, cause error) bool {
+	c.log.Warn("relay: claims keep failing; handing this relay's share to its peers for a lease, then rejoining (raise Config.StoreTimeout for a slow store)",
+		"rounds", giveWayAfter, "lease_duration", c.cfg.LeaseDuration, "error", cause)
+	if err := c.resign(r.Work); err != nil && r.Work.Err() == nil {
+		c.log.Warn("relay: handing buckets back failed; they lapse after LeaseDuration", "error", err)
+	}
+	return r.Sleep(c.cfg.LeaseDuration)
 }
 
 // roundOK records a successful round of the worker, for Ready.

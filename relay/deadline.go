@@ -11,8 +11,8 @@ import (
 	"github.com/outboxkit/outbox/driver"
 )
 
-// deadlined gives every store call the relay makes a deadline of
-// LeaseRenewInterval (10 s by default). A connection that hangs without being reset
+// deadlined gives every store call the relay makes a deadline of StoreTimeout
+// (LeaseRenewInterval, 10 s, by default). A connection that hangs without being reset
 // (a black-holed network path keeps a TCP read waiting for minutes) then fails the
 // call instead of wedging the relay: the round or drain reports the error, backs off
 // and tries again, and recovers by itself once the store answers. A round that cannot

@@ -405,6 +405,7 @@ type published struct {
 // assumed sent and no attempt charged.
 func (d *drainer) publish(ctx context.Context, batch []*driver.Envelope, leaseLeft time.Duration) (published, error) {
 	pctx, cancel := context.WithTimeout(ctx, leaseLeft)
+	began := d.cfg.now() // a failure streak starts here (brokerHealth.published)
 	start := time.Now()
 	err := d.transport.Publish(pctx, batch)
 	took := time.Since(start)
@@ -417,7 +418,7 @@ func (d *drainer) publish(ctx context.Context, batch []*driver.Envelope, leaseLe
 		}
 		if errors.Is(pctx.Err(), context.DeadlineExceeded) {
 			d.meter.abandoned(ctx, batch, start, took, err)
-			d.health.published(d.cfg.now(), 0, true)
+			d.health.published(began, d.cfg.now(), 0, true)
 			return published{}, errLeaseRanOut
 		}
 	}
@@ -429,7 +430,7 @@ func (d *drainer) publish(ctx context.Context, batch []*driver.Envelope, leaseLe
 	for _, cause := range failed {
 		permanentFailure = permanentFailure || driver.IsPermanent(cause)
 	}
-	d.health.published(now, len(out.acked), err != nil && !permanentFailure)
+	d.health.published(began, now, len(out.acked), err != nil && !permanentFailure)
 	res, err := d.settleFailures(ctx, batch, failed, now)
 	out.Result = res
 	return out, err

@@ -13,7 +13,8 @@ import (
 // reach from messages the broker refuses, and tracks nothing.
 //
 // A publish call that the broker acknowledged nothing of, with no permanent failure,
-// is a transport-level failure; an acknowledgement ends the streak. Once a streak has
+// is a transport-level failure, and a streak of them starts when its first call began;
+// an acknowledgement ends the streak. Once a streak has
 // lasted a LeaseDuration and a ping fails too, the relay steps aside: it stamps itself
 // stopped and hands its buckets back, so peers that reach the broker publish them
 // within a second or so; it pings every PollInterval and rejoins the fleet once the
@@ -27,12 +28,16 @@ type brokerHealth struct {
 
 	mu       sync.Mutex
 	since    time.Time // start of the streak of transport-level failures; zero: none
+	ackedAt  time.Time // when the last acknowledged call ended
 	pingedAt time.Time // when the last ping answered (real clock)
 	pingErr  error     // its outcome
 }
 
-// published records a publish call's outcome.
-func (h *brokerHealth) published(now time.Time, acked int, transportFailure bool) {
+// published records the outcome of a publish call that began and ended at the given
+// times. A failure streak starts when its first failing call began (a black-holed
+// broker holds that call for most of a lease), but never before the last
+// acknowledgement.
+func (h *brokerHealth) published(began, ended time.Time, acked int, transportFailure bool) {
 	if h.pinger == nil {
 		return
 	}
@@ -41,8 +46,12 @@ func (h *brokerHealth) published(now time.Time, acked int, transportFailure bool
 	switch {
 	case acked > 0:
 		h.since = time.Time{}
+		h.ackedAt = ended
 	case transportFailure && h.since.IsZero():
-		h.since = now
+		h.since = began
+		if began.Before(h.ackedAt) {
+			h.since = h.ackedAt
+		}
 	}
 }
 

@@ -150,7 +150,7 @@ func New(handle driver.Handle, transport driver.Transport, cfg Config) (*Relay, 
 // assemble builds the relay's services over one lease table, meter and broker health,
 // giving every store call a deadline (deadline.go).
 func assemble(store driver.Store, transport driver.Transport, cfg Config) (*Relay, error) {
-	bounded := deadlined{store, cfg.LeaseRenewInterval}
+	bounded := deadlined{store, cfg.StoreTimeout}
 	d := &Relay{
 		cfg:    cfg,
 		log:    cfg.Logger.With("relay", cfg.RelayID),
