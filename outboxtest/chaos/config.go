@@ -39,6 +39,11 @@ type Config struct {
 	LeaseDuration time.Duration
 	// LeaseRenewInterval defaults to a fifth of LeaseDuration.
 	LeaseRenewInterval time.Duration
+	// StoreTimeout bounds each relay's store calls. Defaults to half of LeaseDuration:
+	// at these scaled-down timings a store call on a busy machine can take longer than
+	// LeaseRenewInterval, and a lease write that lands after its caller gave up is
+	// refused on the next round, which a run counts but does not need to provoke.
+	StoreTimeout time.Duration
 	// PollInterval defaults to 20 ms.
 	PollInterval time.Duration
 	// BackoffBase and BackoffMax bound the dispatchers' retry delays, short so the
@@ -126,6 +131,7 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	defDur(&c.LeaseDuration, 1500*time.Millisecond)
 	defDur(&c.LeaseRenewInterval, c.LeaseDuration/5)
+	defDur(&c.StoreTimeout, c.LeaseDuration/2)
 	defDur(&c.PollInterval, 20*time.Millisecond)
 	defDur(&c.BackoffBase, 5*time.Millisecond)
 	defDur(&c.BackoffMax, 150*time.Millisecond)

@@ -287,6 +287,7 @@ func (r *runner) start(ctx context.Context, slot int) error {
 		PollInterval:       cfg.PollInterval,
 		LeaseDuration:      cfg.LeaseDuration,
 		LeaseRenewInterval: cfg.LeaseRenewInterval,
+		StoreTimeout:       cfg.StoreTimeout,
 		MaxAttempts:        cfg.MaxAttempts,
 		BackoffBase:        cfg.BackoffBase,
 		BackoffMax:         cfg.BackoffMax,

@@ -244,6 +244,11 @@ func (f fleetSuite) blockingPublish(t *testing.T) {
 		// round room to be late on a busy machine (under -race a SQLite round took
 		// over the 2 s a 3 s lease leaves) without a renewal arriving after expiry.
 		c.LeaseDuration = 6 * time.Second
+		// A lease write that outlasts its deadline may still land; the next round's
+		// renewal, conditional on the expiry the relay knew, is then refused. Under
+		// -race beside other suites a SQLite write took over a second, so the store
+		// calls get half the lease.
+		c.StoreTimeout = c.LeaseDuration / 2
 		return c
 	}
 	tr := blocking{Recorder: outboxtest.NewRecorder(), hold: 2 * time.Second}
