@@ -73,7 +73,10 @@
 //     PollInterval. A poll first asks a store that implements [driver.Prober]
 //     whether the bucket may hold anything, so an idle bucket costs one minimal read.
 //     Store errors back the worker off (up to LeaseRenewInterval) and it recovers by
-//     itself.
+//     itself. Every store call has a deadline, [Config.StoreTimeout]
+//     (LeaseRenewInterval unless set); a relay whose claims fail three rounds in a
+//     row (a slow link whose writes keep missing it) stamps itself stopped, hands its
+//     share to its peers for a LeaseDuration, and rejoins.
 //   - Logging, through [Config.Logger]: a failed publish that will be retried is a
 //     WARN at most once per bucket per LeaseRenewInterval, with topic, message id,
 //     attempts, next attempt and cause; the failures in between are DEBUG, and the
@@ -81,6 +84,16 @@
 //     WARN. The worker stopping on its own (bucket count mismatch, closed store) is
 //     an ERROR; store errors, refused renewals, clock trouble and failed releases are
 //     WARNs. Nothing is logged per successful publish.
+//
+// # Inside
+//
+// A relay is a few services over one lease table (the leases it holds, one drain lock
+// per bucket): the coordinator runs the rounds (the pure planner, planRound, computes
+// each relay's part from one view), the drainer selects what is due, publishes it in
+// waves and settles every outcome, and the backlog and retention samplers run while
+// the relay holds bucket 0. The worker runs the coordinator and the drainer side by
+// side on one start/stop primitive; RunOnce and DispatchOne call the same services
+// directly.
 //
 // # Limitations
 //
