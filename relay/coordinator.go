@@ -381,6 +381,9 @@ func (c *coordinator) loop(r lifecycle.Run, rounds chan<- struct{}, after func(c
 			next = time.Now().Add(c.cfg.LeaseRenewInterval)
 			continue
 		}
+		// A streak older than a round is confirmed by a ping, so Ready reflects it;
+		// one older than a lease makes the relay step aside.
+		c.health.cutOff(ctx, c.cfg.now(), c.cfg.LeaseRenewInterval)
 		if c.health.cutOff(ctx, c.cfg.now(), c.cfg.LeaseDuration) && !c.stepAside(r) {
 			return nil
 		}

@@ -90,3 +90,15 @@ func (h *brokerHealth) ping(ctx context.Context) error {
 	}
 	return err
 }
+
+// unreachable reports whether the broker is down as far as this relay can tell: a
+// failure streak is running and the last ping failed. It never pings, so a readiness
+// probe can ask it freely.
+func (h *brokerHealth) unreachable() bool {
+	if h.pinger == nil {
+		return false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return !h.since.IsZero() && h.pingErr != nil
+}

@@ -208,10 +208,12 @@ func (d *Relay) Owned() []int {
 // coordination round succeeded less than LeaseDuration ago, found no bucket count
 // mismatch, and the relay either holds its whole fair share or is a standby (the
 // fleet has more relays than buckets). A relay that just started, is still taking
-// over buckets from its peers, cannot reach the store, or has stopped is not ready.
-// It suits a readiness probe.
+// over buckets from its peers, cannot reach the store, or has stopped is not ready;
+// nor is a relay whose publishes have failed for longer than a LeaseRenewInterval
+// while its broker does not answer a ping (a transport that implements
+// [driver.Pinger]). It suits a readiness probe and never blocks.
 func (d *Relay) Ready() bool {
-	return d.worker.Running() && d.coord.ready(len(d.Owned()))
+	return d.worker.Running() && !d.coord.health.unreachable() && d.coord.ready(len(d.Owned()))
 }
 
 // RunOnce runs one sweep, for a scheduled function: it writes the heartbeat and takes
