@@ -18,15 +18,20 @@
 // the others are under Config.Prefix ("outbox" by default):
 //
 //	messaging.client.sent.messages       counter    {message}  messages handed to the broker, by
-//	                                                             messaging.destination.name; error.type
-//	                                                             ("permanent" or "transient") on failures
-//	messaging.client.operation.duration  histogram  s          one Transport.Publish call (operation "send")
+//	                                                             messaging.destination.name and
+//	                                                             messaging.operation.name "send"; error.type
+//	                                                             ("permanent" or "transient"), each message's
+//	                                                             own, on failures
+//	messaging.client.operation.duration  histogram  s          one Transport.Publish call (operation "send"),
+//	                                                             recorded once per topic it carried, error.type
+//	                                                             the topic's first failure
 //	outbox.message.lag                   histogram  s          capture (Envelope.CreatedAt) to broker acknowledgement
 //	outbox.messages.completed            counter    {message}  acknowledged and forgotten by the store
 //	outbox.messages.retried              counter    {message}  rescheduled after a failed attempt
 //	outbox.messages.parked               counter    {message}  parked; outbox.park.reason "permanent" or "attempts"
-//	outbox.messages.deleted              counter    {message}  dispatched messages deleted by retention
+//	outbox.messages.deleted              counter    {message}  dispatched messages deleted by retention (0 from the start)
 //	outbox.lease.refused_writes          counter    {write}    conditional writes the store refused, by outbox.lease.operation
+//	                                                             (each at 0 from the start)
 //	outbox.coordination.rounds           counter    {round}    worker rounds, error.type on failed ones
 //	outbox.relay.owned_buckets           gauge      {bucket}   buckets this relay may publish from
 //	outbox.backlog.pending               gauge      {message}  pending messages per outbox.bucket (capped per bucket by the store)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"sync"
 	"time"
 
@@ -124,11 +125,28 @@ type Observer struct {
 
 // topicAttrs are the attribute sets of one topic, built once.
 type topicAttrs struct {
-	plain, permanent, transient, send metric.MeasurementOption
+	plain metric.MeasurementOption
+	// send is the publish call's set (messaging.operation.name and type "send"), and
+	// with error.type.
+	send, sendPermanent, sendTransient, sendTimeout metric.MeasurementOption
 	// The option slices passed on the hot path, built once so a measurement
 	// allocates nothing.
-	addPlain, addPermanent, addTransient []metric.AddOption
-	recPlain                             []metric.RecordOption
+	addPlain                            []metric.AddOption
+	addSent, addPermanent, addTransient []metric.AddOption
+	recPlain                            []metric.RecordOption
+}
+
+// sendOf returns the send set for a call or message outcome of error type typ.
+func (a *topicAttrs) sendOf(typ string) metric.MeasurementOption {
+	switch typ {
+	case "permanent":
+		return a.sendPermanent
+	case "transient":
+		return a.sendTransient
+	case "timeout":
+		return a.sendTimeout
+	}
+	return a.send
 }
 
 // Lag and duration histogram boundaries, in seconds.
@@ -221,8 +239,18 @@ func New(cfg Config) (*Observer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: outboxotel: %w", outbox.ErrMisconfigured, err)
 	}
+	// Counters of rare events exist at zero from the start, so alerts can be written
+	// against them before the first event.
+	ctx := context.Background()
+	o.deleted.Add(ctx, 0, metric.WithAttributeSet(o.base))
+	for _, op := range refusableWrites {
+		o.refused.Add(ctx, 0, metric.WithAttributeSet(o.base), metric.WithAttributes(attribute.String("outbox.lease.operation", op)))
+	}
 	return o, nil
 }
+
+// refusableWrites are the conditional writes [relay.Observer.RefusedWrite] names.
+var refusableWrites = []string{"heartbeat", "claim", "renew", "release", "delete_relay"}
 
 // Close unregisters the gauges' callback. Counters and histograms stay with the
 // provider.
@@ -257,20 +285,27 @@ func (o *Observer) attrs(topic string) *topicAttrs {
 		kv := append(append([]attribute.KeyValue(nil), base...), attribute.String("messaging.destination.name", name))
 		return metric.WithAttributeSet(attribute.NewSet(append(kv, extra...)...))
 	}
-	a := &topicAttrs{
-		plain:     set(),
-		permanent: set(attribute.String("error.type", "permanent")),
-		transient: set(attribute.String("error.type", "transient")),
-		send:      set(attribute.String("messaging.operation.name", "send"), attribute.String("messaging.operation.type", "send")),
+	op := []attribute.KeyValue{attribute.String("messaging.operation.name", "send"), attribute.String("messaging.operation.type", "send")}
+	sendWith := func(typ string) metric.MeasurementOption {
+		return set(append(slices.Clone(op), attribute.String("error.type", typ))...)
 	}
-	a.addPlain, a.addPermanent, a.addTransient = []metric.AddOption{a.plain}, []metric.AddOption{a.permanent}, []metric.AddOption{a.transient}
+	a := &topicAttrs{
+		plain:         set(),
+		send:          set(op...),
+		sendPermanent: sendWith("permanent"),
+		sendTransient: sendWith("transient"),
+		sendTimeout:   sendWith("timeout"),
+	}
+	a.addPlain = []metric.AddOption{a.plain}
+	a.addSent, a.addPermanent, a.addTransient = []metric.AddOption{a.send}, []metric.AddOption{a.sendPermanent}, []metric.AddOption{a.sendTransient}
 	a.recPlain = []metric.RecordOption{a.plain}
 	o.topics.Store(name, a)
 	return a
 }
 
-// Published implements [relay.Observer]: sent messages, the call's duration
-// and each acknowledged message's lag.
+// Published implements [relay.Observer]: each message sent, labelled with its own
+// outcome; the call's duration, once per topic the call carried, labelled with that
+// topic's first failure; and each acknowledged message's lag.
 func (o *Observer) Published(ctx context.Context, batch, acked []*driver.Envelope, start time.Time, took time.Duration, err error) {
 	if o.trace != nil {
 		o.trace.published(ctx, batch, acked, start, took, err)
@@ -278,39 +313,73 @@ func (o *Observer) Published(ctx context.Context, batch, acked []*driver.Envelop
 	ackAt := start.Add(took)
 	for _, e := range acked {
 		a := o.attrs(e.Topic)
-		o.sent.Add(ctx, 1, a.addPlain...)
+		o.sent.Add(ctx, 1, a.addSent...)
 		if !e.CreatedAt.IsZero() {
 			o.lag.Record(ctx, max(ackAt.Sub(e.CreatedAt).Seconds(), 0), a.recPlain...)
 		}
 	}
+	var failed map[[16]byte]error
 	if len(acked) < len(batch) {
-		permanent := driver.IsPermanent(err)
-		ackedIDs := make(map[[16]byte]bool, len(acked))
-		for _, e := range acked {
-			ackedIDs[e.ID] = true
-		}
+		failed = failures(batch, acked, err)
 		for _, e := range batch {
-			if ackedIDs[e.ID] {
+			cause, bad := failed[e.ID]
+			if !bad {
 				continue
 			}
 			a := o.attrs(e.Topic)
-			if permanent {
+			if driver.IsPermanent(cause) {
 				o.sent.Add(ctx, 1, a.addPermanent...)
 			} else {
 				o.sent.Add(ctx, 1, a.addTransient...)
 			}
 		}
 	}
-	// One call may carry several topics: the duration is recorded under the first
-	// message's topic, the usual case being one topic per bucket's batch.
-	opts := []metric.RecordOption{metric.WithAttributeSet(o.base)}
-	if len(batch) > 0 {
-		opts = []metric.RecordOption{o.attrs(batch[0].Topic).send}
+	if len(batch) == 0 {
+		o.duration.Record(ctx, took.Seconds(), metric.WithAttributeSet(o.base))
+		return
 	}
-	if err != nil {
-		opts = append(opts, metric.WithAttributes(attribute.String("error.type", errorType(err))))
+	// Per topic: the first failure among its messages, if any.
+	outcome := make(map[string]string, 1)
+	var topics []string
+	for _, e := range batch {
+		typ, seen := outcome[e.Topic]
+		if !seen {
+			topics = append(topics, e.Topic)
+		}
+		if cause, bad := failed[e.ID]; bad && typ == "" {
+			typ = errorType(cause)
+		}
+		outcome[e.Topic] = typ
 	}
-	o.duration.Record(ctx, took.Seconds(), opts...)
+	for _, topic := range topics {
+		o.duration.Record(ctx, took.Seconds(), o.attrs(topic).sendOf(outcome[topic]))
+	}
+}
+
+// failures maps each message of batch that was not acknowledged to its cause: its
+// own error in a [driver.PublishError], else the call's error.
+func failures(batch, acked []*driver.Envelope, err error) map[[16]byte]error {
+	failed := make(map[[16]byte]error, len(batch)-len(acked))
+	if err == nil {
+		err = errors.New("not acknowledged")
+	}
+	ackedIDs := make(map[[16]byte]bool, len(acked))
+	for _, e := range acked {
+		ackedIDs[e.ID] = true
+	}
+	for _, e := range batch {
+		if !ackedIDs[e.ID] {
+			failed[e.ID] = err
+		}
+	}
+	if pe, ok := errors.AsType[*driver.PublishError](err); ok {
+		for _, f := range pe.Failed {
+			if _, bad := failed[f.ID]; bad {
+				failed[f.ID] = f.Err
+			}
+		}
+	}
+	return failed
 }
 
 func errorType(err error) string {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -102,7 +103,7 @@ func TestMetricsAfterARealDrain(t *testing.T) {
 	store, err := memstore.New(memstore.Config{BucketCount: 4})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = store.Close() })
-	rec := outboxtest.NewRecorder()
+	rec := &topicCounting{Recorder: outboxtest.NewRecorder()}
 
 	// 30 orders, 10 invoices, 5 on a third topic (beyond MaxTopics), one message
 	// refused for good and one that fails until it runs out of its 2 attempts.
@@ -203,7 +204,7 @@ func TestMetricsAfterARealDrain(t *testing.T) {
 	for _, dp := range dur.DataPoints {
 		calls += dp.Count
 	}
-	require.Equal(t, uint64(rec.Batches()), calls, "one duration per publish call")
+	require.Equal(t, uint64(rec.callTopics.Load()), calls, "one duration per publish call and topic it carried")
 
 	// Gauges: the relay held every bucket; the last sample found nothing pending
 	// and the two parked messages.
@@ -215,4 +216,98 @@ func TestMetricsAfterARealDrain(t *testing.T) {
 	age := ms["outbox.backlog.oldest_age"].Data.(metricdata.Gauge[float64])
 	require.Len(t, age.DataPoints, 1)
 	require.Zero(t, age.DataPoints[0].Value, "nothing pending")
+}
+
+// topicCounting counts, over every Publish call, the distinct topics each carried.
+type topicCounting struct {
+	*outboxtest.Recorder
+	callTopics atomic.Int64
+}
+
+func (c *topicCounting) Publish(ctx context.Context, batch []*driver.Envelope) error {
+	topics := map[string]bool{}
+	for _, e := range batch {
+		topics[e.Topic] = true
+	}
+	c.callTopics.Add(int64(len(topics)))
+	return c.Recorder.Publish(ctx, batch)
+}
+
+// In one call where one message fails for good and another for now, each is counted
+// with its own outcome, and the call's duration is recorded under each topic with
+// that topic's own outcome.
+func TestEachMessageAndTopicGetsItsOwnOutcome(t *testing.T) {
+	ctx := context.Background()
+	reader := sdkmetric.NewManualReader()
+	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = provider.Shutdown(ctx) })
+	obs, err := outboxotel.New(outboxotel.Config{MeterProvider: provider})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = obs.Close() })
+
+	env := func(topic string) *driver.Envelope {
+		e, err := driver.NewEnvelope(outbox.Message{Topic: topic, Payload: []byte("x")}, 4)
+		require.NoError(t, err)
+		return e
+	}
+	good, tooBig, later := env("orders"), env("orders"), env("invoices")
+	batch := []*driver.Envelope{good, tooBig, later}
+	perr := &driver.PublishError{Failed: []driver.MessageError{
+		{ID: tooBig.ID, Err: driver.Permanent(errors.New("message too large"))},
+		{ID: later.ID, Err: errors.New("leader not available")},
+	}}
+	obs.Published(ctx, batch, []*driver.Envelope{good}, time.Now(), 5*time.Millisecond, perr)
+
+	ms := collect(t, reader)
+	const sent = "messaging.client.sent.messages"
+	send := map[string]string{"messaging.operation.name": "send"}
+	with := func(kv ...string) map[string]string {
+		m := map[string]string{}
+		for k, v := range send {
+			m[k] = v
+		}
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return m
+	}
+	require.Equal(t, int64(1), sumWhere(t, ms, sent, with("messaging.destination.name", "orders", "error.type", "")))
+	require.Equal(t, int64(1), sumWhere(t, ms, sent, with("messaging.destination.name", "orders", "error.type", "permanent")))
+	require.Equal(t, int64(1), sumWhere(t, ms, sent, with("messaging.destination.name", "invoices", "error.type", "transient")),
+		"the transient failure is not labelled permanent")
+	require.Equal(t, int64(3), sumWhere(t, ms, sent, send), "every point names the operation")
+
+	dur := ms["messaging.client.operation.duration"].Data.(metricdata.Histogram[float64])
+	got := map[string]string{}
+	for _, dp := range dur.DataPoints {
+		topic, _ := dp.Attributes.Value("messaging.destination.name")
+		typ, _ := dp.Attributes.Value("error.type")
+		require.Equal(t, uint64(1), dp.Count)
+		got[topic.AsString()] = typ.AsString()
+	}
+	require.Equal(t, map[string]string{"orders": "permanent", "invoices": "transient"}, got, "one duration per topic, with its own outcome")
+}
+
+// Counters of rare events are there at zero before the first event, so an alert
+// can be written against them.
+func TestRareCountersStartAtZero(t *testing.T) {
+	ctx := context.Background()
+	reader := sdkmetric.NewManualReader()
+	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = provider.Shutdown(ctx) })
+	obs, err := outboxotel.New(outboxotel.Config{MeterProvider: provider})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = obs.Close() })
+	ms := collect(t, reader)
+	for _, name := range []string{"outbox.messages.deleted", "outbox.lease.refused_writes"} {
+		m, ok := ms[name]
+		require.True(t, ok, "%s exists before its first event", name)
+		s := m.Data.(metricdata.Sum[int64])
+		require.NotEmpty(t, s.DataPoints, name)
+		for _, dp := range s.DataPoints {
+			require.Zero(t, dp.Value, name)
+		}
+	}
+	refused := ms["outbox.lease.refused_writes"].Data.(metricdata.Sum[int64])
+	require.Len(t, refused.DataPoints, 5, "one series per conditional write")
 }

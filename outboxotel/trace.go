@@ -62,9 +62,9 @@ func newTracing(cfg Config) *tracing {
 // span covers the call: it starts when the call started and ends when it returned.
 func (t *tracing) published(ctx context.Context, batch, acked []*driver.Envelope, start time.Time, took time.Duration, err error) {
 	end := start.Add(took)
-	ok := make(map[[16]byte]bool, len(acked))
-	for _, e := range acked {
-		ok[e.ID] = true
+	var failed map[[16]byte]error
+	if len(acked) < len(batch) {
+		failed = failures(batch, acked, err)
 	}
 	for _, e := range batch {
 		parent := t.propagator.Extract(context.WithoutCancel(ctx), headerCarrier(e.Headers))
@@ -85,13 +85,9 @@ func (t *tracing) published(ctx context.Context, batch, acked []*driver.Envelope
 		}
 		_, span := t.tracer.Start(parent, "send "+e.Topic,
 			trace.WithSpanKind(trace.SpanKindProducer), trace.WithTimestamp(start), trace.WithAttributes(attrs...))
-		if !ok[e.ID] {
-			cause := "not acknowledged"
-			if err != nil {
-				cause = err.Error()
-			}
-			span.SetAttributes(attribute.String("error.type", errorType(err)))
-			span.SetStatus(codes.Error, cause)
+		if cause, bad := failed[e.ID]; bad {
+			span.SetAttributes(attribute.String("error.type", errorType(cause)))
+			span.SetStatus(codes.Error, cause.Error())
 		}
 		span.End(trace.WithTimestamp(end))
 	}

@@ -104,3 +104,44 @@ func TestProducerSpansContinueTheCapturedTrace(t *testing.T) {
 	require.Equal(t, codes.Error, f.Status.Code)
 	require.Contains(t, f.Attributes, attribute.String("error.type", "permanent"))
 }
+
+// Each message's span carries its own failure, not the call's first.
+func TestEachSpanCarriesItsOwnOutcome(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	obs, err := outboxotel.New(outboxotel.Config{TracerProvider: tp})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = obs.Close() })
+	env := func() *driver.Envelope {
+		e, err := driver.NewEnvelope(outbox.Message{Topic: "orders", Payload: []byte("x")}, 4)
+		require.NoError(t, err)
+		return e
+	}
+	good, tooBig, later := env(), env(), env()
+	perr := &driver.PublishError{Failed: []driver.MessageError{
+		{ID: tooBig.ID, Err: driver.Permanent(errors.New("message too large"))},
+		{ID: later.ID, Err: errors.New("leader not available")},
+	}}
+	obs.Published(context.Background(), []*driver.Envelope{good, tooBig, later}, []*driver.Envelope{good}, time.Now(), time.Millisecond, perr)
+	want := map[string]string{good.ID.String(): "", tooBig.ID.String(): "permanent", later.ID.String(): "transient"}
+	spans := exp.GetSpans()
+	require.Len(t, spans, 3)
+	for _, s := range spans {
+		var id, typ string
+		for _, kv := range s.Attributes {
+			switch kv.Key {
+			case "messaging.message.id":
+				id = kv.Value.AsString()
+			case "error.type":
+				typ = kv.Value.AsString()
+			}
+		}
+		require.Equal(t, want[id], typ, "span of %s", id)
+		if typ == "" {
+			require.Equal(t, codes.Unset, s.Status.Code)
+		} else {
+			require.Equal(t, codes.Error, s.Status.Code)
+		}
+	}
+}
