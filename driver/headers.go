@@ -16,8 +16,13 @@ var ErrCorrupt = errors.New("outbox: corrupt encoding")
 // encoding can be told apart by every reader.
 const headersV1 byte = 1
 
-// EncodeHeaders encodes headers in the binary form every store and transport uses for a
-// headers field (SQL column, DynamoDB attribute, packed SQS attribute). Version 1 is:
+// EncodeHeaders encodes headers in the binary form every store, and every transport
+// that packs headers into one field, uses: the SQL headers column, the DynamoDB
+// Headers attribute, the packed SQS attribute, the Redis stream entry's headers field
+// and, base64-encoded since NATS header values are text, the packed NATS header.
+// Transports that carry headers as the broker's own keep them there instead: Kafka
+// record headers, RabbitMQ header tables, Watermill metadata, and NATS headers when
+// every header survives as one. Version 1 is:
 //
 //	version   1 byte, 0x01
 //	count     uvarint, the number of headers

@@ -23,8 +23,23 @@
 //	}
 //	// res.Duplicate or not: acknowledge (commit the offset, delete the SQS message)
 //
-// The Kafka and SQS transports have consume loops built on it (kafkatransport.Consumer,
-// sqstransport.Receiver) that acknowledge a message only after its unit committed.
+// # Consuming
+//
+// A [Consumer] is the consume loop for every broker: it receives from a [Source] (each
+// transport has one, built on the application's client: kafkatransport.NewSource,
+// natstransport.NewSource, rabbitmqtransport.NewSource, redistransport.NewSource,
+// sqstransport.NewSource), runs each [Delivery] through Process with the application's
+// [Handler], retries a failed one in place with backoff, and acknowledges a message
+// only after its unit committed (a duplicate too):
+//
+//	src, err := natstransport.NewSource(cons, natstransport.SourceConfig{})
+//	c, err := inbox.NewConsumer(src, in, func(ctx context.Context, d *inbox.Delivery) error {
+//		return saveInvoice(ctx, d.Payload) // in the inbox's unit of work
+//	}, inbox.ConsumerConfig{})
+//	err = c.Run(ctx) // until ctx is done; then finishes the message in progress
+//
+// A broker that pushes messages and settles them by the handler's error (Watermill's
+// router) calls [Inbox.Handle], the consumer's step for one delivery, instead.
 //
 // # Semantics
 //

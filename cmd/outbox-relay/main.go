@@ -1,7 +1,9 @@
 // Command outbox-relay is a production relay process: it drains an outbox store to a
 // broker with a relay (package relay), serves health, readiness and Prometheus metrics, logs
 // JSON through log/slog, and on SIGTERM (or SIGINT) stops gracefully, handing its
-// bucket leases back so that its peers take over at once.
+// bucket leases back so that its peers take over at once. It then closes the
+// transport, which waits (within -stop-timeout) for the Kafka produce calls the
+// relay left in flight, and only then the broker client.
 //
 //	outbox-relay -store postgres://app@db/app -kafka-brokers kafka-1:9092,kafka-2:9092
 //
@@ -117,7 +119,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.maxConcurrency, "max-concurrency", relay.DefaultMaxConcurrency, "buckets drained in parallel")
 	fs.DurationVar(&o.backlogInterval, "backlog-interval", relay.DefaultBacklogInterval, "how often the relay holding bucket 0 samples the backlog for the metrics; negative turns sampling off")
 	fs.BoolVar(&o.unordered, "unordered", false, "let a failed message retry without holding back the later messages of its key; default false")
-	fs.DurationVar(&o.stopTimeout, "stop-timeout", 30*time.Second, "on SIGTERM, how long in-flight batches may take before they are cut short; the leases are handed back either way")
+	fs.DurationVar(&o.stopTimeout, "stop-timeout", 30*time.Second, "on SIGTERM, how long in-flight batches may take before they are cut short (the leases are handed back either way), and then how long the broker client's unanswered requests may take before it is closed")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&o.metricsPrefix, "metrics-prefix", outboxotel.DefaultPrefix, "prefix of the outbox's own metric names")
 	fs.Usage = func() {
@@ -238,7 +240,15 @@ func runRelay(ctx context.Context, o options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	defer closeTransport()
+	// Runs once the relay has stopped (or never started): what the transport still has
+	// in flight gets -stop-timeout to end before the broker client is closed.
+	defer func() {
+		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), o.stopTimeout)
+		defer cancel()
+		if err := closeTransport(closeCtx); err != nil {
+			log.Warn("outbox-relay: closing the transport", "error", err)
+		}
+	}()
 
 	// Metrics: the outbox's instruments, exported for Prometheus.
 	registry := prometheus.NewRegistry()
@@ -339,8 +349,9 @@ func migrate(ctx context.Context, st *openedStore) error {
 	return nil
 }
 
-// openTransport builds the broker client and the transport.
-func openTransport(ctx context.Context, o options) (driver.Transport, string, func(), error) {
+// openTransport builds the broker client and the transport, and returns what closes
+// both once the relay has stopped.
+func openTransport(ctx context.Context, o options) (driver.Transport, string, func(context.Context) error, error) {
 	if o.kafkaBrokers != "" {
 		opts := []kgo.Opt{kgo.SeedBrokers(strings.Split(o.kafkaBrokers, ",")...), kgo.RecordPartitioner(kafkatransport.Partitioner(nil))}
 		if o.kafkaAllowAutoCreate {
@@ -355,7 +366,14 @@ func openTransport(ctx context.Context, o options) (driver.Transport, string, fu
 			client.Close()
 			return nil, "", nil, err
 		}
-		return tr, "kafka", client.Close, nil
+		closeKafka := func(ctx context.Context) error {
+			// The transport waits for the produce calls the relay left in flight;
+			// closing the client then fails whatever it still holds.
+			err := tr.Close(ctx)
+			client.Close()
+			return err
+		}
+		return tr, "kafka", closeKafka, nil
 	}
 	cfg, err := awsConfig(ctx, o.store.Region)
 	if err != nil {
@@ -370,7 +388,7 @@ func openTransport(ctx context.Context, o options) (driver.Transport, string, fu
 	if err != nil {
 		return nil, "", nil, err
 	}
-	return tr, "aws_sqs", func() {}, nil
+	return tr, "aws_sqs", func(context.Context) error { return nil }, nil
 }
 
 // endpoints serves /healthz, /readyz and /metrics.

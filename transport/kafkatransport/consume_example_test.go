@@ -18,7 +18,7 @@ import (
 // and the receipt it sends commit together, and the record's offset is committed
 // after them. (It needs a broker, so it is only compiled; its runnable twin is in
 // internal/tests.)
-func ExampleNewConsumer() {
+func ExampleNewSource() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 	store, _ := memstore.New(memstore.Config{}) // sqlstore or dynamostore in production
@@ -36,10 +36,14 @@ func ExampleNewConsumer() {
 		log.Fatal(err)
 	}
 	defer client.Close()
-	consumer, err := kafkatransport.NewConsumer(client, in, func(ctx context.Context, d kafkatransport.Delivery) error {
+	src, err := kafkatransport.NewSource(client, kafkatransport.SourceConfig{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	consumer, err := inbox.NewConsumer(src, in, func(ctx context.Context, d *inbox.Delivery) error {
 		// Write the payment through the store's accessor with ctx, then:
 		return sender.Send(ctx, outbox.Message{Topic: "receipts", Key: d.Key, Payload: d.Payload})
-	}, kafkatransport.ConsumerConfig{})
+	}, inbox.ConsumerConfig{})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -2,19 +2,37 @@
 // client.
 //
 // The caller builds the *kgo.Client (seed brokers, TLS, SASL, ...) and passes it to
-// [New]; the transport never dials and never closes it. kgo's defaults are what the
-// transport needs: acks from all in-sync replicas and an idempotent producer. [New]
-// refuses a client with weaker acks, with idempotent writes disabled (unless
-// [Config.AllowNonIdempotent]) or with a transactional id. To honour messages that
-// name a partition, build the client with kgo.RecordPartitioner([Partitioner](nil)).
+// [New]; the transport never dials and never closes it (see "Shutting down"). kgo's
+// defaults are what the transport needs: acks from all in-sync replicas and an
+// idempotent producer. [New] refuses a client with weaker acks, with idempotent
+// writes disabled (unless [Config.AllowNonIdempotent]) or with a transactional id. To
+// honour messages that name a partition, build the client with
+// kgo.RecordPartitioner([Partitioner](nil)).
 //
-// A consumer turns records back into messages with [Decode].
+// A consumer turns records back into messages with [Decode], or hands a [Source] to an
+// inbox.Consumer (github.com/outboxkit/outbox/inbox), which applies each record's
+// effects once and commits its offset after the unit of work committed.
 //
 // Give the writers' capture the same transport, so that it refuses at Send what the
 // transport could never publish:
 //
 //	transport, err := kafkatransport.New(client, kafkatransport.Config{})
 //	sender, err := outbox.NewSender(store, outbox.SenderConfig{Transport: transport})
+//
+// # Shutting down
+//
+// A Publish cut short (its context ended, as on the relay's Stop) can leave records
+// with the client, in a produce call the transport started. [Transport.Close] waits
+// for every such call to end and makes later calls to Publish fail with
+// [outbox.ErrClosed]; it leaves the client open, since the client is the caller's.
+// Stop the relay first, then close the transport, then the client:
+//
+//	err := r.Stop(ctx)
+//	err = transport.Close(ctx) // bounded by ctx; the client is still open
+//	client.Close()             // fails whatever the client still holds
+//
+// If the brokers do not answer, Close returns ctx's error; closing the client then
+// fails the records it holds, which ends the produce calls.
 //
 // # Semantics
 //
@@ -90,9 +108,10 @@
 //     reach the broker afterwards, while the client retries them — also after the
 //     bucket has moved to another relay. Such late records are duplicates of what the
 //     new owner publishes, never a first delivery out of key order, since the new owner
-//     publishes the same pending messages in the same order. A helper goroutine per
-//     such publish waits for the client to resolve them and ends when they are
-//     acknowledged, failed by the client's retry limits, or the client is closed.
+//     publishes the same pending messages in the same order. A goroutine of the
+//     transport per such publish waits for the client to resolve them and ends when
+//     they are acknowledged, failed by the client's retry limits, or the client is
+//     closed; [Transport.Close] waits for it.
 //   - [Transport.Ping] ([driver.Pinger]) asks for the cluster's metadata: a relay whose
 //     publishes keep failing and whose ping fails too hands its buckets to peers.
 //   - The record timestamp is the produce time. The capture time is not used, so that

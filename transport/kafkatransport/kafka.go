@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -110,7 +111,7 @@ func (c Config) Validate() error {
 }
 
 // Transport publishes outbox envelopes to Kafka through a franz-go client. It is safe
-// for concurrent use.
+// for concurrent use. [Transport.Close] ends it.
 type Transport struct {
 	client *kgo.Client
 	cfg    Config
@@ -120,6 +121,14 @@ type Transport struct {
 	// recordLimit is the most bytes one record may take on the wire: the client's
 	// batch limit less the record batch header.
 	recordLimit int
+
+	// mu guards closed and inflight, the produce calls under way (each in a
+	// goroutine of the transport's); drained is closed once Close was called and
+	// none is left.
+	mu       sync.Mutex
+	closed   bool
+	inflight int
+	drained  chan struct{}
 }
 
 var (
@@ -129,7 +138,9 @@ var (
 )
 
 // New returns a transport that produces through client. The client is the caller's:
-// New never dials and the transport never closes it.
+// New never dials and the transport never closes it. Close the transport
+// ([Transport.Close]) once nothing publishes through it any more (after the relay
+// stopped), and the client after that.
 //
 // The client must produce durably: acks from all in-sync replicas (kgo's default,
 // kgo.RequiredAcks(kgo.AllISRAcks())) and idempotent writes (kgo's default; see
@@ -172,7 +183,88 @@ func New(client *kgo.Client, cfg Config) (*Transport, error) {
 		cfg.AckTimeout = DefaultAckTimeout
 	}
 	_, explicit := client.OptValue(kgo.RecordPartitioner).(*explicitPartitioner)
-	return &Transport{client: client, cfg: cfg, explicitPartitions: explicit, recordLimit: batchMax - batchHeaderSize}, nil
+	return &Transport{client: client, cfg: cfg, explicitPartitions: explicit, recordLimit: batchMax - batchHeaderSize, drained: make(chan struct{})}, nil
+}
+
+// errClosed is returned by Publish and Ping after Close.
+var errClosed = fmt.Errorf("%w: kafkatransport: the transport was closed", outbox.ErrClosed)
+
+// Close ends the transport: later calls to [Transport.Publish] and [Transport.Ping]
+// return an error wrapping [outbox.ErrClosed], and Close returns once every produce
+// call the transport started has ended. A Publish under way when Close is called
+// finishes, but starts no new produce call (the records it would have produced again
+// are reported failed, wrapping ErrClosed).
+//
+// A produce call ends when the client has resolved all of its records: the broker
+// acknowledged them, or the client failed them. Publish can return before that — when
+// its ctx ends (the relay's Stop ends it) or after twice [Config.AckTimeout] — and
+// records already sent to a broker that does not answer stay with the client; Close
+// waits for them. If ctx ends first, Close returns an error wrapping ctx's error,
+// naming how many produce calls are still under way; they end once the client
+// resolves their records, at the latest when the caller closes the client
+// (kgo.Client.Close fails every record it still holds). Close may be called again to
+// keep waiting; once everything has ended it returns nil at once.
+//
+// Close does not close the client, which is the caller's. Shut down in this order:
+//
+//	err := r.Stop(ctx)            // the relay: no Publish after this
+//	err = transport.Close(ctx)    // the produce calls the transport started
+//	client.Close()                // the caller's client, last
+func (t *Transport) Close(ctx context.Context) error {
+	t.mu.Lock()
+	if !t.closed {
+		t.closed = true
+		if t.inflight == 0 {
+			close(t.drained)
+		}
+	}
+	t.mu.Unlock()
+	select {
+	case <-t.drained:
+		return nil
+	default:
+	}
+	select {
+	case <-t.drained:
+		return nil
+	case <-ctx.Done():
+		t.mu.Lock()
+		n := t.inflight
+		t.mu.Unlock()
+		calls := fmt.Sprintf("%d produce calls are", n)
+		if n == 1 {
+			calls = "1 produce call is"
+		}
+		return fmt.Errorf("kafkatransport: close: %s still under way, their records with the client (closing the client fails them): %w", calls, ctx.Err())
+	}
+}
+
+// begin counts a produce call about to start; it reports false after Close.
+func (t *Transport) begin() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return false
+	}
+	t.inflight++
+	return true
+}
+
+// end counts a produce call that ended.
+func (t *Transport) end() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.inflight--
+	if t.closed && t.inflight == 0 {
+		close(t.drained)
+	}
+}
+
+// isClosed reports whether Close was called.
+func (t *Transport) isClosed() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.closed
 }
 
 // KeepsKeyOrder implements [driver.KeyOrderKeeper]: a message the transport refuses
@@ -200,8 +292,12 @@ func (t *Transport) As(target any) bool {
 // broker's acknowledgements. It returns nil when every record was acknowledged, a
 // [*driver.PublishError] naming the envelopes that were not (each cause marked
 // [driver.Permanent] when retrying cannot help), or ctx's error when ctx ended first
-// (then nothing may be assumed sent).
+// (then nothing may be assumed sent). After [Transport.Close] it returns an error
+// wrapping [outbox.ErrClosed] and sends nothing.
 func (t *Transport) Publish(ctx context.Context, batch []*driver.Envelope) error {
+	if t.isClosed() {
+		return errClosed
+	}
 	if len(batch) == 0 {
 		return nil
 	}
@@ -266,6 +362,10 @@ var errInFlight = errors.New("kafkatransport: no answer from the broker within C
 // acknowledge. It reports whether any failed, or returns ctx's error when ctx ended
 // first.
 //
+// Each round runs ProduceSync in a goroutine of its own, so that produce can stop
+// waiting for it; Close waits for every such goroutine. After Close, produce starts
+// no round and reports the records it would have sent failed with errClosed.
+//
 // The records carry a context of their own that only a cut ends. When AckTimeout
 // passes first, produce cuts the round: the client then fails every record it has not
 // sent yet, and produce waits, for as long again or until ctx ends, for the records
@@ -294,9 +394,19 @@ func (t *Transport) produce(ctx context.Context, batch []*driver.Envelope, send 
 			}
 			return failed, nil
 		}
-		recs, cut := t.records(batch, send)
+		if !t.begin() {
+			for _, i := range send {
+				errs[i], failed = errClosed, true
+			}
+			return failed, nil
+		}
+		recs, rctx, cut := t.records(batch, send)
 		done := make(chan kgo.ProduceResults, 1)
-		go func() { done <- t.client.ProduceSync(context.Background(), recs...) }()
+		go func() {
+			defer t.end()
+			// rctx also bounds waiting for buffer space: a cut ends that wait.
+			done <- t.client.ProduceSync(rctx, recs...)
+		}()
 		var results kgo.ProduceResults
 		select {
 		case results = <-done:
@@ -349,8 +459,8 @@ func (t *Transport) produce(ctx context.Context, batch []*driver.Envelope, send 
 }
 
 // records builds the records of batch[i] for each i in send, every one with a
-// context that the returned cut ends.
-func (t *Transport) records(batch []*driver.Envelope, send []int) ([]*kgo.Record, context.CancelFunc) {
+// context derived from the returned one, which cut ends.
+func (t *Transport) records(batch []*driver.Envelope, send []int) ([]*kgo.Record, context.Context, context.CancelFunc) {
 	rctx, cut := context.WithCancel(context.Background())
 	recs := make([]kgo.Record, len(send))
 	ptrs := make([]*kgo.Record, len(send))
@@ -368,7 +478,7 @@ func (t *Transport) records(batch []*driver.Envelope, send []int) ([]*kgo.Record
 		}
 		ptrs[j] = &recs[j]
 	}
-	return ptrs, cut
+	return ptrs, rctx, cut
 }
 
 // cutOff reports whether the client failed a record because a cut ended the context
@@ -378,8 +488,12 @@ func cutOff(err error) bool {
 }
 
 // Ping implements [driver.Pinger]: it asks the cluster for its metadata, which
-// succeeds when any broker answers.
+// succeeds when any broker answers. After [Transport.Close] it returns an error
+// wrapping [outbox.ErrClosed].
 func (t *Transport) Ping(ctx context.Context) error {
+	if t.isClosed() {
+		return errClosed
+	}
 	if err := t.client.Ping(ctx); err != nil {
 		return fmt.Errorf("kafkatransport: no broker answers: %w", err)
 	}

@@ -1,6 +1,7 @@
 package kafkatransport_test
 
 import (
+	"context"
 	"testing"
 
 	"github.com/google/uuid"
@@ -122,4 +123,33 @@ func TestConfigValidate(t *testing.T) {
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
 	assert.Contains(t, err.Error(), "Config.MaxMessageSize")
 	require.NoError(t, kafkatransport.Config{MaxMessageSize: 2 << 20}.Validate(), "the client decides whether it carries it")
+}
+
+// Close on a transport with nothing in flight returns at once, and again when called
+// twice; Publish and Ping afterwards fail with ErrClosed and send nothing. The client
+// stays the caller's: Close leaves it open.
+func TestCloseEndsTheTransport(t *testing.T) {
+	t.Parallel()
+	cl, err := kgo.NewClient() // never dials: Publish after Close sends nothing
+	require.NoError(t, err)
+	defer cl.Close()
+	tr, err := kafkatransport.New(cl, kafkatransport.Config{})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // nothing to wait for: a done context does not matter
+	require.NoError(t, tr.Close(ctx))
+	require.NoError(t, tr.Close(ctx), "closing twice")
+
+	env, err := driver.NewEnvelope(outbox.Message{Topic: "t", Payload: []byte("p")}, driver.DefaultBucketCount)
+	require.NoError(t, err)
+	err = tr.Publish(context.Background(), []*driver.Envelope{env})
+	require.ErrorIs(t, err, outbox.ErrClosed)
+	assert.False(t, driver.IsPermanent(err))
+	require.ErrorIs(t, tr.Publish(context.Background(), nil), outbox.ErrClosed)
+	require.ErrorIs(t, tr.Ping(context.Background()), outbox.ErrClosed)
+	assert.Empty(t, cl.BufferedProduceRecords(), "nothing reached the client")
+
+	var got *kgo.Client
+	require.True(t, tr.As(&got))
+	assert.Same(t, cl, got, "the client is still the caller's")
 }

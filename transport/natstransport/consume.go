@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -14,116 +13,72 @@ import (
 	"github.com/outboxkit/outbox/inbox"
 )
 
-// ConsumeHandler applies the effects of one message. It runs inside the inbox's unit
-// of work: write with ctx through the store's accessors and send with ctx, and
-// everything commits with the message's inbox key. Return an error to roll back; the
-// message is then retried in place, after a pause, until it succeeds or the consumer
-// stops.
-type ConsumeHandler func(ctx context.Context, d *Delivery) error
+// DefaultFetchBatch is the default of [SourceConfig.FetchBatch].
+const DefaultFetchBatch = 16
 
-// Defaults of [ConsumerConfig].
-const (
-	DefaultFetchBatch         = 16
-	DefaultConsumeStopTimeout = 30 * time.Second
-)
-
-// ConsumerConfig configures a [Consumer].
-type ConsumerConfig struct {
+// SourceConfig configures a [Source].
+type SourceConfig struct {
 	// FetchBatch is how many messages one pull asks for. Messages are processed one at
 	// a time whatever it is; a larger batch only saves round trips. Keep it well under
 	// the JetStream consumer's MaxAckPending. Defaults to DefaultFetchBatch (16).
 	FetchBatch int
-	// StopTimeout bounds how long [Consumer.Run], once its ctx is done, lets the
-	// message in progress finish and be acknowledged; then its ctx is cancelled too.
-	// Defaults to DefaultConsumeStopTimeout (30 s).
-	StopTimeout time.Duration
-	// Processed, if set, is called after a message's unit of work committed (or it was
-	// found a duplicate) and before it is acknowledged. Defaults to nil.
-	Processed func(d *Delivery, res inbox.Result)
-	// Logger receives failed messages, terminated messages and failed pulls. Defaults
-	// to slog.Default().
-	Logger *slog.Logger
 }
 
 // Validate reports the first invalid field, naming it, with an error wrapping
 // [outbox.ErrMisconfigured].
-func (c ConsumerConfig) Validate() error {
-	switch {
-	case c.FetchBatch < 0:
-		return fmt.Errorf("%w: natstransport: ConsumerConfig.FetchBatch %d is negative", outbox.ErrMisconfigured, c.FetchBatch)
-	case c.StopTimeout < 0:
-		return fmt.Errorf("%w: natstransport: ConsumerConfig.StopTimeout %v is negative", outbox.ErrMisconfigured, c.StopTimeout)
+func (c SourceConfig) Validate() error {
+	if c.FetchBatch < 0 {
+		return fmt.Errorf("%w: natstransport: SourceConfig.FetchBatch %d is negative", outbox.ErrMisconfigured, c.FetchBatch)
 	}
 	return nil
 }
 
-func (c ConsumerConfig) withDefaults() ConsumerConfig {
+func (c SourceConfig) withDefaults() SourceConfig {
 	if c.FetchBatch == 0 {
 		c.FetchBatch = DefaultFetchBatch
-	}
-	if c.StopTimeout == 0 {
-		c.StopTimeout = DefaultConsumeStopTimeout
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
 	}
 	return c
 }
 
-// Consumer is a consume loop that applies each message's effects once through an
-// [inbox.Inbox]: it pulls from a JetStream pull consumer the caller created (a
-// durable one, with AckPolicy explicit), processes every message in the inbox's unit
-// of work and acknowledges it only after that unit committed.
+// Source is JetStream's side of an [inbox.Consumer], which processes one message at
+// a time in the order the JetStream consumer delivers them (the stream's), retries a
+// failed one in place and acknowledges each after its unit of work committed. What
+// is JetStream's own:
 //
-// # Semantics
-//
-//   - Messages are processed one at a time, in the order the JetStream consumer
-//     delivers them: the stream's order, so a key's messages are applied in the order
-//     they were stored.
-//   - A message whose handler fails is retried in place, after a pause that doubles
-//     from 100 ms to 10 s, and holds back the messages behind it: order is kept.
-//     Before each retry the consumer tells the server the message is in progress, so
-//     its AckWait does not run out meanwhile.
-//   - A message is acknowledged (and the server's confirmation awaited) after its unit
-//     committed. A crash or a lost acknowledgement leaves it unacknowledged; the
-//     server delivers it again after AckWait, and the inbox finds its key: its effects
-//     are applied once (within the inbox's retention).
+//   - It pulls from a pull consumer the caller created: a durable one, with
+//     AckPolicy explicit. An acknowledgement is a DoubleAck: the server's
+//     confirmation is awaited (5 s at most). A lost one leaves the message to come
+//     again after AckWait, found a duplicate by the inbox.
+//   - Before each retry in place it tells the server the message is in progress, so
+//     its AckWait does not run out meanwhile; the JetStream consumer's MaxDeliver does
+//     not apply, as the message is not redelivered.
 //   - A message that cannot be decoded or has no inbox key is terminated (Term: never
-//     redelivered) and logged at ERROR.
-//   - A failed pull (the connection is down, the consumer is missing) is logged and
-//     retried after the same doubling pause; the connection reconnects by itself.
-//   - [Consumer.Run] returns when its ctx is done: it lets the message in progress
-//     finish (within StopTimeout), acknowledges it and returns nil. No goroutine
-//     outlives it. Messages pulled but not processed are left unacknowledged: the
-//     server delivers them again after AckWait.
+//     redelivered).
+//   - A failed pull (the connection is down, the consumer is missing) fails the
+//     receive; the connection reconnects by itself. A pull waits a second at most, so
+//     that a stop is noticed; when the consumer stops, messages pulled but not
+//     processed are left unacknowledged, for the server to deliver after AckWait.
+//   - A [inbox.Delivery]'s Raw is the jetstream.Msg; Redelivered says the server
+//     delivered it before.
 //
-// # Limitations
-//
-//   - One message at a time: run several Consumers on several JetStream consumers
-//     (filtered on different subjects, for order) for parallelism. Two Consumers on
-//     one JetStream consumer share its messages and give up order.
-//   - A message that always fails blocks its consumer until it is fixed or removed;
-//     the Consumer does not give up after a number of attempts (the JetStream
-//     consumer's MaxDeliver does not apply, as the message is not redelivered).
-type Consumer struct {
-	cons   jetstream.Consumer
-	in     *inbox.Inbox
-	handle ConsumeHandler
-	cfg    ConsumerConfig
+// For parallelism run several consumers on JetStream consumers filtered on different
+// subjects (for order); two on one JetStream consumer share its messages and give up
+// order.
+type Source struct {
+	cons jetstream.Consumer
+	cfg  SourceConfig
+	// batch is the pull in flight, read one message per Receive.
+	batch jetstream.MessageBatch
 }
 
-// NewConsumer returns a consume loop over cons, a pull consumer the caller created
+// NewSource returns a source over cons, a pull consumer the caller created
 // (stream.CreateOrUpdateConsumer with a Durable name and
 // jetstream.AckExplicitPolicy). It fails with an error wrapping
-// [outbox.ErrMisconfigured] when an argument is missing or cfg is invalid.
-func NewConsumer(cons jetstream.Consumer, in *inbox.Inbox, handle ConsumeHandler, cfg ConsumerConfig) (*Consumer, error) {
-	switch {
-	case cons == nil:
-		return nil, fmt.Errorf("%w: natstransport: NewConsumer needs a jetstream.Consumer (stream.CreateOrUpdateConsumer)", outbox.ErrMisconfigured)
-	case in == nil:
-		return nil, fmt.Errorf("%w: natstransport: NewConsumer needs an *inbox.Inbox (inbox.New on the store the handler writes to)", outbox.ErrMisconfigured)
-	case handle == nil:
-		return nil, fmt.Errorf("%w: natstransport: NewConsumer needs a ConsumeHandler", outbox.ErrMisconfigured)
+// [outbox.ErrMisconfigured] when cons is missing or acknowledges otherwise, or cfg is
+// invalid.
+func NewSource(cons jetstream.Consumer, cfg SourceConfig) (*Source, error) {
+	if cons == nil {
+		return nil, fmt.Errorf("%w: natstransport: NewSource needs a jetstream.Consumer (stream.CreateOrUpdateConsumer)", outbox.ErrMisconfigured)
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -131,105 +86,79 @@ func NewConsumer(cons jetstream.Consumer, in *inbox.Inbox, handle ConsumeHandler
 	if info := cons.CachedInfo(); info != nil && info.Config.AckPolicy != jetstream.AckExplicitPolicy {
 		return nil, fmt.Errorf("%w: natstransport: the JetStream consumer %q has ack policy %s: create it with AckPolicy jetstream.AckExplicitPolicy, so a message is acknowledged only after its unit of work committed", outbox.ErrMisconfigured, info.Name, info.Config.AckPolicy)
 	}
-	return &Consumer{cons: cons, in: in, handle: handle, cfg: cfg.withDefaults()}, nil
+	return &Source{cons: cons, cfg: cfg.withDefaults()}, nil
 }
 
-const (
-	minPause = 100 * time.Millisecond
-	maxPause = 10 * time.Second
-	// fetchWait bounds one pull, so a stop is noticed within it.
-	fetchWait = time.Second
-)
-
-// Run consumes until ctx is done, then stops gracefully (see [Consumer]) and returns
-// nil.
-func (c *Consumer) Run(ctx context.Context) error {
-	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelWork()
-	stop := context.AfterFunc(ctx, func() {
-		t := time.AfterFunc(c.cfg.StopTimeout, cancelWork)
-		context.AfterFunc(work, func() { t.Stop() })
-	})
-	defer stop()
-	pause := minPause
-	for ctx.Err() == nil {
-		batch, err := c.cons.Fetch(c.cfg.FetchBatch, jetstream.FetchMaxWait(fetchWait))
-		if err == nil {
-			for msg := range batch.Messages() {
-				if ctx.Err() != nil {
-					continue // drain the batch unprocessed: redelivered after AckWait
-				}
-				c.deliver(ctx, work, msg)
-			}
-			err = batch.Error()
+// Receive returns the next message of the pull in flight, pulling anew when there is
+// none; it returns nothing when a pull ends empty.
+func (s *Source) Receive(ctx context.Context) ([][]*inbox.Delivery, error) {
+	if s.batch == nil {
+		batch, err := s.cons.Fetch(s.cfg.FetchBatch, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			return nil, pullError(err)
 		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		if err == nil || errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) {
-			pause = minPause
-			continue
-		}
-		c.cfg.Logger.WarnContext(ctx, "natstransport: consumer: pull failed; retrying", "error", err, "pause", pause)
-		if !sleep(ctx, pause) {
-			return nil
-		}
-		pause = min(2*pause, maxPause)
+		s.batch = batch
 	}
+	select {
+	case <-ctx.Done():
+		return nil, nil // Stop drains the pull
+	case msg, ok := <-s.batch.Messages():
+		if ok {
+			return [][]*inbox.Delivery{{delivery(msg)}}, nil
+		}
+	}
+	err := s.batch.Error()
+	s.batch = nil
+	return nil, pullError(err)
+}
+
+// pullError is nil for a pull that merely ended.
+func pullError(err error) error {
+	if err == nil || errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) {
+		return nil
+	}
+	return fmt.Errorf("natstransport: pull: %w", err)
+}
+
+func delivery(msg jetstream.Msg) *inbox.Delivery {
+	d, err := Decode(msg)
+	if err != nil {
+		return inbox.Undecodable(msg, err)
+	}
+	meta, _ := msg.Metadata()
+	return &inbox.Delivery{ID: d.ID, Message: d.Message, Raw: msg, Redelivered: meta != nil && meta.NumDelivered > 1}
+}
+
+// Ack acknowledges each message and waits for the server's confirmation.
+func (s *Source) Ack(ctx context.Context, ds []*inbox.Delivery) error {
+	var errs []error
+	for _, d := range ds {
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		errs = append(errs, d.Raw.(jetstream.Msg).DoubleAck(actx))
+		cancel()
+	}
+	return errors.Join(errs...)
+}
+
+// Reject terminates the message: the server never delivers it again.
+func (s *Source) Reject(_ context.Context, d *inbox.Delivery, _ error) error {
+	// A failed Term leaves the message to come again after AckWait, rejected again.
+	_ = d.Raw.(jetstream.Msg).Term()
 	return nil
 }
 
-// deliver processes one message, retrying in place, and settles it. It returns early,
-// leaving the message unacknowledged, when the consumer stops.
-func (c *Consumer) deliver(ctx, work context.Context, msg jetstream.Msg) {
-	log := c.cfg.Logger.With("subject", msg.Subject())
-	dec, err := Decode(msg)
-	if err != nil {
-		log.ErrorContext(ctx, "natstransport: consumer: terminating a message that cannot be decoded (never redelivered)", "error", err)
-		_ = msg.Term()
-		return
-	}
-	log = log.With("message_id", dec.ID, "stream_sequence", dec.Sequence)
-	m := &dec.Message
-	if _, err := c.in.Key(m); err != nil {
-		log.ErrorContext(ctx, "natstransport: consumer: terminating a message that has no inbox key (never redelivered)", "error", err)
-		_ = msg.Term()
-		return
-	}
-	pause := minPause
-	for {
-		res, err := c.in.Process(work, m, func(ctx context.Context) error { return c.handle(ctx, &dec) })
-		if err == nil {
-			if c.cfg.Processed != nil {
-				c.cfg.Processed(&dec, res)
-			}
-			actx, cancel := context.WithTimeout(work, 5*time.Second)
-			if err := msg.DoubleAck(actx); err != nil {
-				log.WarnContext(ctx, "natstransport: consumer: acknowledgement failed; the message comes again and is skipped as a duplicate", "error", err)
-			}
-			cancel()
-			return
-		}
-		if work.Err() != nil {
-			return
-		}
-		log.WarnContext(ctx, "natstransport: consumer: message failed; retrying it in place", "error", err, "pause", pause)
-		_ = msg.InProgress() // restarts the server's AckWait
-		if !sleep(ctx, pause) {
-			return // left unacknowledged: the server delivers it again
-		}
-		pause = min(2*pause, maxPause)
-	}
+// Extend tells the server the message is in progress, restarting its AckWait.
+func (s *Source) Extend(_ context.Context, d *inbox.Delivery) error {
+	// If it fails, the message may come again meanwhile and be found a duplicate.
+	_ = d.Raw.(jetstream.Msg).InProgress()
+	return nil
 }
 
-// sleep waits d or until ctx is done; it reports whether d passed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
+// Stop drains the pull in flight, leaving its messages unacknowledged.
+func (s *Source) Stop() {
+	if s.batch != nil {
+		for range s.batch.Messages() {
+		}
+		s.batch = nil
 	}
 }

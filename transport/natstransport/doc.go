@@ -5,9 +5,9 @@
 // (jetstream.New(nc)) and passes it to [New]; the transport never dials and never
 // closes the connection. Streams belong to the deployment: the transport creates
 // none, and each topic's subject must be captured by a stream. A consumer turns
-// messages back into what was sent with [Decode] (or [DecodeMsg]), or runs a
-// [Consumer], which applies each message's effects once through an inbox
-// (github.com/outboxkit/outbox/inbox).
+// messages back into what was sent with [Decode] (or [DecodeMsg]), or hands a
+// [Source] to an inbox.Consumer (github.com/outboxkit/outbox/inbox), which applies
+// each message's effects once and acknowledges it after the unit of work committed.
 //
 //	js, err := jetstream.New(nc)
 //	transport, err := natstransport.New(js, natstransport.Config{})
@@ -32,9 +32,14 @@
 //     printable ASCII without ':' (and none is the transport's own or starts with
 //     "Nats-"), every value is plain header text, and the names are in sorted order —
 //     the common case of a few headers such as traceparent and x-correlation-id.
-//     Otherwise all of them travel packed, in order and byte for byte, in the
-//     [HeaderPacked] header (see the package's encode.go for the codec); [Decode]
-//     restores them either way, in capture order with duplicates and empty values.
+//     That is NATS's own wire format, kept so that consumers and tools that do not
+//     use [Decode] see ordinary headers; NATS headers are a map of text values, so
+//     anything else would not come back unchanged. Otherwise all of them travel
+//     packed, in order and byte for byte, in the [HeaderPacked] header: the base64
+//     (standard, padded; header values are text) of the encoding every store uses,
+//     [driver.EncodeHeaders]. [Decode] restores them either way, in capture order
+//     with duplicates and empty values; a nil value stays nil when packed and
+//     arrives empty as a NATS header of its own.
 //   - [Transport.Publish] hands the whole batch to the connection as asynchronous
 //     publishes (PublishMsgAsync) and waits once for the acknowledgements. It returns
 //     nil only when the stream acknowledged every message (a dropped duplicate counts:

@@ -2,8 +2,6 @@ package natstransport
 
 import (
 	"encoding/base64"
-	"encoding/binary"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -26,8 +24,9 @@ const (
 	// HeaderTombstone ("true") marks a nil payload, which NATS cannot tell from an
 	// empty one.
 	HeaderTombstone = "x-outbox-tombstone"
-	// HeaderPacked carries, base64 (standard, padded), every application header when
-	// they cannot travel as NATS headers of their own in a way that restores them.
+	// HeaderPacked carries every application header when they cannot travel as NATS
+	// headers of their own in a way that restores them: the base64 (standard, padded)
+	// of their [driver.EncodeHeaders] encoding.
 	HeaderPacked = "x-outbox-headers"
 	// HeaderTopic carries the topic when [Config.Subject] maps it to another subject.
 	HeaderTopic = "x-outbox-topic"
@@ -101,7 +100,7 @@ func (t *Transport) encode(env *driver.Envelope, subject string) (*nats.Msg, err
 			h[hd.Key] = append(h[hd.Key], string(hd.Value))
 		}
 	} else {
-		h[HeaderPacked] = []string{packHeaders(env.Headers)}
+		h[HeaderPacked] = []string{base64.StdEncoding.EncodeToString(driver.EncodeHeaders(env.Headers))}
 	}
 	if !t.cfg.OmitIdempotencyKey {
 		if _, ok := env.Header(outbox.HeaderIdempotencyKey); !ok {
@@ -141,52 +140,13 @@ func wireSize(h nats.Header, data []byte) int {
 	return n + len(data)
 }
 
-// packHeaders encodes headers as base64 of, for each, its name and value, each
-// preceded by its length as a uvarint.
-func packHeaders(hs []outbox.Header) string {
-	n := 0
-	for _, h := range hs {
-		n += len(h.Key) + len(h.Value) + 2*binary.MaxVarintLen32
-	}
-	b := make([]byte, 0, n)
-	for _, h := range hs {
-		b = binary.AppendUvarint(b, uint64(len(h.Key)))
-		b = append(b, h.Key...)
-		b = binary.AppendUvarint(b, uint64(len(h.Value)))
-		b = append(b, h.Value...)
-	}
-	return base64.StdEncoding.EncodeToString(b)
-}
-
-var errPacked = errors.New("truncated or malformed")
-
+// unpackHeaders decodes a [HeaderPacked] value: base64, then [driver.DecodeHeaders].
 func unpackHeaders(s string) ([]outbox.Header, error) {
 	b, err := base64.StdEncoding.DecodeString(s)
 	if err != nil {
 		return nil, err
 	}
-	var hs []outbox.Header
-	next := func() ([]byte, error) {
-		n, k := binary.Uvarint(b)
-		if k <= 0 || n > uint64(len(b)-k) {
-			return nil, errPacked
-		}
-		v := b[k : k+int(n) : k+int(n)]
-		b = b[k+int(n):]
-		return v, nil
-	}
-	for len(b) > 0 {
-		k, err := next()
-		if err != nil {
-			return nil, err
-		}
-		v, err := next()
-		if err != nil {
-			return nil, err
-		}
-		hs = append(hs, outbox.Header{Key: string(k), Value: v})
-	}
-	return hs, nil
+	return driver.DecodeHeaders(b)
 }
 
 // stamped are headers the transport writes that Decode does not return among the

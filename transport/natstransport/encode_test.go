@@ -2,6 +2,7 @@ package natstransport
 
 import (
 	"bytes"
+	"encoding/base64"
 	"errors"
 	"net/textproto"
 	"testing"
@@ -199,6 +200,34 @@ func TestDecodeRefusesForeignMessages(t *testing.T) {
 	assert.ErrorIs(t, err, outbox.ErrInvalidMessage)
 	_, err = decode("t", nats.Header{outbox.HeaderMessageID: {"0190a0b0-0000-7000-8000-000000000000"}, HeaderPacked: {"!!"}}, nil)
 	assert.ErrorIs(t, err, outbox.ErrInvalidMessage)
+}
+
+// Headers NATS cannot carry travel packed in the driver's header encoding, base64:
+// the same bytes every store writes, nil and empty values kept apart.
+func TestPackedHeadersUseTheDriverEncoding(t *testing.T) {
+	headers := []outbox.Header{{Key: "ключ", Value: []byte("v")}, {Key: "nil", Value: nil}, {Key: "empty", Value: []byte{}}, {Key: "bin", Value: []byte{0, 0xff, '\n'}}}
+	env, err := driver.NewEnvelope(outbox.Message{Topic: "t", Payload: []byte("p"), Headers: headers}, 1)
+	require.NoError(t, err)
+	msg, err := testTransport(Config{}).encode(env, "t")
+	require.NoError(t, err)
+	packed, err := base64.StdEncoding.DecodeString(msg.Header.Get(HeaderPacked))
+	require.NoError(t, err)
+	assert.Equal(t, driver.EncodeHeaders(headers), packed)
+	for _, h := range headers {
+		assert.Empty(t, msg.Header.Values(h.Key), "%s travels packed only", h.Key)
+	}
+
+	d, err := decode(msg.Subject, wire(t, msg), msg.Data)
+	require.NoError(t, err)
+	assert.Equal(t, headers, appHeaders(d, env.ID.String(), true), "nil stays nil, empty stays empty")
+
+	// A packed value that is base64 but not the driver's encoding is refused.
+	_, err = decode("t", nats.Header{
+		outbox.HeaderMessageID: {env.ID.String()},
+		HeaderPacked:           {base64.StdEncoding.EncodeToString([]byte{1, 1, 9, 'a'})},
+	}, nil)
+	assert.ErrorIs(t, err, outbox.ErrInvalidMessage)
+	assert.ErrorIs(t, err, driver.ErrCorrupt)
 }
 
 func FuzzEncodeRoundTrip(f *testing.F) {

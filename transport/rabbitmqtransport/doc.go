@@ -4,9 +4,9 @@
 // The caller writes a [Dialer] (URL, credentials, TLS, heartbeat: every connection
 // setting stays the caller's) and passes it to [New]; New never dials. The transport
 // dials on its first publish or ping, and again whenever the connection broke. A
-// consumer turns deliveries back into messages with [Decode], or runs a [Consumer],
-// which applies each delivery's effects once through an inbox
-// (github.com/outboxkit/outbox/inbox) and acknowledges it after the unit committed.
+// consumer turns deliveries back into messages with [Decode], or hands a [Source] to
+// an inbox.Consumer (github.com/outboxkit/outbox/inbox), which applies each
+// delivery's effects once and acknowledges it after the unit of work committed.
 //
 //	dial := func(ctx context.Context) (*amqp.Connection, error) {
 //		return amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})

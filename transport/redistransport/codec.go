@@ -1,8 +1,6 @@
 package redistransport
 
 import (
-	"encoding/binary"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -12,53 +10,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/driver"
 )
-
-// packHeaders encodes headers as, for each in order, the name's length as a uvarint,
-// the name, the value's length as a uvarint and the value.
-func packHeaders(hs []outbox.Header) []byte {
-	n := 0
-	for _, h := range hs {
-		n += len(h.Key) + len(h.Value) + 2*binary.MaxVarintLen32
-	}
-	b := make([]byte, 0, n)
-	for _, h := range hs {
-		b = binary.AppendUvarint(b, uint64(len(h.Key)))
-		b = append(b, h.Key...)
-		b = binary.AppendUvarint(b, uint64(len(h.Value)))
-		b = append(b, h.Value...)
-	}
-	return b
-}
-
-var errPacked = errors.New("truncated or malformed")
-
-// unpackHeaders decodes what packHeaders encoded.
-func unpackHeaders(s string) ([]outbox.Header, error) {
-	b := []byte(s)
-	var hs []outbox.Header
-	next := func() ([]byte, error) {
-		n, k := binary.Uvarint(b)
-		if k <= 0 || n > uint64(len(b)-k) {
-			return nil, errPacked
-		}
-		v := b[k : k+int(n) : k+int(n)]
-		b = b[k+int(n):]
-		return v, nil
-	}
-	for len(b) > 0 {
-		k, err := next()
-		if err != nil {
-			return nil, err
-		}
-		v, err := next()
-		if err != nil {
-			return nil, err
-		}
-		hs = append(hs, outbox.Header{Key: string(k), Value: v})
-	}
-	return hs, nil
-}
 
 // Delivery is a stream entry the outbox appended, read back by a consumer.
 type Delivery struct {
@@ -117,7 +70,7 @@ func Decode(stream string, entry redis.XMessage) (Delivery, error) {
 	if v, ok, err := field(FieldHeaders); err != nil {
 		return d, err
 	} else if ok {
-		hs, err := unpackHeaders(v)
+		hs, err := driver.DecodeHeaders([]byte(v))
 		if err != nil {
 			return d, fmt.Errorf("%w: redistransport: entry %s of %q: field %s: %w", outbox.ErrInvalidMessage, entry.ID, stream, FieldHeaders, err)
 		}

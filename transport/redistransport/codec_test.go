@@ -180,6 +180,26 @@ func TestDecodeRefusesForeignEntries(t *testing.T) {
 	assert.ErrorIs(t, err, outbox.ErrInvalidMessage)
 }
 
+// The headers field is the driver's header encoding, the bytes every store writes:
+// nil and empty values stay apart.
+func TestHeadersFieldIsTheDriverEncoding(t *testing.T) {
+	headers := []outbox.Header{{Key: "ключ", Value: []byte("v")}, {Key: "nil", Value: nil}, {Key: "empty", Value: []byte{}}, {Key: "bin", Value: []byte{0, 0xff, '\n'}}}
+	env, err := driver.NewEnvelope(outbox.Message{Topic: "t", Payload: []byte("p"), Headers: headers}, 1)
+	require.NoError(t, err)
+	args, err := testTransport(t, Config{}).encode(env)
+	require.NoError(t, err)
+	e := entry(t, args)
+	assert.Equal(t, string(driver.EncodeHeaders(headers)), e.Values[FieldHeaders])
+	d, err := Decode(args.Stream, e)
+	require.NoError(t, err)
+	assert.Equal(t, headers, appHeaders(d, env.ID.String(), true), "nil stays nil, empty stays empty")
+
+	e.Values[FieldHeaders] = string([]byte{1, 1, 9, 'a'})
+	_, err = Decode(args.Stream, e)
+	assert.ErrorIs(t, err, outbox.ErrInvalidMessage)
+	assert.ErrorIs(t, err, driver.ErrCorrupt)
+}
+
 func FuzzCodecRoundTrip(f *testing.F) {
 	f.Add([]byte("k"), []byte("p"), "a", []byte("v"), "b", []byte("w"))
 	f.Add([]byte{}, []byte(nil), "ключ", []byte{0, '\r'}, "a", []byte(" "))

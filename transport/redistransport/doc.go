@@ -4,9 +4,9 @@
 // The caller builds the client (redis.NewClient, redis.NewFailoverClient or
 // redis.NewClusterClient) and passes it to [New]; the transport never dials and never
 // closes it. Each topic is a stream; XADD creates it on the first append. A consumer
-// turns entries back into what was sent with [Decode], or runs a [Consumer], which
-// applies each entry's effects once through an inbox
-// (github.com/outboxkit/outbox/inbox).
+// turns entries back into what was sent with [Decode], or hands a [Source] to an
+// inbox.Consumer (github.com/outboxkit/outbox/inbox), which applies each entry's
+// effects once and acknowledges it (XACK) after the unit of work committed.
 //
 //	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
 //	transport, err := redistransport.New(client, redistransport.Config{})
@@ -18,10 +18,10 @@
 //     Each message is one entry, with an id Redis assigns ("*"), and these fields:
 //     [FieldMessageID] (the envelope id, always), [FieldKey] (the key, byte for byte;
 //     absent for a nil key, empty for an empty key), [FieldPayload] (absent for a
-//     tombstone), [FieldHeaders] (the application's headers packed, in order: for each,
-//     the name's length as a uvarint, the name, the value's length as a uvarint and
-//     the value; absent when there are none), [FieldIdempotencyKey] (the message id,
-//     unless the application set an idempotency-key header or
+//     tombstone), [FieldHeaders] (the application's headers, in order, in the
+//     binary encoding every store uses, [driver.EncodeHeaders]: duplicates, empty
+//     and nil values kept; absent when there are none), [FieldIdempotencyKey] (the
+//     message id, unless the application set an idempotency-key header or
 //     [Config.OmitIdempotencyKey] is set) and [FieldTopic] (only when the stream key
 //     differs from the topic).
 //   - [Transport.Publish] sends the whole batch as one pipeline — one XADD per
@@ -63,5 +63,5 @@
 //     with noeviction) and then accepts the key's next entry of the same batch,
 //     because memory was freed in between; the retried entry lands after it.
 //   - Application headers travel packed in one field, so consumers that do not use
-//     [Decode] must unpack them with the codec above.
+//     [Decode] must unpack them with [driver.DecodeHeaders].
 package redistransport

@@ -25,8 +25,8 @@ const (
 	FieldKey = "key"
 	// FieldPayload carries the payload, byte for byte; absent for a tombstone.
 	FieldPayload = "payload"
-	// FieldHeaders carries the application's headers, packed (see the package
-	// documentation); absent when there are none.
+	// FieldHeaders carries the application's headers in the [driver.EncodeHeaders]
+	// encoding; absent when there are none.
 	FieldHeaders = "headers"
 	// FieldTopic carries the topic when [Config.Stream] maps it to another stream.
 	FieldTopic = "topic"
@@ -300,7 +300,7 @@ func (t *Transport) encode(env *driver.Envelope) (*redis.XAddArgs, error) {
 		values = append(values, FieldPayload, env.Payload)
 	}
 	if len(env.Headers) > 0 {
-		values = append(values, FieldHeaders, packHeaders(env.Headers))
+		values = append(values, FieldHeaders, driver.EncodeHeaders(env.Headers))
 	}
 	if !t.cfg.OmitIdempotencyKey {
 		if _, ok := env.Header(outbox.HeaderIdempotencyKey); !ok {

@@ -17,9 +17,9 @@ import (
 
 // A consumer service applies each payment once: the handler's writes, the inbox key
 // and the receipt it sends commit together, and the SQS message is deleted after
-// them. (It needs a queue, so it is only compiled; TestReceiverAppliesOnceInGroupOrderAndDeletesAfterCommit
+// them. (It needs a queue, so it is only compiled; TestConsumerAppliesOnceInGroupOrderAndDeletesAfterCommit
 // runs the same loop against the emulator.)
-func ExampleNewReceiver() {
+func ExampleNewSource() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 	store, _ := memstore.New(memstore.Config{}) // dynamostore or sqlstore in production
@@ -29,14 +29,18 @@ func ExampleNewReceiver() {
 		log.Fatal(err)
 	}
 	var client *sqs.Client // sqs.NewFromConfig(cfg), built by the application
-	receiver, err := sqstransport.NewReceiver(client, in, func(ctx context.Context, d *sqstransport.Delivery) error {
-		// Write the payment through the store's accessor with ctx, then:
-		return sender.Send(ctx, outbox.Message{Topic: "receipts", Key: d.Key, Payload: d.Payload})
-	}, sqstransport.ReceiverConfig{QueueURL: os.Getenv("PAYMENTS_QUEUE_URL")})
+	src, err := sqstransport.NewSource(client, sqstransport.SourceConfig{QueueURL: os.Getenv("PAYMENTS_QUEUE_URL")})
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := receiver.Run(ctx); err != nil { // returns after a graceful stop on SIGTERM
+	consumer, err := inbox.NewConsumer(src, in, func(ctx context.Context, d *inbox.Delivery) error {
+		// Write the payment through the store's accessor with ctx, then:
+		return sender.Send(ctx, outbox.Message{Topic: "receipts", Key: d.Key, Payload: d.Payload})
+	}, inbox.ConsumerConfig{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := consumer.Run(ctx); err != nil { // returns after a graceful stop on SIGTERM
 		log.Fatal(err)
 	}
 }

@@ -6,7 +6,9 @@
 // policy) and never dials. A [Resolver] maps each message's topic to a queue URL:
 // [Queues] is a static map, [NameResolver] (the default) treats the topic as a queue
 // name and caches GetQueueUrl answers. [Decode] turns a received message back into the
-// message ID, key, headers and payload the outbox published.
+// message ID, key, headers and payload the outbox published; a [Source] handed to an
+// inbox.Consumer (github.com/outboxkit/outbox/inbox) applies each message's effects
+// once and deletes it after the unit of work committed.
 //
 // Give the writers' capture the same transport, so that it refuses at Send what SQS
 // could never carry:

@@ -7,7 +7,7 @@
 // transport never dials and never closes it. A consumer turns what a Watermill
 // subscriber receives back into messages with [Decode], or registers [Handler] with
 // its router, which applies each message's effects once through an inbox
-// (github.com/outboxkit/outbox/inbox).
+// (github.com/outboxkit/outbox/inbox) with the inbox consumer's own step.
 //
 //	pub, err := amqp.NewPublisher(amqp.NewDurableQueueConfig(url), logger)
 //	transport, err := watermilltransport.New(pub, watermilltransport.Config{

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -34,7 +35,12 @@ func TestHandlerAppliesOnce(t *testing.T) {
 		applied = map[string]int{}
 		refused = map[string]bool{}
 	)
-	h, err := watermilltransport.Handler(in, func(ctx context.Context, d *watermilltransport.Delivery) error {
+	var calls, withRaw atomic.Int64
+	h, err := watermilltransport.Handler(in, func(ctx context.Context, d *inbox.Delivery) error {
+		calls.Add(1)
+		if m, ok := d.Raw.(*message.Message); ok && string(m.Payload) == string(d.Payload) && d.Attempt == 1 {
+			withRaw.Add(1)
+		}
 		p := string(d.Payload)
 		mu.Lock()
 		first := p == "refused once" && !refused[p]
@@ -88,6 +94,9 @@ func TestHandlerAppliesOnce(t *testing.T) {
 		}
 	}
 	assert.Equal(t, 1, failed, "only the refused attempt failed: %v", results)
+
+	assert.EqualValues(t, 3, calls.Load(), "the duplicate's function did not run")
+	assert.Equal(t, calls.Load(), withRaw.Load(), "each delivery carries its Watermill message as Raw")
 
 	err = h(message.NewMessage("foreign", []byte("x")))
 	require.ErrorIs(t, err, outbox.ErrInvalidMessage)

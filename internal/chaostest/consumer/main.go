@@ -1,7 +1,7 @@
-// Command consumer is one consumer process for the inbox kill tests: a Kafka consume
-// loop (kafkatransport.Consumer) applying each record through an inbox on a PostgreSQL store
-// or, with -queue, an SQS receive loop (sqstransport.Receiver) applying each message
-// through an inbox on a DynamoDB store. Its handler writes one effect per message in
+// Command consumer is one consumer process for the inbox kill tests: the inbox's
+// consume loop (inbox.Consumer) on a Kafka source (kafkatransport.Source), applying
+// each record through an inbox on a PostgreSQL store or, with -queue, on an SQS source
+// (sqstransport.Source), applying each message through an inbox on a DynamoDB store. Its handler writes one effect per message in
 // the unit of work (a row in the effects table; an item under EFFECT#<message id>),
 // so the test can count, from outside, how often each message's effect was applied.
 // SIGTERM or SIGINT stop it gracefully; SIGKILL stops it as a crash does.
@@ -127,7 +127,7 @@ func runKafka(ctx context.Context, f flags, log *slog.Logger, printf func(string
 	}
 	defer client.Close()
 	insert := "INSERT INTO " + f.effects + " (msg_id, proc) VALUES ($1, $2)"
-	handle := func(ctx context.Context, d kafkatransport.Delivery) error {
+	handle := func(ctx context.Context, d *inbox.Delivery) error {
 		tx, ok := sqlstore.PgxTx(ctx)
 		if !ok {
 			return fmt.Errorf("no pgx transaction in the unit of work")
@@ -140,12 +140,16 @@ func runKafka(ctx context.Context, f flags, log *slog.Logger, printf func(string
 		}
 		return nil
 	}
-	cs, err := kafkatransport.NewConsumer(client, in, handle, kafkatransport.ConsumerConfig{
-		MaxPollRecords: f.maxPoll,
-		RetryBackoff:   10 * time.Millisecond,
-		Logger:         log,
-		Processed: func(d kafkatransport.Delivery, res inbox.Result) {
-			committed(fmt.Sprintf("%d@%d", *d.Partition, d.Offset), res)
+	src, err := kafkatransport.NewSource(client, kafkatransport.SourceConfig{MaxPollRecords: f.maxPoll, Logger: log})
+	if err != nil {
+		return err
+	}
+	cs, err := inbox.NewConsumer(src, in, handle, inbox.ConsumerConfig{
+		RetryBackoff: 10 * time.Millisecond,
+		Logger:       log,
+		Processed: func(d *inbox.Delivery, res inbox.Result) {
+			rec := d.Raw.(*kgo.Record)
+			committed(fmt.Sprintf("%d@%d", rec.Partition, rec.Offset), res)
 		},
 	})
 	if err != nil {
@@ -168,7 +172,7 @@ func runSQS(ctx context.Context, f flags, log *slog.Logger, printf func(string, 
 		return err
 	}
 	client := sqs.New(sqs.Options{Region: "us-east-1", BaseEndpoint: aws.String(f.sqsURL), Credentials: creds})
-	handle := func(ctx context.Context, d *sqstransport.Delivery) error {
+	handle := func(ctx context.Context, d *inbox.Delivery) error {
 		if err := dynamostore.AddItems(ctx, types.TransactWriteItem{Put: &types.Put{
 			TableName: aws.String(f.dynamoTable),
 			Item: map[string]types.AttributeValue{
@@ -184,10 +188,16 @@ func runSQS(ctx context.Context, f flags, log *slog.Logger, printf func(string, 
 		}
 		return nil
 	}
-	r, err := sqstransport.NewReceiver(client, in, handle, sqstransport.ReceiverConfig{
-		QueueURL: f.queue, WaitTime: time.Second, VisibilityTimeout: f.visib, Logger: log,
+	src, err := sqstransport.NewSource(client, sqstransport.SourceConfig{
+		QueueURL: f.queue, WaitTime: time.Second, VisibilityTimeout: f.visib,
 		MaxMessages: int32(min(10, f.maxPoll)),
-		Processed:   func(d *sqstransport.Delivery, res inbox.Result) { committed(d.ID.String(), res) },
+	})
+	if err != nil {
+		return err
+	}
+	r, err := inbox.NewConsumer(src, in, handle, inbox.ConsumerConfig{
+		Logger:    log,
+		Processed: func(d *inbox.Delivery, res inbox.Result) { committed(d.ID.String(), res) },
 	})
 	if err != nil {
 		return err

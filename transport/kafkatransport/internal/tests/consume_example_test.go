@@ -16,7 +16,7 @@ import (
 	"github.com/outboxkit/outbox/transport/kafkatransport"
 )
 
-// Example_consumer runs package kafka's ExampleNewConsumer against an in-process
+// Example_consumer runs package kafkatransport's ExampleNewSource against an in-process
 // cluster: a payment published twice (as a relay that crashed after the broker's
 // acknowledgement would) is applied once, and its receipt sent once.
 func Example_consumer() {
@@ -62,11 +62,16 @@ func Example_consumer() {
 	defer client.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	consumer, err := kafkatransport.NewConsumer(client, in, func(ctx context.Context, d kafkatransport.Delivery) error {
+	src, err := kafkatransport.NewSource(client, kafkatransport.SourceConfig{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	consumer, err := inbox.NewConsumer(src, in, func(ctx context.Context, d *inbox.Delivery) error {
 		return sender.Send(ctx, outbox.Message{Topic: "receipts", Key: d.Key, Payload: d.Payload})
-	}, kafkatransport.ConsumerConfig{Processed: func(d kafkatransport.Delivery, res inbox.Result) {
-		fmt.Printf("offset %d duplicate %t\n", d.Offset, res.Duplicate)
-		if d.Offset == 1 {
+	}, inbox.ConsumerConfig{Processed: func(d *inbox.Delivery, res inbox.Result) {
+		offset := d.Raw.(*kgo.Record).Offset
+		fmt.Printf("offset %d duplicate %t\n", offset, res.Duplicate)
+		if offset == 1 {
 			cancel() // both records seen: stop
 		}
 	}})

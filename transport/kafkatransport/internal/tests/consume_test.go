@@ -34,7 +34,7 @@ func newLedger() *ledger {
 	return &ledger{applied: map[string]int{}, order: map[string][]string{}}
 }
 
-func (l *ledger) apply(ctx context.Context, d kafkatransport.Delivery) error {
+func (l *ledger) apply(ctx context.Context, d *inbox.Delivery) error {
 	return memstore.OnCommit(ctx, func() error {
 		l.mu.Lock()
 		defer l.mu.Unlock()
@@ -83,8 +83,21 @@ func publishKeyed(t *testing.T, c *kfake.Cluster, topic string, n, keys int) map
 	return byKey
 }
 
+// newInboxConsumer builds the inbox's consume loop on a source over client.
+func newInboxConsumer(t *testing.T, client *kgo.Client, in *inbox.Inbox, handle inbox.Handler, cfg inbox.ConsumerConfig) *inbox.Consumer {
+	t.Helper()
+	src, err := kafkatransport.NewSource(client, kafkatransport.SourceConfig{})
+	require.NoError(t, err)
+	cs, err := inbox.NewConsumer(src, in, handle, cfg)
+	require.NoError(t, err)
+	return cs
+}
+
+// offset is the delivered record's offset.
+func offset(d *inbox.Delivery) int64 { return d.Raw.(*kgo.Record).Offset }
+
 // runConsumer runs a consumer until stop is called, which waits for Run to return.
-func runConsumer(t *testing.T, cs *kafkatransport.Consumer) (stop func() error) {
+func runConsumer(t *testing.T, cs *inbox.Consumer) (stop func() error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- cs.Run(ctx) }()
@@ -140,9 +153,9 @@ func TestConsumerAppliesEachRecordOnceInPartitionOrder(t *testing.T) {
 	l := newLedger()
 	var processed atomic.Int64
 	var failedOnce sync.Map
-	handle := func(ctx context.Context, d kafkatransport.Delivery) error {
+	handle := func(ctx context.Context, d *inbox.Delivery) error {
 		// Every fifth record fails its first attempt: it is retried in place.
-		if d.Offset%5 == 0 {
+		if offset(d)%5 == 0 {
 			if _, loaded := failedOnce.LoadOrStore(d.ID, true); !loaded {
 				if err := l.apply(ctx, d); err != nil { // rolled back with the unit
 					return err
@@ -152,11 +165,10 @@ func TestConsumerAppliesEachRecordOnceInPartitionOrder(t *testing.T) {
 		}
 		return l.apply(ctx, d)
 	}
-	cs, err := kafkatransport.NewConsumer(groupClient(t, c, "g1", topic), in, handle, kafkatransport.ConsumerConfig{
+	cs := newInboxConsumer(t, groupClient(t, c, "g1", topic), in, handle, inbox.ConsumerConfig{
 		RetryBackoff: time.Millisecond,
-		Processed:    func(kafkatransport.Delivery, inbox.Result) { processed.Add(1) },
+		Processed:    func(*inbox.Delivery, inbox.Result) { processed.Add(1) },
 	})
-	require.NoError(t, err)
 	stop := runConsumer(t, cs)
 	require.Eventually(t, func() bool { return processed.Load() >= n }, time.Minute, 10*time.Millisecond)
 	require.NoError(t, stop())
@@ -178,15 +190,14 @@ func TestConsumerAppliesEachRecordOnceInPartitionOrder(t *testing.T) {
 	// The whole topic redelivered (a new group reads from the start): every record is
 	// a duplicate, the handler never runs, nothing is applied twice.
 	var dups, ran atomic.Int64
-	again, err := kafkatransport.NewConsumer(groupClient(t, c, "g2", topic), in, func(context.Context, kafkatransport.Delivery) error {
+	again := newInboxConsumer(t, groupClient(t, c, "g2", topic), in, func(context.Context, *inbox.Delivery) error {
 		ran.Add(1)
 		return nil
-	}, kafkatransport.ConsumerConfig{Processed: func(_ kafkatransport.Delivery, res inbox.Result) {
+	}, inbox.ConsumerConfig{Processed: func(_ *inbox.Delivery, res inbox.Result) {
 		if res.Duplicate {
 			dups.Add(1)
 		}
 	}})
-	require.NoError(t, err)
 	stop = runConsumer(t, again)
 	require.Eventually(t, func() bool { return dups.Load() >= n }, time.Minute, 10*time.Millisecond)
 	require.NoError(t, stop())
@@ -207,14 +218,13 @@ func TestConsumerStopsGracefully(t *testing.T) {
 	l := newLedger()
 	entered, release := make(chan struct{}), make(chan struct{})
 	var calls atomic.Int64
-	cs, err := kafkatransport.NewConsumer(groupClient(t, c, "g", topic, kgo.BlockRebalanceOnPoll()), in, func(ctx context.Context, d kafkatransport.Delivery) error {
+	cs := newInboxConsumer(t, groupClient(t, c, "g", topic, kgo.BlockRebalanceOnPoll()), in, func(ctx context.Context, d *inbox.Delivery) error {
 		if calls.Add(1) == 1 {
 			close(entered)
 			<-release
 		}
 		return l.apply(ctx, d)
-	}, kafkatransport.ConsumerConfig{})
-	require.NoError(t, err)
+	}, inbox.ConsumerConfig{})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- cs.Run(ctx) }()
@@ -244,9 +254,8 @@ func TestConsumerSkipsRecordWithoutKey(t *testing.T) {
 	in, err := inbox.New(store, inbox.Config{Consumer: "billing"})
 	require.NoError(t, err)
 	var processed atomic.Int64
-	cs, err := kafkatransport.NewConsumer(groupClient(t, c, "g", topic), in, func(context.Context, kafkatransport.Delivery) error { return nil },
-		kafkatransport.ConsumerConfig{Processed: func(kafkatransport.Delivery, inbox.Result) { processed.Add(1) }})
-	require.NoError(t, err)
+	cs := newInboxConsumer(t, groupClient(t, c, "g", topic), in, func(context.Context, *inbox.Delivery) error { return nil },
+		inbox.ConsumerConfig{Processed: func(*inbox.Delivery, inbox.Result) { processed.Add(1) }})
 	stop := runConsumer(t, cs)
 	require.Eventually(t, func() bool { return processed.Load() == 1 }, time.Minute, 10*time.Millisecond)
 	require.Eventually(t, func() bool { return committed(t, c, "g", topic, 1)[0] == 2 }, time.Minute, 10*time.Millisecond,
@@ -254,25 +263,32 @@ func TestConsumerSkipsRecordWithoutKey(t *testing.T) {
 	require.NoError(t, stop())
 }
 
-func TestNewConsumerRefusesMisconfiguredClient(t *testing.T) {
+func TestNewSourceRefusesMisconfiguredClient(t *testing.T) {
 	c := newCluster(t, 1, "t")
 	store, err := memstore.New(memstore.Config{})
 	require.NoError(t, err)
 	defer store.Close()
 	in, err := inbox.New(store, inbox.Config{Consumer: "billing"})
 	require.NoError(t, err)
-	h := func(context.Context, kafkatransport.Delivery) error { return nil }
+	h := func(context.Context, *inbox.Delivery) error { return nil }
 
-	_, err = kafkatransport.NewConsumer(newClient(t, c, kgo.ConsumeTopics("t")), in, h, kafkatransport.ConsumerConfig{})
+	_, err = kafkatransport.NewSource(newClient(t, c, kgo.ConsumeTopics("t")), kafkatransport.SourceConfig{})
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
 	require.ErrorContains(t, err, "kgo.ConsumerGroup")
-	_, err = kafkatransport.NewConsumer(newClient(t, c, kgo.ConsumerGroup("g"), kgo.ConsumeTopics("t")), in, h, kafkatransport.ConsumerConfig{})
+	_, err = kafkatransport.NewSource(newClient(t, c, kgo.ConsumerGroup("g"), kgo.ConsumeTopics("t")), kafkatransport.SourceConfig{})
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
 	require.ErrorContains(t, err, "kgo.DisableAutoCommit")
-	ok := groupClient(t, c, "g", "t")
-	_, err = kafkatransport.NewConsumer(ok, nil, h, kafkatransport.ConsumerConfig{})
+	_, err = kafkatransport.NewSource(nil, kafkatransport.SourceConfig{})
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
-	_, err = kafkatransport.NewConsumer(ok, in, h, kafkatransport.ConsumerConfig{StopTimeout: -1})
+	ok := groupClient(t, c, "g", "t")
+	_, err = kafkatransport.NewSource(ok, kafkatransport.SourceConfig{MaxPollRecords: -1})
+	require.ErrorIs(t, err, outbox.ErrMisconfigured)
+	require.ErrorContains(t, err, "SourceConfig.MaxPollRecords")
+	src, err := kafkatransport.NewSource(ok, kafkatransport.SourceConfig{})
+	require.NoError(t, err)
+	_, err = inbox.NewConsumer(src, nil, h, inbox.ConsumerConfig{})
+	require.ErrorIs(t, err, outbox.ErrMisconfigured)
+	_, err = inbox.NewConsumer(src, in, h, inbox.ConsumerConfig{StopTimeout: -1})
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
 	require.ErrorContains(t, err, "ConsumerConfig.StopTimeout")
 }

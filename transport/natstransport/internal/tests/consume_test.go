@@ -30,8 +30,8 @@ type applied struct {
 
 func newApplied() *applied { return &applied{count: map[string]int{}} }
 
-func (a *applied) handler(fail func(d *natstransport.Delivery) bool) natstransport.ConsumeHandler {
-	return func(ctx context.Context, d *natstransport.Delivery) error {
+func (a *applied) handler(fail func(d *inbox.Delivery) bool) inbox.Handler {
+	return func(ctx context.Context, d *inbox.Delivery) error {
 		if fail != nil && fail(d) {
 			return fmt.Errorf("handler refuses %s for now", d.Payload)
 		}
@@ -46,7 +46,7 @@ func (a *applied) handler(fail func(d *natstransport.Delivery) bool) natstranspo
 	}
 }
 
-func (a *applied) processed(_ *natstransport.Delivery, res inbox.Result) {
+func (a *applied) processed(_ *inbox.Delivery, res inbox.Result) {
 	if res.Duplicate {
 		a.mu.Lock()
 		a.dups++
@@ -77,9 +77,9 @@ func (a *applied) wait(t *testing.T, n int) {
 	}
 }
 
-// runConsumer starts a Consumer on a durable consumer of s and returns a stop
+// runConsumer starts an inbox consumer on a durable consumer of s and returns a stop
 // function that cancels it and waits for Run to return nil.
-func runConsumer(t *testing.T, s jetstream.Stream, a *applied, fail func(*natstransport.Delivery) bool) func() {
+func runConsumer(t *testing.T, s jetstream.Stream, a *applied, fail func(*inbox.Delivery) bool) func() {
 	t.Helper()
 	cons, err := s.CreateOrUpdateConsumer(t.Context(), jetstream.ConsumerConfig{Durable: "billing", AckPolicy: jetstream.AckExplicitPolicy})
 	require.NoError(t, err)
@@ -88,7 +88,9 @@ func runConsumer(t *testing.T, s jetstream.Stream, a *applied, fail func(*natstr
 	t.Cleanup(func() { _ = store.Close() })
 	in, err := inbox.New(store, inbox.Config{Consumer: "billing", Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
-	c, err := natstransport.NewConsumer(cons, in, a.handler(fail), natstransport.ConsumerConfig{
+	src, err := natstransport.NewSource(cons, natstransport.SourceConfig{})
+	require.NoError(t, err)
+	c, err := inbox.NewConsumer(src, in, a.handler(fail), inbox.ConsumerConfig{
 		Processed: a.processed, Logger: slog.New(slog.DiscardHandler),
 	})
 	require.NoError(t, err)
@@ -134,7 +136,7 @@ func TestConsumerAppliesOnceInOrder(t *testing.T) {
 	a := newApplied()
 	var mu sync.Mutex
 	failures := 0
-	stop := runConsumer(t, s, a, func(d *natstransport.Delivery) bool {
+	stop := runConsumer(t, s, a, func(d *inbox.Delivery) bool {
 		mu.Lock()
 		defer mu.Unlock()
 		if string(d.Payload) == "2" && failures < 2 {
@@ -163,7 +165,7 @@ func TestConsumerAppliesOnceInOrder(t *testing.T) {
 	assert.Zero(t, got.NumPending)
 }
 
-func TestConsumerConfig(t *testing.T) {
+func TestSourceConfig(t *testing.T) {
 	t.Parallel()
 	_, js := connect(t, natsURL())
 	s := createStream(t, js, jetstream.StreamConfig{Subjects: []string{streamName("cfg")}})
@@ -171,18 +173,22 @@ func TestConsumerConfig(t *testing.T) {
 	require.NoError(t, err)
 	in, err := inbox.New(store, inbox.Config{Consumer: "c"})
 	require.NoError(t, err)
-	h := func(context.Context, *natstransport.Delivery) error { return nil }
+	h := func(context.Context, *inbox.Delivery) error { return nil }
 	none, err := s.CreateOrUpdateConsumer(t.Context(), jetstream.ConsumerConfig{Durable: "none", AckPolicy: jetstream.AckNonePolicy})
 	require.NoError(t, err)
-	_, err = natstransport.NewConsumer(none, in, h, natstransport.ConsumerConfig{})
+	_, err = natstransport.NewSource(none, natstransport.SourceConfig{})
 	assert.ErrorIs(t, err, outbox.ErrMisconfigured)
 	assert.ErrorContains(t, err, "AckExplicitPolicy")
 	explicit, err := s.CreateOrUpdateConsumer(t.Context(), jetstream.ConsumerConfig{Durable: "explicit", AckPolicy: jetstream.AckExplicitPolicy})
 	require.NoError(t, err)
-	_, err = natstransport.NewConsumer(explicit, in, h, natstransport.ConsumerConfig{FetchBatch: -1})
-	assert.ErrorContains(t, err, "ConsumerConfig.FetchBatch")
-	_, err = natstransport.NewConsumer(explicit, nil, h, natstransport.ConsumerConfig{})
+	_, err = natstransport.NewSource(explicit, natstransport.SourceConfig{FetchBatch: -1})
+	assert.ErrorContains(t, err, "SourceConfig.FetchBatch")
+	_, err = natstransport.NewSource(nil, natstransport.SourceConfig{})
 	assert.ErrorIs(t, err, outbox.ErrMisconfigured)
-	_, err = natstransport.NewConsumer(explicit, in, h, natstransport.ConsumerConfig{})
+	src, err := natstransport.NewSource(explicit, natstransport.SourceConfig{})
+	require.NoError(t, err)
+	_, err = inbox.NewConsumer(src, nil, h, inbox.ConsumerConfig{})
+	assert.ErrorIs(t, err, outbox.ErrMisconfigured)
+	_, err = inbox.NewConsumer(src, in, h, inbox.ConsumerConfig{})
 	assert.NoError(t, err)
 }

@@ -30,8 +30,8 @@ type applied struct {
 	dups  int
 }
 
-func (a *applied) handler(fail func(d *rabbitmqtransport.Delivery) bool) rabbitmqtransport.ConsumeHandler {
-	return func(ctx context.Context, d *rabbitmqtransport.Delivery) error {
+func (a *applied) handler(fail func(d *inbox.Delivery) bool) inbox.Handler {
+	return func(ctx context.Context, d *inbox.Delivery) error {
 		if fail != nil && fail(d) {
 			return fmt.Errorf("handler refuses %s for now", d.Payload)
 		}
@@ -46,7 +46,7 @@ func (a *applied) handler(fail func(d *rabbitmqtransport.Delivery) bool) rabbitm
 	}
 }
 
-func (a *applied) processed(_ *rabbitmqtransport.Delivery, res inbox.Result) {
+func (a *applied) processed(_ *inbox.Delivery, res inbox.Result) {
 	if res.Duplicate {
 		a.mu.Lock()
 		a.dups++
@@ -64,17 +64,19 @@ func (a *applied) snapshot() ([]string, map[string]int, int) {
 	return append([]string(nil), a.order...), count, a.dups
 }
 
-// consumer starts a Consumer on queue (through addr, if set) and returns a stop
-// function that cancels it and waits for Run to return nil.
-func consumer(t *testing.T, addr, queue string, a *applied, fail func(*rabbitmqtransport.Delivery) bool) func() {
+// consumer starts an inbox consumer on queue (through addr, if set) and returns a
+// stop function that cancels it and waits for Run to return nil.
+func consumer(t *testing.T, addr, queue string, a *applied, fail func(*inbox.Delivery) bool) func() {
 	t.Helper()
 	store, err := memstore.New(memstore.Config{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = store.Close() })
 	in, err := inbox.New(store, inbox.Config{Consumer: "test", Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
-	c, err := rabbitmqtransport.NewConsumer(dialer(addr), in, a.handler(fail), rabbitmqtransport.ConsumerConfig{
-		Queue: queue, Processed: a.processed, Logger: slog.New(slog.DiscardHandler),
+	src, err := rabbitmqtransport.NewSource(dialer(addr), rabbitmqtransport.SourceConfig{Queue: queue})
+	require.NoError(t, err)
+	c, err := inbox.NewConsumer(src, in, a.handler(fail), inbox.ConsumerConfig{
+		Processed: a.processed, Logger: slog.New(slog.DiscardHandler),
 	})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -109,21 +111,25 @@ func waitApplied(t *testing.T, a *applied, n int) {
 	}
 }
 
-func TestConsumerConfig(t *testing.T) {
+func TestSourceConfig(t *testing.T) {
 	store, err := memstore.New(memstore.Config{})
 	require.NoError(t, err)
 	in, err := inbox.New(store, inbox.Config{Consumer: "c"})
 	require.NoError(t, err)
-	h := func(context.Context, *rabbitmqtransport.Delivery) error { return nil }
-	_, err = rabbitmqtransport.NewConsumer(dialer(""), in, h, rabbitmqtransport.ConsumerConfig{})
+	h := func(context.Context, *inbox.Delivery) error { return nil }
+	_, err = rabbitmqtransport.NewSource(dialer(""), rabbitmqtransport.SourceConfig{})
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
-	require.ErrorContains(t, err, "ConsumerConfig.Queue")
-	_, err = rabbitmqtransport.NewConsumer(dialer(""), in, h, rabbitmqtransport.ConsumerConfig{Queue: "q", Prefetch: -1})
-	require.ErrorContains(t, err, "ConsumerConfig.Prefetch")
-	_, err = rabbitmqtransport.NewConsumer(nil, in, h, rabbitmqtransport.ConsumerConfig{Queue: "q"})
+	require.ErrorContains(t, err, "SourceConfig.Queue")
+	_, err = rabbitmqtransport.NewSource(dialer(""), rabbitmqtransport.SourceConfig{Queue: "q", Prefetch: -1})
+	require.ErrorContains(t, err, "SourceConfig.Prefetch")
+	_, err = rabbitmqtransport.NewSource(nil, rabbitmqtransport.SourceConfig{Queue: "q"})
 	require.ErrorContains(t, err, "Dialer")
-	_, err = rabbitmqtransport.NewConsumer(dialer(""), nil, h, rabbitmqtransport.ConsumerConfig{Queue: "q"})
+	src, err := rabbitmqtransport.NewSource(dialer(""), rabbitmqtransport.SourceConfig{Queue: "q"})
+	require.NoError(t, err)
+	_, err = inbox.NewConsumer(src, nil, h, inbox.ConsumerConfig{})
 	require.ErrorContains(t, err, "inbox")
+	_, err = inbox.NewConsumer(src, in, h, inbox.ConsumerConfig{})
+	require.NoError(t, err)
 }
 
 // Every message is applied once, in publish order, a redelivered copy is skipped as
@@ -148,7 +154,7 @@ func TestConsumerAppliesOnceInOrder(t *testing.T) {
 	require.NoError(t, tr.Publish(context.Background(), batch[10:]))
 
 	var attempts sync.Map
-	fail := func(d *rabbitmqtransport.Delivery) bool { // 05 fails twice
+	fail := func(d *inbox.Delivery) bool { // 05 fails twice
 		if string(d.Payload) != "05" {
 			return false
 		}
@@ -196,7 +202,7 @@ func TestConsumerSurvivesBrokenConnection(t *testing.T) {
 	before := runtime.NumGoroutine() // the transport's and the admin's connections included
 	app := &applied{count: map[string]int{}}
 	// Slow the handler a little so the cut lands mid-stream.
-	slow := func(*rabbitmqtransport.Delivery) bool { time.Sleep(time.Millisecond); return false }
+	slow := func(*inbox.Delivery) bool { time.Sleep(time.Millisecond); return false }
 	stop := consumer(t, p.Addr(), topic, app, slow)
 	waitApplied(t, app, 20)
 	p.Cut()

@@ -30,8 +30,8 @@ type applied struct {
 
 func newApplied() *applied { return &applied{count: map[string]int{}} }
 
-func (a *applied) handler(fail func(d *redistransport.Delivery) bool) redistransport.ConsumeHandler {
-	return func(ctx context.Context, d *redistransport.Delivery) error {
+func (a *applied) handler(fail func(d *inbox.Delivery) bool) inbox.Handler {
+	return func(ctx context.Context, d *inbox.Delivery) error {
 		if fail != nil && fail(d) {
 			return fmt.Errorf("handler refuses %s for now", d.Payload)
 		}
@@ -46,7 +46,7 @@ func (a *applied) handler(fail func(d *redistransport.Delivery) bool) redistrans
 	}
 }
 
-func (a *applied) processed(_ *redistransport.Delivery, res inbox.Result) {
+func (a *applied) processed(_ *inbox.Delivery, res inbox.Result) {
 	if res.Duplicate {
 		a.mu.Lock()
 		a.dups++
@@ -64,17 +64,19 @@ func (a *applied) snapshot() ([]string, map[string]int, int) {
 	return append([]string(nil), a.order...), count, a.dups
 }
 
-// runConsumer starts a Consumer named name on stream's group "billing" and returns a
-// stop function that cancels it and waits for Run to return nil.
-func runConsumer(t *testing.T, client *redis.Client, stream, name string, a *applied, fail func(*redistransport.Delivery) bool) func() {
+// runConsumer starts an inbox consumer named name on stream's group "billing" and
+// returns a stop function that cancels it and waits for Run to return nil.
+func runConsumer(t *testing.T, client *redis.Client, stream, name string, a *applied, fail func(*inbox.Delivery) bool) func() {
 	t.Helper()
 	store, err := memstore.New(memstore.Config{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = store.Close() })
 	in, err := inbox.New(store, inbox.Config{Consumer: "billing", Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
-	c, err := redistransport.NewConsumer(client, in, a.handler(fail), redistransport.ConsumerConfig{
-		Stream: stream, Group: "billing", Name: name, Processed: a.processed, Logger: slog.New(slog.DiscardHandler),
+	src, err := redistransport.NewSource(client, redistransport.SourceConfig{Stream: stream, Group: "billing", Name: name})
+	require.NoError(t, err)
+	c, err := inbox.NewConsumer(src, in, a.handler(fail), inbox.ConsumerConfig{
+		Processed: a.processed, Logger: slog.New(slog.DiscardHandler),
 	})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -123,7 +125,7 @@ func TestConsumerAppliesOnceInOrder(t *testing.T) {
 	a := newApplied()
 	var mu sync.Mutex
 	failures := 0
-	stop := runConsumer(t, client, stream, "billing-1", a, func(d *redistransport.Delivery) bool {
+	stop := runConsumer(t, client, stream, "billing-1", a, func(d *inbox.Delivery) bool {
 		mu.Lock()
 		defer mu.Unlock()
 		if string(d.Payload) == "1" && failures < 2 {
@@ -159,10 +161,12 @@ func TestConsumerWithoutGroupIsMisconfigured(t *testing.T) {
 	require.NoError(t, err)
 	in, err := inbox.New(store, inbox.Config{Consumer: "c"})
 	require.NoError(t, err)
-	h := func(context.Context, *redistransport.Delivery) error { return nil }
-	_, err = redistransport.NewConsumer(client, in, h, redistransport.ConsumerConfig{Stream: stream, Group: "g"})
-	assert.ErrorContains(t, err, "ConsumerConfig.Name")
-	c, err := redistransport.NewConsumer(client, in, h, redistransport.ConsumerConfig{Stream: stream, Group: "g", Name: "n"})
+	h := func(context.Context, *inbox.Delivery) error { return nil }
+	_, err = redistransport.NewSource(client, redistransport.SourceConfig{Stream: stream, Group: "g"})
+	assert.ErrorContains(t, err, "SourceConfig.Name")
+	src, err := redistransport.NewSource(client, redistransport.SourceConfig{Stream: stream, Group: "g", Name: "n"})
+	require.NoError(t, err)
+	c, err := inbox.NewConsumer(src, in, h, inbox.ConsumerConfig{})
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()

@@ -28,7 +28,7 @@ type sqsLedger struct {
 	order   map[string][]string
 }
 
-func (l *sqsLedger) apply(ctx context.Context, d *sqstransport.Delivery) error {
+func (l *sqsLedger) apply(ctx context.Context, d *inbox.Delivery) error {
 	return memstore.OnCommit(ctx, func() error {
 		l.mu.Lock()
 		defer l.mu.Unlock()
@@ -66,10 +66,20 @@ func (f *failingDeletes) DeleteMessageBatch(ctx context.Context, in *sqs.DeleteM
 	return f.Client.DeleteMessageBatch(ctx, in, opts...)
 }
 
-func runReceiver(t *testing.T, r *sqstransport.Receiver) (stop func() error) {
+// newConsumer builds the inbox's consume loop on a source over client.
+func newConsumer(t *testing.T, client sqstransport.ReceiveAPI, src sqstransport.SourceConfig, in *inbox.Inbox, handle inbox.Handler, cfg inbox.ConsumerConfig) *inbox.Consumer {
+	t.Helper()
+	s, err := sqstransport.NewSource(client, src)
+	require.NoError(t, err)
+	c, err := inbox.NewConsumer(s, in, handle, cfg)
+	require.NoError(t, err)
+	return c
+}
+
+func runConsumer(t *testing.T, c *inbox.Consumer) (stop func() error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
+	go func() { done <- c.Run(ctx) }()
 	var once sync.Once
 	var err error
 	stop = func() error {
@@ -87,7 +97,7 @@ func runReceiver(t *testing.T, r *sqstransport.Receiver) (stop func() error) {
 	return stop
 }
 
-func TestReceiverAppliesOnceInGroupOrderAndDeletesAfterCommit(t *testing.T) {
+func TestConsumerAppliesOnceInGroupOrderAndDeletesAfterCommit(t *testing.T) {
 	srv, _, url := setup(t, true, nil)
 	const n, keys = 30, 4
 	tr := newTransport(t, srv.Client(), sqstransport.Config{Resolver: sqstransport.Queues{"orders": url}})
@@ -111,17 +121,15 @@ func TestReceiverAppliesOnceInGroupOrderAndDeletesAfterCommit(t *testing.T) {
 	// and are found duplicates.
 	client := &failingDeletes{Client: srv.Client()}
 	client.left.Store(1)
-	r, err := sqstransport.NewReceiver(client, in, l.apply, sqstransport.ReceiverConfig{
-		QueueURL: url, WaitTime: time.Second, VisibilityTimeout: time.Second,
-		Processed: func(_ *sqstransport.Delivery, res inbox.Result) {
+	c := newConsumer(t, client, sqstransport.SourceConfig{QueueURL: url, WaitTime: time.Second, VisibilityTimeout: time.Second}, in, l.apply, inbox.ConsumerConfig{
+		Processed: func(_ *inbox.Delivery, res inbox.Result) {
 			processed.Add(1)
 			if res.Duplicate {
 				dups.Add(1)
 			}
 		},
 	})
-	require.NoError(t, err)
-	stop := runReceiver(t, r)
+	stop := runConsumer(t, c)
 	require.Eventually(t, func() bool { return processed.Load()-dups.Load() >= n && dups.Load() > 0 }, time.Minute, 20*time.Millisecond,
 		"every message applied, and the lost delete's messages redelivered as duplicates")
 	// Wait until the queue is empty: everything was deleted in the end.
@@ -140,7 +148,7 @@ func TestReceiverAppliesOnceInGroupOrderAndDeletesAfterCommit(t *testing.T) {
 	require.Equal(t, want, order, "each group's messages were applied in send order")
 }
 
-func TestReceiverLeavesFailedMessageForRedelivery(t *testing.T) {
+func TestConsumerLeavesFailedMessageForRedelivery(t *testing.T) {
 	srv, _, url := setup(t, false, nil)
 	tr := newTransport(t, srv.Client(), sqstransport.Config{Resolver: sqstransport.Queues{"orders": url}})
 	require.NoError(t, tr.Publish(context.Background(), []*driver.Envelope{envelope(t, "orders", []byte("k"), []byte("v"))}))
@@ -151,7 +159,9 @@ func TestReceiverLeavesFailedMessageForRedelivery(t *testing.T) {
 	require.NoError(t, err)
 	l := &sqsLedger{applied: map[string]int{}, order: map[string][]string{}}
 	var calls, processed atomic.Int64
-	r, err := sqstransport.NewReceiver(srv.Client(), in, func(ctx context.Context, d *sqstransport.Delivery) error {
+	var redelivered sync.Map // the Redelivered values the handler saw
+	c := newConsumer(t, srv.Client(), sqstransport.SourceConfig{QueueURL: url, WaitTime: time.Second, VisibilityTimeout: time.Second}, in, func(ctx context.Context, d *inbox.Delivery) error {
+		redelivered.Store(d.Redelivered, true)
 		if err := l.apply(ctx, d); err != nil {
 			return err
 		}
@@ -159,14 +169,15 @@ func TestReceiverLeavesFailedMessageForRedelivery(t *testing.T) {
 			return errors.New("transient") // rolls the effect back
 		}
 		return nil
-	}, sqstransport.ReceiverConfig{QueueURL: url, WaitTime: time.Second, VisibilityTimeout: time.Second,
-		Processed: func(*sqstransport.Delivery, inbox.Result) { processed.Add(1) }})
-	require.NoError(t, err)
-	stop := runReceiver(t, r)
+	}, inbox.ConsumerConfig{Processed: func(*inbox.Delivery, inbox.Result) { processed.Add(1) }})
+	stop := runConsumer(t, c)
 	require.Eventually(t, func() bool { return processed.Load() == 1 }, time.Minute, 20*time.Millisecond)
 	require.NoError(t, stop())
 	// Twice at least: a slow machine may also outlast the 1 s visibility timeout.
 	require.GreaterOrEqual(t, calls.Load(), int64(2), "the failed message was received again")
+	_, first := redelivered.Load(false)
+	_, again := redelivered.Load(true)
+	require.True(t, first && again, "the queue's receive count tells the first receive from the next")
 	applied, _ := l.snapshot()
 	require.Len(t, applied, 1)
 	for _, times := range applied {
@@ -174,7 +185,7 @@ func TestReceiverLeavesFailedMessageForRedelivery(t *testing.T) {
 	}
 }
 
-func TestReceiverStopsGracefully(t *testing.T) {
+func TestConsumerStopsGracefully(t *testing.T) {
 	srv, _, url := setup(t, false, nil)
 	tr := newTransport(t, srv.Client(), sqstransport.Config{Resolver: sqstransport.Queues{"orders": url}})
 	require.NoError(t, tr.Publish(context.Background(), []*driver.Envelope{envelope(t, "orders", []byte("k"), []byte("v"))}))
@@ -185,15 +196,14 @@ func TestReceiverStopsGracefully(t *testing.T) {
 	require.NoError(t, err)
 	l := &sqsLedger{applied: map[string]int{}, order: map[string][]string{}}
 	entered, release := make(chan struct{}), make(chan struct{})
-	r, err := sqstransport.NewReceiver(srv.Client(), in, func(ctx context.Context, d *sqstransport.Delivery) error {
+	c := newConsumer(t, srv.Client(), sqstransport.SourceConfig{QueueURL: url, WaitTime: time.Second, VisibilityTimeout: 600 * time.Second}, in, func(ctx context.Context, d *inbox.Delivery) error {
 		close(entered)
 		<-release
 		return l.apply(ctx, d)
-	}, sqstransport.ReceiverConfig{QueueURL: url, WaitTime: time.Second, VisibilityTimeout: 600 * time.Second})
-	require.NoError(t, err)
+	}, inbox.ConsumerConfig{})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
+	go func() { done <- c.Run(ctx) }()
 	<-entered
 	cancel()
 	select {
@@ -213,24 +223,30 @@ func TestReceiverStopsGracefully(t *testing.T) {
 	require.Equal(t, "0", attrs.Attributes["ApproximateNumberOfMessages"])
 }
 
-func TestReceiverConfigValidate(t *testing.T) {
+func TestSourceConfigValidate(t *testing.T) {
 	store, err := memstore.New(memstore.Config{})
 	require.NoError(t, err)
 	defer store.Close()
 	in, err := inbox.New(store, inbox.Config{Consumer: "billing"})
 	require.NoError(t, err)
-	h := func(context.Context, *sqstransport.Delivery) error { return nil }
-	for field, cfg := range map[string]sqstransport.ReceiverConfig{
+	h := func(context.Context, *inbox.Delivery) error { return nil }
+	for field, cfg := range map[string]sqstransport.SourceConfig{
 		"QueueURL":          {},
 		"MaxMessages":       {QueueURL: "q", MaxMessages: 11},
 		"WaitTime":          {QueueURL: "q", WaitTime: 21 * time.Second},
 		"VisibilityTimeout": {QueueURL: "q", VisibilityTimeout: -1},
-		"StopTimeout":       {QueueURL: "q", StopTimeout: -1},
 	} {
-		_, err := sqstransport.NewReceiver(&sqs.Client{}, in, h, cfg)
+		_, err := sqstransport.NewSource(&sqs.Client{}, cfg)
 		require.ErrorIs(t, err, outbox.ErrMisconfigured, field)
-		require.ErrorContains(t, err, "ReceiverConfig."+field)
+		require.ErrorContains(t, err, "SourceConfig."+field)
 	}
-	_, err = sqstransport.NewReceiver(&sqs.Client{}, nil, h, sqstransport.ReceiverConfig{QueueURL: "q"})
+	_, err = sqstransport.NewSource(nil, sqstransport.SourceConfig{QueueURL: "q"})
+	require.ErrorIs(t, err, outbox.ErrMisconfigured)
+	src, err := sqstransport.NewSource(&sqs.Client{}, sqstransport.SourceConfig{QueueURL: "q"})
+	require.NoError(t, err)
+	_, err = inbox.NewConsumer(src, in, h, inbox.ConsumerConfig{StopTimeout: -1})
+	require.ErrorIs(t, err, outbox.ErrMisconfigured)
+	require.ErrorContains(t, err, "ConsumerConfig.StopTimeout")
+	_, err = inbox.NewConsumer(src, nil, h, inbox.ConsumerConfig{})
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
 }
