@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 )
@@ -82,4 +83,12 @@ func Permanent(err error) error {
 func IsPermanent(err error) bool {
 	var p permanentError
 	return errors.As(err, &p)
+}
+
+// PublishTimeouter is implemented by transports whose Publish may wait up to a fixed
+// time for the broker (an acknowledgement timeout). A relay checks when it is built
+// that such a publish can finish inside a lease, and refuses timings where it cannot.
+type PublishTimeouter interface {
+	// PublishTimeout is the longest a Publish call waits for the broker.
+	PublishTimeout() time.Duration
 }

@@ -106,10 +106,11 @@
 //   - Lease expiry compares host clocks: keep relay hosts synchronised to well within
 //     LeaseDuration − LeaseRenewInterval.
 //   - Rounds run on their own clock beside the drains, so a slow publish does not delay
-//     a renewal; but a publish never outlives its bucket's lease (it is abandoned,
-//     uncharged, when the lease lapses). A transport whose timeout (the Kafka
-//     transport's AckTimeout, for one) is near LeaseDuration can have its publishes
-//     abandoned over and over: keep it well under LeaseDuration − LeaseRenewInterval.
+//     a renewal; but a publish never outlives its bucket's lease: it is abandoned when
+//     the lease lapses, and counts as an attempt (a message that can never be
+//     published within a lease parks after MaxAttempts). A transport that says how
+//     long it may wait for the broker ([driver.PublishTimeouter]) must fit in
+//     LeaseDuration − LeaseRenewInterval, or [New] refuses the timings.
 //   - DispatchOne without a running worker claims a free bucket outside the
 //     fair-share plan for the length of one drain; racing a peer's round this can
 //     cost a refused write. It does nothing for a bucket another relay holds, so a

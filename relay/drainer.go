@@ -367,7 +367,15 @@ func (d *drainer) publishWaves(ctx context.Context, b int, waves [][]*driver.Env
 		p.add(out.Result)
 		acked = append(acked, out.acked...)
 		if errors.Is(err, errLeaseRanOut) {
-			d.log.Warn("relay: a publish outlasted the bucket's lease and was abandoned; its messages go out again", "bucket", b)
+			d.log.Warn("relay: a publish outlasted the bucket's lease and was abandoned; its messages go out again", "bucket", b, "lease_left", left)
+			// It still counts as an attempt, so a message that can never be published
+			// within a lease parks instead of holding its bucket for good.
+			cause := fmt.Errorf("%w (%s of the lease was left when it started)", errLeaseRanOut, left.Round(time.Millisecond))
+			res, serr := d.settleFailures(ctx, wave, allFailed(wave, cause), d.cfg.now())
+			p.add(res)
+			if serr != nil {
+				return false, serr
+			}
 			return false, completeAll()
 		}
 		if err != nil {
@@ -402,7 +410,7 @@ type published struct {
 //
 // The publish may take at most leaseLeft: a peer can claim the bucket once the lease
 // lapses, so a batch still in flight then is abandoned (errLeaseRanOut), with nothing
-// assumed sent and no attempt charged.
+// assumed sent; the caller charges it as an attempt.
 func (d *drainer) publish(ctx context.Context, batch []*driver.Envelope, leaseLeft time.Duration) (published, error) {
 	pctx, cancel := context.WithTimeout(ctx, leaseLeft)
 	began := d.cfg.now() // a failure streak starts here (brokerHealth.published)
@@ -436,23 +444,29 @@ func (d *drainer) publish(ctx context.Context, batch []*driver.Envelope, leaseLe
 	return out, err
 }
 
+// allFailed maps every envelope of batch to cause.
+func allFailed(batch []*driver.Envelope, cause error) map[uuid.UUID]error {
+	failed := make(map[uuid.UUID]error, len(batch))
+	for _, e := range batch {
+		failed[e.ID] = cause
+	}
+	return failed
+}
+
 // failures maps each envelope that failed in a Publish call to its cause.
 func failures(batch []*driver.Envelope, err error) map[uuid.UUID]error {
-	failed := make(map[uuid.UUID]error)
 	if err == nil {
-		return failed
+		return map[uuid.UUID]error{}
 	}
 	var pe *driver.PublishError
 	if errors.As(err, &pe) {
+		failed := make(map[uuid.UUID]error, len(pe.Failed))
 		for _, f := range pe.Failed {
 			failed[f.ID] = f.Err
 		}
 		return failed
 	}
-	for _, e := range batch {
-		failed[e.ID] = err
-	}
-	return failed
+	return allFailed(batch, err)
 }
 
 // sortOutcomes splits a batch into the acknowledged envelopes and the keys that

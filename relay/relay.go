@@ -136,6 +136,14 @@ func New(handle driver.Handle, transport driver.Transport, cfg Config) (*Relay, 
 			return nil, fmt.Errorf("%w: relay.Config.RelayID (%d bytes) cannot be recorded by the store: %w", outbox.ErrMisconfigured, len(cfg.RelayID), err)
 		}
 	}
+	if t, ok := transport.(driver.PublishTimeouter); ok {
+		// A publish may start with as little as LeaseDuration − LeaseRenewInterval left
+		// on its lease (just before a renewal); one that needs longer is abandoned.
+		if limit, pt := cfg.LeaseDuration-cfg.LeaseRenewInterval, t.PublishTimeout(); pt >= limit {
+			return nil, fmt.Errorf("%w: the transport waits up to %s for the broker (its publish timeout), which cannot finish inside a lease: relay.Config.LeaseDuration (%s) − LeaseRenewInterval (%s) must exceed it; lengthen the lease or shorten the transport's timeout",
+				outbox.ErrMisconfigured, pt, cfg.LeaseDuration, cfg.LeaseRenewInterval)
+		}
+	}
 	d, err := assemble(store, transport, cfg)
 	if err != nil {
 		return nil, err

@@ -423,7 +423,9 @@ func TestWakeUpsDoNotCutTheErrorBackoffShort(t *testing.T) {
 }
 
 // A publish still in flight when its bucket's lease lapses is abandoned: a peer may
-// own the bucket by then. Nothing is assumed sent and no attempt is charged.
+// own the bucket by then. Nothing is assumed sent, but it counts as an attempt, so a
+// message that can never be published within a lease parks instead of holding its
+// bucket for good.
 func TestPublishIsAbandonedWhenTheLeaseRunsOut(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -431,14 +433,28 @@ func TestPublishIsAbandonedWhenTheLeaseRunsOut(t *testing.T) {
 	cfg := workerConfig("r")
 	cfg.LeaseDuration = 600 * time.Millisecond
 	cfg.LeaseRenewInterval = 200 * time.Millisecond
-	d := newDispatcher(t, store, stuckTransport{entered: make(chan struct{}, 1)}, cfg)
+	cfg.MaxAttempts = 2
+	d := newDispatcher(t, store, stuckTransport{entered: make(chan struct{}, 2)}, cfg)
 	envs := enqueue(t, store, []byte("k"), 1)
 
 	res, err := d.RunOnce(ctx) // would block for good if the publish were not cut
 	require.NoError(t, err)
-	require.Zero(t, res.Published+res.Retried+res.Parked)
+	require.Zero(t, res.Published)
+	require.Equal(t, 1, res.Retried, "the abandoned publish is an attempt")
 	env, err := find(ctx, store, envs[0].ID)
 	require.NoError(t, err)
 	require.Equal(t, driver.Pending, env.Status)
-	require.Zero(t, env.Attempts, "an abandoned publish is not an attempt")
+	require.Equal(t, 1, env.Attempts)
+	require.Contains(t, env.LastError, "outlasted the bucket's lease")
+
+	// Once due again, the second abandoned publish is the last attempt: it parks.
+	for !env.Due(time.Now()) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	res, err = d.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Parked)
+	env, err = find(ctx, store, envs[0].ID)
+	require.NoError(t, err)
+	require.Equal(t, driver.Parked, env.Status)
 }
