@@ -6,6 +6,7 @@
 package netfault
 
 import (
+	"fmt"
 	"net"
 	"sync"
 	"testing"
@@ -35,15 +36,26 @@ type link struct {
 // New starts a proxy to target (host:port) on 127.0.0.1; it stops at tb's cleanup.
 func New(tb testing.TB, target string) *Proxy {
 	tb.Helper()
+	p, err := Start(target)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(p.Close)
+	return p
+}
+
+// Start starts a proxy to target (host:port) on 127.0.0.1 that runs until Close. It
+// suits code that makes proxies where no test is at hand, such as a dialer called
+// from a client's own goroutines; tests use New.
+func Start(target string) (*Proxy, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		tb.Fatalf("netfault: listen: %v", err)
+		return nil, fmt.Errorf("netfault: listen: %w", err)
 	}
 	p := &Proxy{ln: ln, target: target, links: map[*link]bool{}}
 	p.wg.Add(1)
 	go p.accept()
-	tb.Cleanup(p.close)
-	return p
+	return p, nil
 }
 
 // Addr is the proxy's host:port: dial it instead of the target.
@@ -146,7 +158,9 @@ func (p *Proxy) SetLatency(d time.Duration) {
 	p.latency = d
 }
 
-func (p *Proxy) close() {
+// Close stops the proxy: it stops listening, breaks every connection and waits for
+// its goroutines to end. Calling it again does nothing more.
+func (p *Proxy) Close() {
 	_ = p.ln.Close()
 	p.Cut()
 	p.wg.Wait()

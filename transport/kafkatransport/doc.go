@@ -59,23 +59,50 @@
 //     buckets keys, so a topic with as many partitions as the outbox has buckets is fed
 //     by one bucket per partition. A message with an explicit partition goes to that
 //     partition when the client uses [Partitioner].
-//   - [Transport.Publish] hands the whole batch to the client at once and waits once.
-//     It returns nil only when every record was acknowledged by all in-sync replicas.
-//     Otherwise it returns a [*driver.PublishError] naming each envelope that was not
-//     acknowledged; the others were. Failures that retrying cannot fix are marked
-//     [driver.Permanent]: a message over [Config.MaxMessageSize] or the broker's limit
-//     (also wrapping [outbox.ErrTooLarge]), an invalid topic name, an authorization
-//     failure, a record the broker's validation or policy rejects, a partition the
-//     topic does not have, a message naming a partition on a client without
-//     [Partitioner], and an unknown topic when [Config.UnknownTopicPermanent] is set.
-//     Everything else (leader changes, timeouts, an unreachable cluster) is transient.
+//   - [Transport.Publish] hands the whole batch to the client at once and waits once
+//     (but for the two cases below), and returns within [Config.AckTimeout], which it
+//     reports as its [driver.PublishTimeouter] timeout: relay.New refuses a lease
+//     that such a publish cannot finish inside. It returns nil only when every record
+//     was acknowledged by all in-sync replicas. Otherwise it returns a
+//     [*driver.PublishError] naming each envelope that was not acknowledged; the
+//     others were. Failures that retrying cannot fix are marked [driver.Permanent]:
+//     a message over [Config.MaxMessageSize], or that a broker refuses as too large
+//     on its own (also wrapping [outbox.ErrTooLarge]), an invalid topic name, an
+//     authorization failure, a record the broker's validation or policy rejects, a
+//     partition the topic does not have, a message naming a partition on a client
+//     without [Partitioner], and an unknown topic when [Config.UnknownTopicPermanent]
+//     is set. Everything else (leader changes, timeouts, an unreachable cluster, an
+//     unknown topic by default) is transient.
+//   - A topic the cluster does not have. Before producing, Publish looks up the
+//     topics the client's metadata does not have yet (one metadata request, with the
+//     client's kgo.AllowAutoTopicCreation, bounded by a quarter of AckTimeout). Their
+//     messages fail at once with an error that names the topic and says it does not
+//     exist (wrapping kerr.UnknownTopicOrPartition), transient unless
+//     [Config.UnknownTopicPermanent]: the relay retries them with backoff, since a
+//     deployment may create the topic, and parks them after its MaxAttempts. The
+//     batch's other messages are produced as if they were alone.
+//   - A topic whose limit is below the client's batches. The client builds record
+//     batches of up to kgo.ProducerBatchMaxBytes per partition; a broker refuses a
+//     batch over the topic's max.message.bytes as a whole. When it does, the
+//     transport paces the topic: it asks for the topic's max.message.bytes
+//     (DescribeConfigs, which needs the DESCRIBE_CONFIGS permission on the topic) and
+//     from then on hands the client the topic's records, from every Publish call, only
+//     while their total stays within it, in several rounds of one Publish if need be.
+//     The refused records are produced again that way, in order. A record that cannot
+//     share a batch, or is refused again, goes alone, with nothing else of the topic
+//     in flight; only a record refused alone fails as too large, permanently. Without
+//     the permission the limit is unknown and a paced topic's records go one at a
+//     time. The limit is asked for again every minute, so a raised limit is picked up
+//     (at or above the client's batch limit, the topic is no longer paced).
 //   - A message the transport refuses before sending holds back the later messages of
 //     its key in the batch: they are reported failed, transient, so a key's
 //     deliveries never skip a message. This, and the client failing a partition's
 //     later buffered records when a produce request fails, is the promise of
 //     [driver.KeyOrderKeeper], so the relay sends a key's messages together.
-//   - The transport retries nothing itself; the client retries as configured
-//     (kgo.RecordRetries, kgo.RecordDeliveryTimeout) before a record fails.
+//   - The transport produces again only records that failed for others' sake (a
+//     batch too large for its topic, another call's cut); everything else the client
+//     retries as configured (kgo.RecordRetries, kgo.RecordDeliveryTimeout) before a
+//     record fails, and the relay retries.
 //
 // # Limitations
 //
@@ -86,18 +113,18 @@
 //     (one partition, one idempotent producer). With kgo.DisableIdempotentWrite and
 //     retries, Kafka itself may reorder.
 //   - A cut publish. An idempotent producer never withdraws a record it has sent, so
-//     during a broker outage the client can hold a batch indefinitely. When
-//     [Config.AckTimeout] passes, Publish asks the client to withdraw the records it
+//     during a broker outage the client can hold a batch indefinitely. Halfway
+//     through [Config.AckTimeout], Publish asks the client to withdraw the records it
 //     has not sent yet (the client fails a partition's buffered records from its head,
 //     when it next tries to send to that broker and the head was never sent) and
-//     waits, for as long again at most, for every record to be resolved: a message
-//     reported failed with "the client no longer holds the message" cannot be
-//     delivered later from this client. Records on the wire, and records buffered
-//     behind a request that is on the wire (franz-go then does not get to withdraw
-//     them: with a silent broker its in-flight requests block the connection), are
-//     not resolved; after the second AckTimeout they are reported failed with the
-//     warning that the client may still deliver them, and it does once the broker
-//     answers (a duplicate of the retry, never a loss). A
+//     waits, until AckTimeout, for every record to be resolved: a message reported
+//     failed with "the client no longer holds the message" cannot be delivered later
+//     from this client. Records on the wire, and records buffered behind a request
+//     that is on the wire (franz-go then does not get to withdraw them: with a silent
+//     broker its in-flight requests block the connection), are not resolved; at
+//     AckTimeout they are reported failed with the warning that the client may still
+//     deliver them, and it does once the broker answers (a duplicate of the retry,
+//     never a loss). A
 //     relay whose broker is that unreachable finds out through [Transport.Ping]
 //     and parks nothing meanwhile, so a message parked after MaxAttempts was refused
 //     by the broker or withdrawn from the client.
@@ -119,8 +146,10 @@
 //   - [Config.MaxMessageSize] compares [outbox.Message.Size] (topic, key, payload and
 //     header bytes); the wire adds a few bytes per header, so a message within the
 //     limit with more than 28 headers can still be refused at publish, permanently.
-//   - The transport cannot see the topic's max.message.bytes: a smaller broker limit
-//     is only learnt from the broker's MESSAGE_TOO_LARGE answer (permanent). Set
+//   - Capture cannot see the topic's max.message.bytes: a message over a smaller
+//     broker limit is stored, and parked once a broker refuses it alone. Set
 //     [Config.MaxMessageSize] 512 bytes under it so that capture refuses such
-//     messages.
+//     messages. A paced topic's throughput is its limit per round trip, for all
+//     Publish calls of the transport together; records that other code produces to
+//     the topic through the same client are not counted.
 package kafkatransport

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -69,11 +68,14 @@ type Config struct {
 	// carries the header.
 	OmitIdempotencyKey bool
 
-	// UnknownTopicPermanent reports a topic the cluster does not know as a permanent
-	// failure, so the relay parks the message at once. Defaults to false: the
-	// client gives up after kgo.UnknownTopicRetries metadata attempts (default 4) and
-	// the message is retried with backoff, which suits topics created by a deployment
-	// that may lag the application.
+	// UnknownTopicPermanent reports a topic the cluster does not have as a permanent
+	// failure, so the relay parks its messages at once. Defaults to false: the
+	// failure is transient and the relay retries the messages with backoff (parking
+	// them after its MaxAttempts), which suits topics created by a deployment that may
+	// lag the application. Either way the failure names the topic and says it does not
+	// exist, and comes at once: Publish looks up topics the client's metadata does not
+	// have yet before producing, instead of leaving the records to wait in the client
+	// (see [Transport.Publish]).
 	UnknownTopicPermanent bool
 
 	// AllowNonIdempotent accepts a client built with kgo.DisableIdempotentWrite, for
@@ -82,18 +84,19 @@ type Config struct {
 	// Defaults to false: New refuses such a client.
 	AllowNonIdempotent bool
 
-	// AckTimeout bounds how long Publish waits for the broker's acknowledgements
-	// before it gives up on a batch. Giving up withdraws from the client every record
-	// it has not sent yet; records already sent cannot be withdrawn (an idempotent
-	// producer waits for the broker's answer), so Publish waits for those, for as
-	// long again at most. A record is reported failed, transient, only once the client no longer
-	// holds it — or, if the broker does not answer for as long again, reported failed
-	// with the warning that the client may still deliver it. If ctx ends first (the relay
-	// ends it before the bucket's lease runs out), Publish returns ctx's error, which
-	// costs no attempt; the records still on the wire may then reach the broker after
-	// the lease, as duplicates of what the bucket's next owner publishes (see the
-	// package documentation, "A cut publish"). Defaults to 10 s (kgo's default produce
-	// request timeout); a negative value waits until ctx ends.
+	// AckTimeout bounds a Publish call: it returns within AckTimeout, which
+	// [Transport.PublishTimeout] reports, so that a relay can check that a publish
+	// fits in its lease. Halfway through, Publish starts no new produce round and
+	// withdraws from the client every record it has not sent yet; records already sent
+	// cannot be withdrawn (an idempotent producer waits for the broker's answer), so
+	// Publish waits for those for the rest of AckTimeout. A record is reported failed,
+	// transient, only once the client no longer holds it — or, if the broker has not
+	// answered by AckTimeout, reported failed with the warning that the client may
+	// still deliver it. If ctx ends first (the relay ends it before the bucket's lease
+	// runs out), Publish returns ctx's error; the records still on the wire may then
+	// reach the broker after the lease, as duplicates of what the bucket's next owner
+	// publishes (see the package documentation, "A cut publish"). Defaults to 10 s; a
+	// negative value waits until ctx ends.
 	AckTimeout time.Duration
 }
 
@@ -119,8 +122,18 @@ type Transport struct {
 	// Message.Partition (it was built with [Partitioner]).
 	explicitPartitions bool
 	// recordLimit is the most bytes one record may take on the wire: the client's
-	// batch limit less the record batch header.
+	// batch limit (batchMax) less the record batch header.
 	recordLimit int
+	batchMax    int
+	// autoCreate records whether the client lets brokers create topics it asks for.
+	autoCreate bool
+
+	// tmu guards topics, the per-topic state that pacing shares between Publish
+	// calls (topics.go), and wake, closed and replaced whenever a produce round
+	// releases what it held.
+	tmu    sync.Mutex
+	topics map[string]*topicState
+	wake   chan struct{}
 
 	// mu guards closed and inflight, the produce calls under way (each in a
 	// goroutine of the transport's); drained is closed once Close was called and
@@ -135,6 +148,8 @@ var (
 	_ driver.Transport   = (*Transport)(nil)
 	_ driver.SizeLimiter = (*Transport)(nil)
 	_ driver.Pinger      = (*Transport)(nil)
+
+	_ driver.PublishTimeouter = (*Transport)(nil)
 )
 
 // New returns a transport that produces through client. The client is the caller's:
@@ -183,7 +198,18 @@ func New(client *kgo.Client, cfg Config) (*Transport, error) {
 		cfg.AckTimeout = DefaultAckTimeout
 	}
 	_, explicit := client.OptValue(kgo.RecordPartitioner).(*explicitPartitioner)
-	return &Transport{client: client, cfg: cfg, explicitPartitions: explicit, recordLimit: batchMax - batchHeaderSize, drained: make(chan struct{})}, nil
+	autoCreate, _ := client.OptValue(kgo.AllowAutoTopicCreation).(bool)
+	return &Transport{
+		client:             client,
+		cfg:                cfg,
+		explicitPartitions: explicit,
+		recordLimit:        batchMax - batchHeaderSize,
+		batchMax:           batchMax,
+		autoCreate:         autoCreate,
+		topics:             map[string]*topicState{},
+		wake:               make(chan struct{}),
+		drained:            make(chan struct{}),
+	}, nil
 }
 
 // errClosed is returned by Publish and Ping after Close.
@@ -197,7 +223,7 @@ var errClosed = fmt.Errorf("%w: kafkatransport: the transport was closed", outbo
 //
 // A produce call ends when the client has resolved all of its records: the broker
 // acknowledged them, or the client failed them. Publish can return before that — when
-// its ctx ends (the relay's Stop ends it) or after twice [Config.AckTimeout] — and
+// its ctx ends (the relay's Stop ends it) or once [Config.AckTimeout] has passed — and
 // records already sent to a broker that does not answer stay with the client; Close
 // waits for them. If ctx ends first, Close returns an error wrapping ctx's error,
 // naming how many produce calls are still under way; they end once the client
@@ -288,12 +314,18 @@ func (t *Transport) As(target any) bool {
 	return false
 }
 
-// Publish produces every envelope of the batch concurrently and waits once for the
-// broker's acknowledgements. It returns nil when every record was acknowledged, a
-// [*driver.PublishError] naming the envelopes that were not (each cause marked
-// [driver.Permanent] when retrying cannot help), or ctx's error when ctx ended first
-// (then nothing may be assumed sent). After [Transport.Close] it returns an error
-// wrapping [outbox.ErrClosed] and sends nothing.
+// Publish produces every envelope of the batch and waits for the broker's
+// acknowledgements, for at most [Config.AckTimeout]. It returns nil when every record
+// was acknowledged, a [*driver.PublishError] naming the envelopes that were not (each
+// cause marked [driver.Permanent] when retrying cannot help), or ctx's error when ctx
+// ended first (then nothing may be assumed sent). After [Transport.Close] it returns
+// an error wrapping [outbox.ErrClosed] and sends nothing.
+//
+// Records of a topic the cluster does not have fail at once, named as such, without
+// holding up the batch's other records (see [Config.UnknownTopicPermanent]). Records
+// of a topic whose brokers refuse a batch as too large are produced again in batches
+// within the topic's max.message.bytes; only a record refused on its own fails as too
+// large.
 func (t *Transport) Publish(ctx context.Context, batch []*driver.Envelope) error {
 	if t.isClosed() {
 		return errClosed
@@ -304,158 +336,40 @@ func (t *Transport) Publish(ctx context.Context, batch []*driver.Envelope) error
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	var (
-		// errs holds each envelope's failure, by batch index.
-		errs   = make([]error, len(batch))
-		failed bool
-		// heldKeys are the keys of messages refused before sending: later messages of
-		// the key in this batch are held back, so a key's order never skips a message.
-		heldKeys map[string]bool
-	)
+	p := t.newPublish(batch)
+	defer p.stop()
 	send := make([]int, 0, len(batch)) // batch indexes to produce, in batch order
 	for i, env := range batch {
-		if env.Key != nil && heldKeys[keyOf(env)] {
-			errs[i], failed = errHeldBack, true
+		if p.isHeld(i) {
+			p.fail(i, errHeldBack)
 			continue
 		}
 		if err := t.check(env); err != nil {
-			errs[i], failed = err, true
-			if env.Key != nil {
-				if heldKeys == nil {
-					heldKeys = map[string]bool{}
-				}
-				heldKeys[keyOf(env)] = true
-			}
+			p.fail(i, err)
 			continue
 		}
 		send = append(send, i)
 	}
+	send, err := p.lookUp(ctx, send)
+	if err != nil {
+		return err
+	}
 	if len(send) > 0 {
-		produceFailed, err := t.produce(ctx, batch, send, errs)
-		if err != nil {
+		if err := p.produce(ctx, send); err != nil {
 			return err
 		}
-		failed = failed || produceFailed
 	}
-	if !failed {
-		return nil
-	}
-	pe := &driver.PublishError{}
-	for i, err := range errs {
-		if err != nil {
-			pe.Failed = append(pe.Failed, driver.MessageError{ID: batch[i].ID, Err: err})
-		}
-	}
-	return pe
+	return p.result()
 }
 
-// errNoAck reports records the broker did not acknowledge within AckTimeout.
-var errNoAck = errors.New("kafkatransport: no acknowledgement within Config.AckTimeout; the client no longer holds the message")
-
-// errInFlight reports records the broker did not answer for even after the cut: the
-// client still holds some of them and may deliver them later.
-var errInFlight = errors.New("kafkatransport: no answer from the broker within Config.AckTimeout, nor within as long again after the publish was cut; records already sent stay with the client, which may still deliver them")
-
-// produce produces batch[i] for each i in send in one ProduceSync (which stops the
-// client's linger for their partitions, so a batch does not wait out
-// kgo.ProducerLinger) and sets errs[i] for each record the broker did not
-// acknowledge. It reports whether any failed, or returns ctx's error when ctx ended
-// first.
-//
-// Each round runs ProduceSync in a goroutine of its own, so that produce can stop
-// waiting for it; Close waits for every such goroutine. After Close, produce starts
-// no round and reports the records it would have sent failed with errClosed.
-//
-// The records carry a context of their own that only a cut ends. When AckTimeout
-// passes first, produce cuts the round: the client then fails every record it has not
-// sent yet, and produce waits, for as long again or until ctx ends, for the records
-// already on the wire to be resolved (an idempotent producer cannot withdraw them). So
-// a record is reported failed with errNoAck only once this client can no longer
-// deliver it; if the wire stays silent, every record is reported with errInFlight; if
-// ctx ends first, produce returns ctx's error, which costs the messages no attempt. A cut fails everything the
-// client buffered behind the cut records in their partition, other Publish calls'
-// records too: such a record failed for another call's sake, not its own, and is
-// produced again, in order, while ctx and AckTimeout allow.
-func (t *Transport) produce(ctx context.Context, batch []*driver.Envelope, send []int, errs []error) (failed bool, _ error) {
-	var expired <-chan time.Time
-	if t.cfg.AckTimeout > 0 {
-		timer := time.NewTimer(t.cfg.AckTimeout)
-		defer timer.Stop()
-		expired = timer.C
+// PublishTimeout implements [driver.PublishTimeouter]: [Config.AckTimeout] (10 s by
+// default), within which every Publish call returns. It is 0 when AckTimeout is
+// negative: Publish then waits until its context ends.
+func (t *Transport) PublishTimeout() time.Duration {
+	if t.cfg.AckTimeout < 0 {
+		return 0
 	}
-	timedOut := false
-	noAck := func(i int) {
-		errs[i], failed = fmt.Errorf("%w (waited %s)", errNoAck, t.cfg.AckTimeout), true
-	}
-	for len(send) > 0 {
-		if timedOut {
-			for _, i := range send {
-				noAck(i)
-			}
-			return failed, nil
-		}
-		if !t.begin() {
-			for _, i := range send {
-				errs[i], failed = errClosed, true
-			}
-			return failed, nil
-		}
-		recs, rctx, cut := t.records(batch, send)
-		done := make(chan kgo.ProduceResults, 1)
-		go func() {
-			defer t.end()
-			// rctx also bounds waiting for buffer space: a cut ends that wait.
-			done <- t.client.ProduceSync(rctx, recs...)
-		}()
-		var results kgo.ProduceResults
-		select {
-		case results = <-done:
-		case <-ctx.Done():
-			// Shutting down or out of lease: withdraw what the client has not sent and
-			// report ctx's error, which charges nothing.
-			cut()
-			return failed, ctx.Err()
-		case <-expired:
-			timedOut = true
-			cut()
-			// Records already on the wire wait for the broker's answer: give them
-			// one more AckTimeout, so a dead cluster cannot hold Publish for ever.
-			grace := time.NewTimer(t.cfg.AckTimeout)
-			select {
-			case results = <-done:
-				grace.Stop()
-			case <-ctx.Done():
-				grace.Stop()
-				return failed, ctx.Err()
-			case <-grace.C:
-				for _, i := range send {
-					errs[i], failed = fmt.Errorf("%w (waited %s, twice)", errInFlight, t.cfg.AckTimeout), true
-				}
-				return failed, nil
-			}
-		}
-		cut()
-		index := make(map[*kgo.Record]int, len(recs))
-		for j, r := range recs {
-			index[r] = send[j]
-		}
-		var again []int
-		for _, res := range results {
-			i := index[res.Record]
-			switch {
-			case res.Err == nil:
-			case cutOff(res.Err) && timedOut:
-				noAck(i)
-			case cutOff(res.Err):
-				again = append(again, i) // another call's cut failed it
-			default:
-				errs[i], failed = t.classify(batch[i], metaOf(res.Record), res.Err), true
-			}
-		}
-		slices.Sort(again) // batch order, so a key's records go out in order again
-		send = again
-	}
-	return failed, nil
+	return t.cfg.AckTimeout
 }
 
 // records builds the records of batch[i] for each i in send, every one with a
@@ -565,19 +479,16 @@ var permanentCodes = []*kerr.Error{
 }
 
 // classify turns one record's failure into the error reported for its envelope: the
-// one place broker and client errors are translated.
+// one place broker and client errors are translated, but for refusals as too large,
+// which produce sorts out (publish.go).
 func (t *Transport) classify(env *driver.Envelope, m *recordMeta, err error) error {
 	wrapped := fmt.Errorf("kafkatransport: produce to %q: %w", env.Topic, err)
 	switch {
 	case m != nil && m.missing.Load():
 		return driver.Permanent(fmt.Errorf("%w: kafkatransport: topic %q has no partition %d: %w", outbox.ErrInvalidMessage, env.Topic, m.explicit, err))
-	case errors.Is(err, kerr.MessageTooLarge), errors.Is(err, kerr.RecordListTooLarge):
-		return driver.Permanent(fmt.Errorf("%w: %w", outbox.ErrTooLarge, wrapped))
 	case errors.Is(err, kerr.UnknownTopicOrPartition), errors.Is(err, kerr.UnknownTopicID):
-		if t.cfg.UnknownTopicPermanent {
-			return driver.Permanent(wrapped)
-		}
-		return wrapped
+		// The topic went away after the look-up, or the look-up had no answer.
+		return t.unknownTopic(env.Topic, err)
 	}
 	for _, code := range permanentCodes {
 		if errors.Is(err, code) {

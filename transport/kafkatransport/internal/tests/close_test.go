@@ -132,12 +132,13 @@ func newHeldProduce(t *testing.T) *heldProduce {
 		return nil, nil, false
 	})
 	// The client waits for a held request as long as the test may take, so only the
-	// broker's answer, or closing the client, resolves it.
+	// broker's answer, or closing the client, resolves it; the transport waits until
+	// the relay ends its publish (a negative AckTimeout, which fits any lease).
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...),
 		kgo.ProduceRequestTimeout(10*time.Minute), kgo.RequestTimeoutOverhead(10*time.Minute))
 	require.NoError(t, err)
 	t.Cleanup(cl.Close)
-	tr, err := kafkatransport.New(cl, kafkatransport.Config{AckTimeout: 10 * time.Minute})
+	tr, err := kafkatransport.New(cl, kafkatransport.Config{AckTimeout: -1})
 	require.NoError(t, err)
 	// Warm up: metadata, the producer id and the connections are the client's.
 	require.NoError(t, tr.Ping(t.Context()))

@@ -64,7 +64,7 @@ func waitQueued(t *testing.T, p *netProxy) {
 // TestCutBehindARequestOnTheWireSaysTheClientMayDeliver: records buffered behind a
 // request of their own partition that is on the wire cannot be withdrawn (the client
 // fails a partition's records from its head, and an idempotent producer never fails
-// a request it sent). Publish then says so, after twice AckTimeout, and those records
+// a request it sent). Publish then says so, at AckTimeout, and those records
 // may indeed arrive once the network heals.
 func TestCutBehindARequestOnTheWireSaysTheClientMayDeliver(t *testing.T) {
 	t.Parallel()

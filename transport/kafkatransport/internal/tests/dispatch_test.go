@@ -113,62 +113,57 @@ func checkFirstDeliveryOrder(t *testing.T, all []kafkatransport.Delivery, sent m
 	}
 }
 
-// TestDispatcherDeliversInKeyOrderThroughFlakyBrokers runs the worker over a memory
-// store and the Kafka transport while the cluster refuses a third of the produce
-// requests: every message arrives at least once and the first deliveries of each key
-// keep their commit order within its partition.
-func TestDispatcherDeliversInKeyOrderThroughFlakyBrokers(t *testing.T) {
+// TestDispatcherDeliversInKeyOrderThroughRefusedProduceRequests runs the worker over
+// a memory store and the transport while the cluster itself refuses some produce
+// requests (NotLeaderForPartition, with the client's retries off): every message
+// arrives at least once and the first deliveries of each key keep their commit order
+// within its partition, whether the relay sends a key's messages together (the
+// transport's driver.KeyOrderKeeper promise, kept by failing a partition's whole
+// tail) or, with that promise hidden, one per call. The relay suite (relay_test.go)
+// injects its faults above the transport; only kfake refuses inside the broker, so
+// this is the test of how the transport reports a refusal to the relay.
+func TestDispatcherDeliversInKeyOrderThroughRefusedProduceRequests(t *testing.T) {
 	t.Parallel()
-	c := newCluster(t, e2eBuckets, "e2e")
-	var produces atomic.Int64
-	c.Fault(kfake.Fault{
-		Keys: []kmsg.Key{kmsg.Produce}, Topic: "e2e", Err: kerr.NotLeaderForPartition, Count: -1,
-		When: func(kmsg.Request) bool { return produces.Add(1)%3 == 0 },
-	})
-	// No retries inside the client: a refused request fails its records, so the
-	// dispatcher's retries and ordering are what is under test.
-	tr := newTransport(t, c, kafkatransport.Config{}, kgo.RecordRetries(0), kgo.MetadataMinAge(10*time.Millisecond))
-	store, d := newRelay(t, tr, nil)
-	sent := enqueueKeyed(t, store, "e2e", 400, 20)
+	for _, tc := range []struct {
+		name      string
+		keys      int
+		refuseNth int64
+		hide      bool
+	}{
+		{"KeysTogether", 20, 3, false},
+		{"OneMessagePerKeyPerPublish", 5, 4, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := newCluster(t, e2eBuckets, "e2e")
+			var produces atomic.Int64
+			c.Fault(kfake.Fault{
+				Keys: []kmsg.Key{kmsg.Produce}, Topic: "e2e", Err: kerr.NotLeaderForPartition, Count: -1,
+				When: func(kmsg.Request) bool { return produces.Add(1)%tc.refuseNth == 0 },
+			})
+			// No retries inside the client: a refused request fails its records, so
+			// the dispatcher's retries and ordering are what is under test.
+			var tr driver.Transport = newTransport(t, c, kafkatransport.Config{}, kgo.RecordRetries(0), kgo.MetadataMinAge(10*time.Millisecond))
+			if tc.hide {
+				tr = struct{ driver.Transport }{tr}
+			}
+			store, d := newRelay(t, tr, nil)
+			sent := enqueueKeyed(t, store, "e2e", 400, tc.keys)
 
-	require.NoError(t, d.Start(context.Background()))
-	all := readUntilAll(t, newConsumer(t, c, "e2e"), sent)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	require.NoError(t, d.Stop(ctx))
+			require.NoError(t, d.Start(context.Background()))
+			all := readUntilAll(t, newConsumer(t, c, "e2e"), sent)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			require.NoError(t, d.Stop(ctx))
 
-	checkFirstDeliveryOrder(t, all, sent)
-	stats := d.Stats()
-	assert.Positive(t, stats.Retried, "the faults should have forced retries")
-	assert.Zero(t, stats.Parked)
-	assert.Zero(t, stats.OutOfOrder)
-	t.Logf("published %d, retried %d, records read %d", stats.Published, stats.Retried, len(all))
-}
-
-// TestDispatcherOneMessagePerKeyPerPublish hides the transport's key-order promise
-// (driver.KeyOrderKeeper), so the dispatcher sends a key's messages in waves, one
-// per Publish call; order must hold that way too.
-func TestDispatcherOneMessagePerKeyPerPublish(t *testing.T) {
-	t.Parallel()
-	c := newCluster(t, e2eBuckets, "e2e-same")
-	var produces atomic.Int64
-	c.Fault(kfake.Fault{
-		Keys: []kmsg.Key{kmsg.Produce}, Topic: "e2e-same", Err: kerr.NotLeaderForPartition, Count: -1,
-		When: func(kmsg.Request) bool { return produces.Add(1)%4 == 0 },
-	})
-	tr := newTransport(t, c, kafkatransport.Config{}, kgo.RecordRetries(0), kgo.MetadataMinAge(10*time.Millisecond))
-	store, d := newRelay(t, struct{ driver.Transport }{tr}, nil)
-	sent := enqueueKeyed(t, store, "e2e-same", 400, 5)
-
-	require.NoError(t, d.Start(context.Background()))
-	all := readUntilAll(t, newConsumer(t, c, "e2e-same"), sent)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	require.NoError(t, d.Stop(ctx))
-
-	checkFirstDeliveryOrder(t, all, sent)
-	assert.Positive(t, d.Stats().Retried, "the faults should have forced retries")
-	assert.Zero(t, d.Stats().OutOfOrder)
+			checkFirstDeliveryOrder(t, all, sent)
+			stats := d.Stats()
+			assert.Positive(t, stats.Retried, "the faults should have forced retries")
+			assert.Zero(t, stats.Parked)
+			assert.Zero(t, stats.OutOfOrder)
+			t.Logf("published %d, retried %d, records read %d", stats.Published, stats.Retried, len(all))
+		})
+	}
 }
 
 // TestDispatcherParksOversizedMessageAtOnce: a message over the transport's limit

@@ -19,6 +19,13 @@ import (
 	"github.com/outboxkit/outbox/transport/sqstransport"
 )
 
+// These outages stop the emulator itself (SIGSTOP, or a kill) between two requests of
+// one Publish call, and check per request what the transport reports: which messages
+// failed, that every one reported sent was acknowledged, and on a FIFO queue that the
+// later messages of a failed group are not sent at all. The relay suite
+// (relay_test.go) runs connection outages under a relay, where a call's partial
+// result is retried before it can be seen; these stay for the single call.
+
 // outage starts an emulator of the test's own with one queue, and a client that gives
 // up on a request after a short timeout.
 func outage(t *testing.T, fifo bool) (*emulator.Server, *sqs.Client, string) {

@@ -78,6 +78,11 @@ func publisher(tb testing.TB, addr string) *wamqp.Publisher {
 	cfg.Connection.Reconnect = &wamqp.ReconnectConfig{
 		BackoffInitialInterval: 50 * time.Millisecond, BackoffMultiplier: 1.5, BackoffMaxInterval: time.Second,
 	}
+	if addr != "" {
+		// Behind a proxy: a 2 s heartbeat gives up within seconds on a connection
+		// that forwards nothing (the default, 10 s, takes half a minute).
+		cfg.Connection.AmqpConfig = &amqp.Config{Heartbeat: 2 * time.Second}
+	}
 	pub, err := wamqp.NewPublisher(cfg, watermill.NopLogger{})
 	require.NoError(tb, err)
 	tb.Cleanup(func() { _ = pub.Close() })

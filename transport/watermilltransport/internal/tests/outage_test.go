@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/assert"
@@ -19,6 +18,9 @@ import (
 // publisher fails the call, and every message of it is reported failed: transient by
 // default, permanent when Config.Permanent says so. The first message of the call was
 // confirmed and is in the queue all the same: a bridge cannot report per message.
+// The relay suite (relay_test.go) covers connection outages under a relay; a broker
+// that stays connected and refuses is RabbitMQ's queue limit, which only this test
+// sets up.
 func TestRefusedCallFailsWhole(t *testing.T) {
 	t.Parallel()
 	for _, permanent := range []bool{false, true} {
@@ -45,14 +47,5 @@ func TestRefusedCallFailsWhole(t *testing.T) {
 			}
 			assert.Equal(t, batch[0].ID, a.read(t, topic, 1)[0].ID, "the confirmed part of the call is there: retrying it is a duplicate")
 		})
-	}
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		require.True(t, time.Now().Before(deadline), "timed out waiting for %s", what)
-		time.Sleep(10 * time.Millisecond)
 	}
 }

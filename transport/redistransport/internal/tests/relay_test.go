@@ -1,0 +1,70 @@
+package tests
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/outboxkit/outbox/driver"
+	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/outboxkit/outbox/outboxtest/relaysuite"
+	"github.com/outboxkit/outbox/transport/redistransport"
+)
+
+// relayHarness runs the transport under the relay suite.
+func relayHarness() relaysuite.Harness {
+	rs := &relayStreams{readers: map[string]*reader{}}
+	return relaysuite.Harness{
+		New:      rs.transport,
+		Read:     rs.read,
+		Raw:      rawPublish,
+		Features: relaysuite.Features{Ordered: true, Proxy: true},
+	}
+}
+
+// relayStreams gives each topic of the relay suite a stream of its own, deleted at
+// cleanup and read back from the start.
+type relayStreams struct {
+	mu      sync.Mutex
+	readers map[string]*reader
+}
+
+// transport connects a client of its own, through dial when it is set: then it
+// gives up on a connection that answers nothing within a second. Clients do no
+// retries of their own: the relay retries.
+func (rs *relayStreams) transport(tb testing.TB, topic string, dial func(string) string) driver.Transport {
+	var client *redis.Client
+	if dial == nil {
+		client = connect(tb, redisAddr())
+	} else {
+		client = connect(tb, dial(redisAddr()), func(o *redis.Options) {
+			o.ReadTimeout, o.WriteTimeout = time.Second, time.Second
+		})
+	}
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if rs.readers[topic] == nil {
+		direct := connect(tb, redisAddr())
+		tb.Cleanup(func() { deleteKeys(direct, topic) })
+		rs.readers[topic] = newReader(direct, topic)
+	}
+	return newTransport(tb, client, redistransport.Config{})
+}
+
+func (rs *relayStreams) read(tb testing.TB, topic string, n int) []outboxtest.Received {
+	rs.mu.Lock()
+	r := rs.readers[topic]
+	rs.mu.Unlock()
+	var out []outboxtest.Received
+	for _, d := range r.read(tb, n) {
+		out = append(out, outboxtest.Received{ID: d.ID.String(), Topic: d.Topic, Key: d.Key, Payload: d.Payload, Headers: d.Headers})
+	}
+	return out
+}
+
+func TestRelay(t *testing.T) {
+	t.Parallel()
+	relaysuite.Run(t, relayHarness())
+}
