@@ -23,6 +23,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -80,6 +81,7 @@ type options struct {
 	metricsPrefix        string
 	unordered            bool
 	kafkaAllowAutoCreate bool
+	kafkaAckTimeout      time.Duration
 }
 
 func main() {
@@ -105,6 +107,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.migrate, "migrate", false, "apply the SQL migrations, or create the DynamoDB table, before starting; default false")
 	fs.StringVar(&o.kafkaBrokers, "kafka-brokers", "", "publish to Kafka through these seed brokers, comma-separated HOST:PORT (one of -kafka-brokers and -sqs is required)")
 	fs.BoolVar(&o.kafkaAllowAutoCreate, "kafka-allow-auto-create", false, "Kafka: let the broker create a missing topic on first publish; default false (a missing topic is retried, then parked)")
+	fs.DurationVar(&o.kafkaAckTimeout, "kafka-ack-timeout", kafkatransport.DefaultAckTimeout, "Kafka: the longest one publish waits for the brokers' acknowledgements (halfway, what was not sent yet is withdrawn); it must be under -lease-duration minus -lease-renew-interval")
 	fs.BoolVar(&o.sqs, "sqs", false, "publish to SQS: each topic is a queue name, looked up once; default false")
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:9090", "address of the /healthz, /readyz and /metrics endpoints; empty turns them off")
 	fs.StringVar(&o.relayID, "relay-id", "", "this relay's id in leases and heartbeats, unique among live relays; default the host name and a random suffix")
@@ -161,7 +164,27 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	if _, err := parseLevel(o.logLevel); err != nil {
 		return o, err
 	}
+	if o.kafkaAckTimeout <= 0 {
+		return o, fmt.Errorf("-kafka-ack-timeout %s: it must be positive", o.kafkaAckTimeout)
+	}
 	return o, nil
+}
+
+// checkAckTimeout refuses a Kafka ack timeout that a publish cannot wait out inside
+// a lease: a publish may start with LeaseDuration − LeaseRenewInterval left on its
+// lease, and one still waiting when the lease runs out is abandoned and counts as
+// an attempt. cfg has been validated; its zero durations take the relay's defaults.
+func checkAckTimeout(o options, cfg relay.Config) error {
+	if o.kafkaBrokers == "" {
+		return nil
+	}
+	lease := cmp.Or(cfg.LeaseDuration, relay.DefaultLeaseDuration)
+	renew := cmp.Or(cfg.LeaseRenewInterval, relay.DefaultLeaseRenewInterval)
+	if room := lease - renew; o.kafkaAckTimeout >= room {
+		return fmt.Errorf("-kafka-ack-timeout %s must be under -lease-duration (%s) minus -lease-renew-interval (%s), %s: a publish may wait that long for the brokers and must finish inside its lease; shorten -kafka-ack-timeout or lengthen -lease-duration",
+			o.kafkaAckTimeout, lease, renew, room)
+	}
+	return nil
 }
 
 func parseLevel(s string) (slog.Level, error) {
@@ -218,6 +241,9 @@ func runRelay(ctx context.Context, o options, log *slog.Logger) error {
 		Logger:             log,
 	}
 	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	if err := checkAckTimeout(o, cfg); err != nil {
 		return fmt.Errorf("%w: %w", errUsage, err)
 	}
 	openCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -361,7 +387,7 @@ func openTransport(ctx context.Context, o options) (driver.Transport, string, fu
 		if err != nil {
 			return nil, "", nil, fmt.Errorf("%w: kafka: %w", errUsage, err)
 		}
-		tr, err := kafkatransport.New(client, kafkatransport.Config{})
+		tr, err := kafkatransport.New(client, kafkatransport.Config{AckTimeout: o.kafkaAckTimeout})
 		if err != nil {
 			client.Close()
 			return nil, "", nil, err

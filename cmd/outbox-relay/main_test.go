@@ -198,7 +198,7 @@ func TestRelayDrainsServesAndHandsBack(t *testing.T) {
 		"-store", testenv.PostgresURL(), "-table", table,
 		"-kafka-brokers", strings.Join(cluster.ListenAddrs(), ","),
 		"-listen", "127.0.0.1:0", "-relay-id", relayID,
-		"-poll-interval", "50ms", "-lease-duration", "6s", "-lease-renew-interval", "1s",
+		"-poll-interval", "50ms", "-lease-duration", "6s", "-lease-renew-interval", "1s", "-kafka-ack-timeout", "3s",
 		"-backlog-interval", "1ms", "-log-level", "debug")
 	var addr string
 	select {
@@ -324,6 +324,11 @@ func TestRelayBadFlags(t *testing.T) {
 		{[]string{"-store", "sqlite:x.db", "-sqs", "-log-level", "loud"}, "-log-level"},
 		{[]string{"-store", "dynamodb://outbox", "-aws-region", "us-east-1", "-aws-endpoint", "http://127.0.0.1:1",
 			"-kafka-brokers", "127.0.0.1:1", "-retention", "1h"}, "Retention"},
+		{[]string{"-store", "sqlite:x.db", "-kafka-brokers", "127.0.0.1:1", "-kafka-ack-timeout", "soon"}, "-kafka-ack-timeout"},
+		{[]string{"-store", "sqlite:x.db", "-kafka-brokers", "127.0.0.1:1", "-kafka-ack-timeout", "0s"}, "-kafka-ack-timeout 0s: it must be positive"},
+		// The default ack timeout (10 s) does not fit in a 10 s lease renewed every 3 s.
+		{[]string{"-store", "sqlite:x.db", "-kafka-brokers", "127.0.0.1:1", "-lease-duration", "10s", "-lease-renew-interval", "3s"}, "-kafka-ack-timeout 10s must be under -lease-duration (10s) minus -lease-renew-interval (3s)"},
+		{[]string{"-store", "sqlite:x.db", "-kafka-brokers", "127.0.0.1:1", "-kafka-ack-timeout", "20s"}, "-kafka-ack-timeout 20s must be under"},
 	} {
 		var out strings.Builder
 		code := run(context.Background(), append(tc.args, "-listen", ""), &out)
@@ -332,7 +337,7 @@ func TestRelayBadFlags(t *testing.T) {
 	}
 	var out strings.Builder
 	require.Equal(t, 0, run(context.Background(), []string{"-help"}, &out))
-	for _, f := range []string{"-store", "-kafka-brokers", "-sqs", "-listen", "-stop-timeout", "OUTBOX_KAFKA_BROKERS", "/readyz"} {
+	for _, f := range []string{"-store", "-kafka-brokers", "-kafka-ack-timeout", "-sqs", "-listen", "-stop-timeout", "OUTBOX_KAFKA_BROKERS", "/readyz"} {
 		require.Contains(t, out.String(), f)
 	}
 }
