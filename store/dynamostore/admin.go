@@ -230,11 +230,13 @@ func (s driverStore) Purge(ctx context.Context, ids ...uuid.UUID) (int, error) {
 	return len(deletes), nil
 }
 
-// Stats samples the backlog: per bucket, a count of pending messages capped at
-// PendingCountLimit (a Select=COUNT query, billed as a read of every item counted), the
-// CreatedAtUtc of the bucket's head (a one-item query), and the parked messages,
-// capped per bucket the same way. Sample from one relay only (the relay lets the
-// owner of bucket zero do it), so the cost does not grow with the fleet.
+// Stats samples the backlog: per bucket, the CreatedAtUtc of the bucket's head (a
+// one-item query), then, if there is one, a count of the pending messages after it,
+// so that the whole count is capped at PendingCountLimit (a Select=COUNT query,
+// billed as a read of every item counted), and the parked messages, capped per bucket
+// the same way. An empty bucket costs two queries (its head and its parked count), a
+// bucket with messages three. Sample from one relay only (the relay lets the owner of
+// bucket zero do it), so the cost does not grow with the fleet.
 func (s driverStore) Stats(ctx context.Context) (driver.Backlog, error) {
 	if err := s.enter(ctx); err != nil {
 		return driver.Backlog{}, err
@@ -243,15 +245,10 @@ func (s driverStore) Stats(ctx context.Context) (driver.Backlog, error) {
 	st := driver.Backlog{Pending: make([]int, n), PendingLimit: s.cfg.PendingCountLimit}
 	heads := make([]time.Time, n)
 	parked := make([]int, n)
-	err := s.forEach(ctx, 3*n, func(ctx context.Context, i int) error {
+	err := s.forEach(ctx, 2*n, func(ctx context.Context, i int) error {
 		b := i % n
-		switch i / n {
-		case 0:
-			count, err := s.count(ctx, s.keys.messages(b))
-			st.Pending[b] = count
-			return err
-		case 1:
-			count, err := s.count(ctx, s.keys.parked(b))
+		if i >= n {
+			count, err := s.count(ctx, s.keys.parked(b), nil, s.cfg.PendingCountLimit)
 			parked[b] = count
 			return err
 		}
@@ -266,14 +263,19 @@ func (s driverStore) Stats(ctx context.Context) (driver.Backlog, error) {
 		if err != nil {
 			return s.translate(ctx, "stats", err)
 		}
-		if len(out.Items) > 0 {
-			t, err := ticksOf(out.Items[0], attrCreatedAt)
-			if err != nil {
-				return err
-			}
-			heads[b] = t
+		if len(out.Items) == 0 {
+			return nil
 		}
-		return nil
+		if heads[b], err = ticksOf(out.Items[0], attrCreatedAt); err != nil {
+			return err
+		}
+		st.Pending[b] = 1
+		if len(out.LastEvaluatedKey) == 0 {
+			return nil
+		}
+		rest, err := s.count(ctx, s.keys.messages(b), out.LastEvaluatedKey, s.cfg.PendingCountLimit-1)
+		st.Pending[b] += rest
+		return err
 	})
 	if err != nil {
 		return driver.Backlog{}, err
@@ -287,11 +289,9 @@ func (s driverStore) Stats(ctx context.Context) (driver.Backlog, error) {
 	return st, nil
 }
 
-// count counts a partition's items up to PendingCountLimit.
-func (s *Store) count(ctx context.Context, pk string) (int, error) {
-	limit := s.cfg.PendingCountLimit
+// count counts a partition's items after start (nil: from the first) up to limit.
+func (s *Store) count(ctx context.Context, pk string, start map[string]types.AttributeValue, limit int) (int, error) {
 	total := 0
-	var start map[string]types.AttributeValue
 	for total < limit {
 		out, err := s.client.Query(ctx, &ddb.QueryInput{
 			TableName:                 aws.String(s.cfg.TableName),

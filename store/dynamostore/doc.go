@@ -95,21 +95,40 @@
 //     succeeds only on a free or expired lease; renewals and releases are conditional
 //     on the owner and expiry the relay holds (the lease's version), so a relay whose
 //     lease was taken over cannot renew or release its successor's. Heartbeats only
-//     move forward, a stopping relay stamps its record instead of deleting it, and
-//     lease items beyond the bucket count are ignored. A fleet that agrees on its
-//     membership makes no refused conditional write.
+//     move forward, and lease items beyond the bucket count are ignored. A fleet that
+//     agrees on its membership makes no refused conditional write.
+//   - Stop: a stopping relay stamps its record StoppedAtUtc instead of deleting it,
+//     and moves its LastSeenUtc forward to the latest heartbeat this store sent for
+//     it, landed or not, if that is later than the stop: no heartbeat of the run that
+//     stopped can land later and clear the stamp, even one dated after the stop
+//     because the clock was set back. Only a relay that runs again under the same ID
+//     clears it, with its first heartbeat dated after the record. A relay whose
+//     Stop context ends first still stamps and releases, for at most
+//     min(LeaseDuration, 5 s) more, once its cancelled publishes returned; only if
+//     that fails do its leases lapse as after a crash. Peers delete a stopped record
+//     a lease duration later, a dead relay's after ten, and one left without
+//     LastSeenUtc by an older version at once, conditionally on its still having
+//     none.
 //   - ReadCoordination is one strongly consistent Query of the coordination
 //     partition; ReadRelays, which relays call between rounds, is one eventually
 //     consistent Query of its relay items alone (a key condition on the RELAY# sort
-//     keys): 0.5 read units for a fleet of up to about 30 relays.
+//     keys): 0.5 read units for a fleet of up to about 30 relays. Both leave out an
+//     item they cannot read (a lease sort key that is not LEASE# and ten digits, a
+//     relay item without an id, an attribute of the wrong type) and log it at WARN,
+//     once per item for the life of the store; a lease item of a bucket in range
+//     that cannot be read counts as free, and the claim that follows repairs it.
 //   - Check, which a relay calls when it starts, is one eventually consistent Query
 //     of one coordination key; a missing table fails it with
 //     [outbox.ErrMisconfigured], naming [CreateIfNotExists].
 //   - HasPending is the idle probe ([driver.Prober]) the relay sends before
 //     polling a bucket: one eventually consistent one-key query. A bucket whose last
-//     fetch left every message pending (a head backing off, the rest behind it) is
-//     answered no until the earliest due time, with no request (a full window) or one
-//     read of its sequence counter, so another process's commit still counts.
+//     fetch left every message pending (a head backing off, the rest behind it or
+//     backing off too) is answered no until the earliest due time of all those
+//     messages, whatever their key, since the store does not know whether its relay
+//     keeps key order: with no request (a full window) or one read of its sequence
+//     counter, so another process's commit still counts. A message the fetch
+//     returned due behind an earlier one of its key, and that the relay left pending
+//     since (held back for key order), counts as due 30 s after that fetch.
 //   - Writers need only PutItem and UpdateItem: a retried request's refused put
 //     returns the stored item (ReturnValuesOnConditionCheckFailure ALL_OLD), which
 //     tells a retry of an applied write from a collision without a read.
@@ -150,8 +169,11 @@
 //     its own sequence number, and published twice (consumers deduplicate on the
 //     ID, as after any redelivery).
 //   - While a head backs off, a message another process commits into a gap inside
-//     the last fetched window, or requeues, waits for the head's due time; a
-//     reservation above the window left uncommitted for 30 s counts as abandoned.
+//     the last fetched window, or requeues, waits for the earliest due time of what
+//     was fetched; a reservation above the window left uncommitted for 30 s counts as
+//     abandoned. A relay with Unordered whose drain was cut short (its lease about to
+//     lapse) may send a message held behind a backed-off one of its key up to 30 s
+//     late.
 //   - One bucket is one partition key, which DynamoDB serves at up to 1,000 write
 //     units a second; raise the bucket count (after draining the table) for more.
 //   - One region: conditional writes in a multi-region global table do not arbitrate

@@ -17,6 +17,11 @@ import (
 // commit in this process or the head's due time make the bucket worth a fetch again.
 const tailGrace = 30 * time.Second
 
+// heldBackGrace is how long after a fetch a message that the fetch already returned
+// due, behind an earlier message of its key, stops counting as held back: see
+// heldHead.earliest.
+const heldBackGrace = 30 * time.Second
+
 // heldHead is what this store knows of a bucket's pending messages after a fetch
 // whose every message was left pending: their keys and due times, kept up to date by
 // Complete, Reschedule and Park. It lets HasPending answer no, without a
@@ -29,6 +34,9 @@ type heldHead struct {
 	// counter is the highest sequence number the fetch accounts for; a bucket whose
 	// counter passed it received a reservation since.
 	counter int64
+	// fetched is when the fetch returned; a due time after it is one the relay has
+	// not seen come.
+	fetched time.Time
 }
 
 type heldMsg struct {
@@ -44,23 +52,37 @@ type ahead struct {
 	since time.Time
 }
 
-// earliest is when the first message of the held head can be published: the earliest
-// due time of any key's first message (a key waits behind its first message), or of
-// any keyless one.
+// earliest is when the held head may next hold a message the relay would publish:
+// the earliest due time of all its messages, whatever their key. The store does not
+// know whether its relay keeps per-key order (relay.Config.Unordered), so a later
+// message of a key whose first message backs off counts with its own due time: an
+// unordered relay publishes it then.
+//
+// One kind of message counts later: a message behind an earlier one of its key that
+// was due already when the fetch returned it, and that the relay left pending since
+// (a Reschedule moves its due time past the fetch). A relay that keeps key order
+// left it for exactly that reason, and fetching it again on every poll would buy
+// nothing; a relay that does not would have published or rescheduled it with the
+// rest of the batch, unless that drain was cut short (a lease about to lapse, a
+// publish that outlasted it). Such a message counts as due heldBackGrace after the
+// fetch, so a cut-short drain of an unordered relay delays it by that much at most,
+// and a key held back in order costs one fetch per heldBackGrace.
 func (h *heldHead) earliest() time.Time {
 	var (
 		first time.Time
-		seen  = map[string]bool{}
+		found bool
+		keys  = map[string]bool{}
 	)
 	for _, m := range h.msgs {
+		at := m.next
 		if m.keyed {
-			if seen[m.key] {
-				continue
+			if keys[m.key] && !m.next.After(h.fetched) {
+				at = h.fetched.Add(heldBackGrace)
 			}
-			seen[m.key] = true
+			keys[m.key] = true
 		}
-		if first.IsZero() || m.next.Before(first) {
-			first = m.next
+		if !found || at.Before(first) {
+			first, found = at, true
 		}
 	}
 	return first
@@ -75,7 +97,7 @@ func (s *Store) holdHead(bucket int, envs []*driver.Envelope, items, limit int, 
 		s.heads[bucket] = nil
 		return
 	}
-	h := &heldHead{full: items >= limit, msgs: make([]heldMsg, len(envs))}
+	h := &heldHead{full: items >= limit, msgs: make([]heldMsg, len(envs)), fetched: time.Now()}
 	for i, e := range envs {
 		h.msgs[i] = heldMsg{seq: e.Seq, key: string(e.Key), keyed: e.Key != nil, next: e.NextAttemptAt}
 	}
@@ -127,8 +149,11 @@ func (s *Store) forgetHeld(buckets ...int) {
 // for a strongly consistent Fetch.
 //
 // A bucket whose last fetch left every message pending (its head backs off after a
-// failed publish, and the rest of the bucket waits behind it) is not worth a fetch
-// before the earliest due time among those messages, unless something new arrived.
+// failed publish, and the rest of the bucket waits behind it or backs off too) is not
+// worth a fetch before the earliest due time among those messages (see
+// heldHead.earliest: every message counts, not only each key's first, so a relay that
+// does not keep key order is woken for a later message of a key too), unless
+// something new arrived.
 // Until then HasPending answers false: with no request at all when the fetch filled
 // its limit (what lies beyond it waits anyway), otherwise with one eventually
 // consistent Query of the bucket's sequence counter, which says whether a writer

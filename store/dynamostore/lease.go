@@ -2,6 +2,7 @@ package dynamostore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -36,14 +37,18 @@ func checkRelayID(relay string) error {
 
 // ReadCoordination reads every lease and relay heartbeat with one strongly consistent
 // Query of the coordination partition (paged if it passes 1 MB). Lease items of
-// buckets beyond the bucket count are ignored.
+// buckets beyond the bucket count are ignored. An item that cannot be read (a lease
+// sort key that is not LEASE# and ten digits, a relay item without an id, an
+// attribute of the wrong type) is left out and reported (see skipMalformed): one
+// damaged or foreign item must not stop the fleet's coordination.
 func (s driverStore) ReadCoordination(ctx context.Context) (driver.Coordination, error) {
 	if err := s.enter(ctx); err != nil {
 		return driver.Coordination{}, err
 	}
 	var (
-		c     driver.Coordination
-		start map[string]types.AttributeValue
+		c          driver.Coordination
+		start      map[string]types.AttributeValue
+		unreadable = map[int]bool{}
 	)
 	for {
 		out, err := s.client.Query(ctx, &ddb.QueryInput{
@@ -59,7 +64,10 @@ func (s driverStore) ReadCoordination(ctx context.Context) (driver.Coordination,
 		}
 		for _, item := range out.Items {
 			if err := s.decodeCoordination(item, &c); err != nil {
-				return driver.Coordination{}, err
+				s.skipMalformed(stringAttr(item, s.keys.sk), err)
+				if u, ok := errors.AsType[unreadableLease](err); ok {
+					unreadable[u.bucket] = true
+				}
 			}
 		}
 		if len(out.LastEvaluatedKey) == 0 {
@@ -67,27 +75,50 @@ func (s driverStore) ReadCoordination(ctx context.Context) (driver.Coordination,
 		}
 		start = out.LastEvaluatedKey
 	}
+	s.mu.Lock()
+	s.unreadable = unreadable
+	s.mu.Unlock()
 	slices.SortFunc(c.Leases, func(a, b driver.Lease) int { return a.Bucket - b.Bucket })
 	slices.SortFunc(c.Relays, func(a, b driver.RelayRecord) int { return strings.Compare(a.ID, b.ID) })
 	return c, nil
 }
 
+// unreadableLease is why the lease item of a bucket in range cannot be read: an Owner
+// or ExpiresAtUtc of the wrong type, or an Owner without an expiry. Such a bucket reads
+// as free, and Claim takes it over (see Claim).
+type unreadableLease struct {
+	bucket int
+	err    error
+}
+
+func (e unreadableLease) Error() string { return e.err.Error() }
+
+// decodeCoordination adds one item of the coordination partition to c, or returns
+// why it cannot be read. Items that are neither leases nor relay records are ignored.
 func (s *Store) decodeCoordination(item map[string]types.AttributeValue, c *driver.Coordination) error {
 	sk := stringAttr(item, s.keys.sk)
 	switch {
 	case strings.HasPrefix(sk, leaseSKPrefix):
 		bucket, err := strconv.Atoi(strings.TrimPrefix(sk, leaseSKPrefix))
-		if err != nil {
-			return fmt.Errorf("dynamostore: lease item %q: %w", sk, err)
+		if err != nil || bucket < 0 || leaseSortKey(bucket) != sk {
+			return fmt.Errorf("dynamostore: lease item %q: the sort key is not %s and a 10-digit bucket number", sk, leaseSKPrefix)
 		}
-		if bucket < 0 || bucket >= s.cfg.BucketCount {
+		if bucket >= s.cfg.BucketCount {
 			return nil // left by a fleet with more buckets
 		}
-		exp, err := ticksOf(item, attrExpiresAt)
+		owner, owned := item[attrOwner]
+		exp, hasExp := item[attrExpiresAt]
+		switch {
+		case owned && !isString(owner):
+			return unreadableLease{bucket, fmt.Errorf("dynamostore: lease item %q: attribute %s is not a string", sk, attrOwner)}
+		case hasExp && !isNumber(exp), owned && !hasExp:
+			return unreadableLease{bucket, fmt.Errorf("dynamostore: lease item %q: attribute %s is missing or not a number", sk, attrExpiresAt)}
+		}
+		expires, err := numberTicks(item, attrExpiresAt)
 		if err != nil {
 			return fmt.Errorf("dynamostore: lease item %q: %w", sk, err)
 		}
-		c.Leases = append(c.Leases, driver.Lease{Bucket: bucket, Owner: stringAttr(item, attrOwner), ExpiresAt: exp})
+		c.Leases = append(c.Leases, driver.Lease{Bucket: bucket, Owner: stringAttr(item, attrOwner), ExpiresAt: expires})
 	case strings.HasPrefix(sk, relaySKPrefix):
 		r, err := decodeRelay(sk, item)
 		if err != nil {
@@ -99,22 +130,78 @@ func (s *Store) decodeCoordination(item map[string]types.AttributeValue, c *driv
 }
 
 // decodeRelay reads a relay item whose sort key is sk. An absent BucketCount (a
-// record written before relays stored it) reads as 0, unknown.
+// record written before relays stored it) reads as 0, unknown; an absent LastSeenUtc
+// (a record left by an older version) as the zero time, which makes the record stale
+// for peers, who delete it (see DeleteRelay).
 func decodeRelay(sk string, item map[string]types.AttributeValue) (driver.RelayRecord, error) {
 	r := driver.RelayRecord{ID: strings.TrimPrefix(sk, relaySKPrefix)}
+	if r.ID == "" {
+		return r, fmt.Errorf("dynamostore: relay item %q: no relay id after %s", sk, relaySKPrefix)
+	}
 	var err error
-	if r.LastSeen, err = ticksOf(item, attrLastSeen); err != nil {
+	if r.LastSeen, err = numberTicks(item, attrLastSeen); err != nil {
 		return r, fmt.Errorf("dynamostore: relay item %q: %w", sk, err)
 	}
-	if r.StoppedAt, err = ticksOf(item, attrStoppedAt); err != nil {
+	if r.StoppedAt, err = numberTicks(item, attrStoppedAt); err != nil {
 		return r, fmt.Errorf("dynamostore: relay item %q: %w", sk, err)
 	}
-	n, _, err := intAttr(item, attrBucketCount)
+	n, err := number(item, attrBucketCount)
 	if err != nil {
 		return r, fmt.Errorf("dynamostore: relay item %q: %w", sk, err)
 	}
 	r.BucketCount = int(n)
 	return r, nil
+}
+
+// number reads an optional number attribute: 0 when absent, an error when it holds
+// another type or no integer.
+func number(item map[string]types.AttributeValue, name string) (int64, error) {
+	v, ok := item[name]
+	if !ok {
+		return 0, nil
+	}
+	if !isNumber(v) {
+		return 0, fmt.Errorf("attribute %s is not a number", name)
+	}
+	n, _, err := intAttr(item, name)
+	if err != nil {
+		return 0, fmt.Errorf("attribute %s: %w", name, err)
+	}
+	return n, nil
+}
+
+// numberTicks reads an optional ticks attribute as number does: the zero time when
+// absent.
+func numberTicks(item map[string]types.AttributeValue, name string) (time.Time, error) {
+	if _, ok := item[name]; !ok {
+		return time.Time{}, nil
+	}
+	n, err := number(item, name)
+	if err != nil {
+		return time.Time{}, err
+	}
+	return fromTicks(n), nil
+}
+
+// maxReported bounds how many malformed coordination items a store remembers having
+// reported.
+const maxReported = 1000
+
+// skipMalformed reports a coordination item that ReadCoordination or ReadRelays
+// leaves out because it cannot be read: a WARN naming the item and what is wrong with
+// it, once per item for the life of the store (for up to maxReported items), so an
+// item that stays costs a map lookup per read, not a log line per round.
+func (s *Store) skipMalformed(sk string, err error) {
+	s.mu.Lock()
+	first := !s.reported[sk] && len(s.reported) < maxReported
+	if first {
+		s.reported[sk] = true
+	}
+	s.mu.Unlock()
+	if first {
+		s.log.Warn("dynamostore: skipping a malformed coordination item; relays ignore it until it is fixed or deleted",
+			"partition_key", s.keys.coordination(), "sort_key", sk, "error", err)
+	}
 }
 
 // ReadRelays reads the relay records with one eventually consistent Query of the
@@ -123,7 +210,8 @@ func decodeRelay(sk string, item map[string]types.AttributeValue) (driver.RelayR
 // response, not the charge. A Query is charged for the size of the items it reads,
 // rounded up to 4 KB, at half a read unit per 4 KB when eventually consistent. A
 // relay item is about 65 bytes plus its ID, so a fleet of up to about 30 relays
-// costs 0.5 read units a call.
+// costs 0.5 read units a call. Relay items that cannot be read are left out and
+// reported, as by ReadCoordination.
 func (s driverStore) ReadRelays(ctx context.Context) ([]driver.RelayRecord, error) {
 	if err := s.enter(ctx); err != nil {
 		return nil, err
@@ -152,9 +240,11 @@ func (s driverStore) ReadRelays(ctx context.Context) ([]driver.RelayRecord, erro
 			return nil, s.translate(ctx, "read relays", err)
 		}
 		for _, item := range q.Items {
-			r, err := decodeRelay(stringAttr(item, s.keys.sk), item)
+			sk := stringAttr(item, s.keys.sk)
+			r, err := decodeRelay(sk, item)
 			if err != nil {
-				return nil, err
+				s.skipMalformed(sk, err)
+				continue
 			}
 			out = append(out, r)
 		}
@@ -184,8 +274,9 @@ func (s *Store) conditional(ctx context.Context, op string, in *ddb.UpdateItemIn
 // Heartbeat writes the relay's record with LastSeenUtc=at, BucketCount=bucketCount and
 // no StoppedAtUtc, only if the stored LastSeenUtc is earlier: a heartbeat the relay
 // gave up on cannot land later and put an older round back. The record is written
-// whole (a conditional PutItem), which is how the stop stamp goes away on a restart
-// under the same ID.
+// whole (a conditional PutItem), which is how the stop stamp goes away when the relay
+// runs again under the same ID (see StopRelay for when that can be). The store
+// remembers the latest at it sent for the relay, landed or not, for StopRelay.
 func (s driverStore) Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int) (bool, error) {
 	if err := checkRelayID(relay); err != nil {
 		return false, err
@@ -193,6 +284,11 @@ func (s driverStore) Heartbeat(ctx context.Context, relay string, at time.Time, 
 	if err := s.enter(ctx); err != nil {
 		return false, err
 	}
+	s.mu.Lock()
+	if at.After(s.beats[relay]) {
+		s.beats[relay] = at
+	}
+	s.mu.Unlock()
 	item := s.keys.key(s.keys.coordination(), relaySortKey(relay))
 	item[attrLastSeen] = ticksAttr(at)
 	item[attrBucketCount] = numberAttr(int64(bucketCount))
@@ -217,10 +313,19 @@ func (s *Store) conditionalPut(ctx context.Context, op string, in *ddb.PutItemIn
 	return false, s.translate(ctx, op, err)
 }
 
-// StopRelay stamps the relay's record StoppedAtUtc=at, and LastSeenUtc=at when that is
-// later than the stored one, so a heartbeat the relay abandoned cannot revive it. The
-// record stays; peers delete it later (DeleteRelay). Every record it writes
-// has LastSeenUtc, which that deletion is conditioned on.
+// StopRelay stamps the relay's record StoppedAtUtc=at and moves its LastSeenUtc
+// forward to seen, the later of at and the latest heartbeat this store sent for the
+// relay (landed or not), if the stored one is earlier. The record stays; peers delete
+// it later (DeleteRelay). Every record it writes has LastSeenUtc, which that deletion
+// is conditioned on.
+//
+// The stamp survives every heartbeat of the run that stopped: each of them is dated
+// no later than seen, and a heartbeat lands only if it moves LastSeenUtc forward. That
+// includes a heartbeat the relay abandoned that lands after the stop, even one dated
+// after at because the clock was set back while it was in flight. The stamp is
+// cleared only by a heartbeat dated after seen: a relay that runs again under the same
+// ID, once its clock has passed seen, which is the rule every heartbeat follows (a
+// relay whose clock is behind its record waits for it to catch up).
 func (s driverStore) StopRelay(ctx context.Context, relay string, at time.Time) error {
 	if err := checkRelayID(relay); err != nil {
 		return err
@@ -228,32 +333,38 @@ func (s driverStore) StopRelay(ctx context.Context, relay string, at time.Time) 
 	if err := s.enter(ctx); err != nil {
 		return err
 	}
+	s.mu.Lock()
+	seen := at
+	if b := s.beats[relay]; b.After(seen) {
+		seen = b
+	}
+	s.mu.Unlock()
 	key := s.keys.key(s.keys.coordination(), relaySortKey(relay))
 	names := map[string]string{"#seen": attrLastSeen, "#stopped": attrStoppedAt}
-	values := map[string]types.AttributeValue{":at": ticksAttr(at)}
+	values := map[string]types.AttributeValue{":at": ticksAttr(at), ":seen": ticksAttr(seen)}
 	for range 2 {
-		// The usual case: the stop is later than the last heartbeat, one write does
-		// both (and writes a whole record if there is none).
+		// The usual case: the stored heartbeat is earlier, one write does both (and
+		// writes a whole record if there is none).
 		ok, err := s.conditional(ctx, "stop relay", &ddb.UpdateItemInput{
 			Key:                       key,
-			UpdateExpression:          aws.String("SET #seen = :at, #stopped = :at"),
-			ConditionExpression:       aws.String("attribute_not_exists(#seen) OR #seen < :at"),
+			UpdateExpression:          aws.String("SET #seen = :seen, #stopped = :at"),
+			ConditionExpression:       aws.String("attribute_not_exists(#seen) OR #seen < :seen"),
 			ExpressionAttributeNames:  names,
 			ExpressionAttributeValues: values,
 		})
 		if err != nil || ok {
 			return err
 		}
-		// The record carries a later heartbeat: stamp the stop alone, only on a
-		// record that has LastSeenUtc, so this write can never create a record the
-		// cleanup (conditional on LastSeenUtc) could not delete. If a peer deleted the
-		// record meanwhile, the first write runs again.
+		// The record carries a heartbeat no earlier than seen: stamp the stop alone,
+		// only on a record that has LastSeenUtc, so this write can never create a
+		// record the cleanup (conditional on LastSeenUtc) could not delete. If a peer
+		// deleted the record meanwhile, the first write runs again.
 		ok, err = s.conditional(ctx, "stop relay", &ddb.UpdateItemInput{
 			Key:                       key,
 			UpdateExpression:          aws.String("SET #stopped = :at"),
 			ConditionExpression:       aws.String("attribute_exists(#seen)"),
 			ExpressionAttributeNames:  names,
-			ExpressionAttributeValues: values,
+			ExpressionAttributeValues: map[string]types.AttributeValue{":at": values[":at"]},
 		})
 		if err != nil || ok {
 			return err
@@ -263,17 +374,25 @@ func (s driverStore) StopRelay(ctx context.Context, relay string, at time.Time) 
 }
 
 // DeleteRelay deletes a relay record only if its LastSeenUtc still equals lastSeen.
+// The zero lastSeen is how a record without LastSeenUtc reads (one left by an older
+// version): it is deleted if it still has none (or tick 0), so such a record is
+// deleted by the first cleanup that finds it instead of drawing a refused delete
+// every round.
 func (s driverStore) DeleteRelay(ctx context.Context, relay string, lastSeen time.Time) (bool, error) {
 	if err := s.enter(ctx); err != nil {
 		return false, err
 	}
-	_, err := s.client.DeleteItem(ctx, &ddb.DeleteItemInput{
+	in := &ddb.DeleteItemInput{
 		TableName:                 aws.String(s.cfg.TableName),
 		Key:                       s.keys.key(s.keys.coordination(), relaySortKey(relay)),
 		ConditionExpression:       aws.String("#seen = :seen"),
 		ExpressionAttributeNames:  map[string]string{"#seen": attrLastSeen},
 		ExpressionAttributeValues: map[string]types.AttributeValue{":seen": ticksAttr(lastSeen)},
-	})
+	}
+	if lastSeen.IsZero() {
+		in.ConditionExpression = aws.String("attribute_not_exists(#seen) OR #seen = :seen")
+	}
+	_, err := s.client.DeleteItem(ctx, in)
 	switch {
 	case err == nil:
 		return true, nil
@@ -284,8 +403,12 @@ func (s driverStore) DeleteRelay(ctx context.Context, relay string, lastSeen tim
 }
 
 // Claim takes bucket for owner until expiresAt, only if the lease item is absent, has
-// no Owner, or expired at now. A successful claim starts gap probing of the bucket
-// from its start again.
+// no Owner, or expired at now. A lease item that the last ReadCoordination could not
+// read (an Owner that is not a string, an ExpiresAtUtc that is missing or not a
+// number) read as free, and is claimed only if it still has no Owner or is still
+// unreadable in that way: no relay can hold such a lease (none could renew it), and
+// the claim repairs the item. A successful claim starts gap probing of the bucket from
+// its start again.
 func (s driverStore) Claim(ctx context.Context, bucket int, owner string, now, expiresAt time.Time) (bool, error) {
 	if err := s.checkBucket(bucket); err != nil {
 		return false, err
@@ -296,7 +419,7 @@ func (s driverStore) Claim(ctx context.Context, bucket int, owner string, now, e
 	if err := s.enter(ctx); err != nil {
 		return false, err
 	}
-	ok, err := s.conditional(ctx, "claim", &ddb.UpdateItemInput{
+	in := &ddb.UpdateItemInput{
 		Key:                      s.keys.key(s.keys.coordination(), leaseSortKey(bucket)),
 		UpdateExpression:         aws.String("SET #owner = :owner, #exp = :exp"),
 		ConditionExpression:      aws.String("attribute_not_exists(#owner) OR #exp <= :now"),
@@ -306,10 +429,24 @@ func (s driverStore) Claim(ctx context.Context, bucket int, owner string, now, e
 			":exp":   ticksAttr(expiresAt),
 			":now":   ticksAttr(now),
 		},
-	})
+	}
+	s.mu.Lock()
+	repair := s.unreadable[bucket]
+	s.mu.Unlock()
+	if repair {
+		// No comparison with the stored expiry, which may not be a number.
+		in.ConditionExpression = aws.String("attribute_not_exists(#owner) OR NOT attribute_type(#owner, :string) OR NOT attribute_type(#exp, :number)")
+		delete(in.ExpressionAttributeValues, ":now")
+		in.ExpressionAttributeValues[":string"] = &types.AttributeValueMemberS{Value: string(types.ScalarAttributeTypeS)}
+		in.ExpressionAttributeValues[":number"] = &types.AttributeValueMemberS{Value: string(types.ScalarAttributeTypeN)}
+	}
+	ok, err := s.conditional(ctx, "claim", in)
 	if ok {
 		s.forgetRemoved(bucket)
 		s.holdZero(bucket, expiresAt)
+		s.mu.Lock()
+		delete(s.unreadable, bucket)
+		s.mu.Unlock()
 	}
 	return ok, err
 }

@@ -58,6 +58,15 @@ type Store struct {
 	// zeroUntil is the expiry of bucket zero's lease as last claimed or renewed through
 	// this store (zero: not held), for SampleBacklog.
 	zeroUntil time.Time
+	// beats holds, per relay id, the latest time a heartbeat sent through this store
+	// carried, whether or not it landed: StopRelay dates the record no earlier, so no
+	// heartbeat of the stopped run can land later and clear the stop stamp.
+	beats map[string]time.Time
+	// reported holds the sort keys of malformed coordination items already logged.
+	reported map[string]bool
+	// unreadable holds the buckets whose lease item the last ReadCoordination could
+	// not read, for Claim.
+	unreadable map[int]bool
 }
 
 // driverStore is the store's relay side: a [driver.Store] that also implements
@@ -102,6 +111,8 @@ func New(client Client, cfg Config) (*Store, error) {
 		lastRemoved: make([]int64, cfg.BucketCount),
 		heads:       make([]*heldHead, cfg.BucketCount),
 		ahead:       make([]ahead, cfg.BucketCount),
+		beats:       map[string]time.Time{},
+		reported:    map[string]bool{},
 	}, nil
 }
 

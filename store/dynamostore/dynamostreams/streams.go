@@ -32,10 +32,18 @@
 //     Seq named for it; earlier pending messages of a drained bucket go first (order
 //     within the bucket is by Seq). Buckets are dispatched concurrently, up to
 //     Config.MaxConcurrency at once.
-//   - Leases: a free bucket is claimed for the dispatch and released after it; a
-//     bucket another relay holds is left to that relay and its records count as
-//     handled (the holder publishes them). Two invocations for one bucket take turns
-//     through its lease.
+//   - Leases: a free bucket is claimed for the dispatch and released after it. A
+//     bucket another relay holds is left to that relay: DispatchAt reads the lease
+//     and returns at once, without publishing or waiting, and the bucket's records
+//     count as handled. Two invocations in two execution environments (two relays)
+//     do not take turns on a bucket: the one that finds it leased by the other
+//     returns at once (so does the one whose claim is refused, when both claim at the
+//     same moment), and the holder drains the bucket only up to the highest Seq its
+//     own event named. Messages that only the other event named wait for the next
+//     invocation that names their bucket, or for the sweep. A holder that is a
+//     running worker publishes them on its next poll. Concurrent calls of Handle in
+//     one process share one relay's lease: a call that finds the bucket claimed by
+//     another call drains it after that one, up to its own Seq.
 //   - Failures: when DispatchAt fails for a bucket (the store or the lease could not
 //     be reached, a misconfiguration), every record of that bucket is reported in
 //     BatchItemFailures, so Lambda retries from the earliest of them; the other

@@ -137,6 +137,8 @@ func TestStatsAndIdleProbe(t *testing.T) {
 	assert.Equal(t, []int{5, 0}, st.Pending, "counted up to the limit")
 	assert.Equal(t, 5, st.PendingLimit)
 	assert.True(t, st.OldestPending.Equal(envs[0].CreatedAt), "oldest from the bucket head: %v", st.OldestPending)
+	reqs, _ = d.proxy.take()
+	assert.Equal(t, 5, reqs["Query"], "per bucket its head and its parked count, and the rest of a bucket that has a head")
 }
 
 func TestLeaseItems(t *testing.T) {
