@@ -365,7 +365,7 @@ func (c *coordinator) loop(r lifecycle.Run, rounds chan<- struct{}, after func(c
 			if !r.Sleep(min(wait, max(c.cfg.watchInterval(), watchDelay))) {
 				return nil
 			}
-			if time.Now().Before(next) {
+			if time.Now().Before(next) && !c.farStandby() {
 				changed, err := c.membershipChanged(ctx)
 				if err != nil {
 					watchDelay = c.cfg.errorDelay(watchDelay)
@@ -478,8 +478,7 @@ func (c *coordinator) membership(relays []driver.RelayRecord, now time.Time) []m
 func (c *coordinator) skipRound() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	p := c.lastPlan
-	if !p.Standby || p.StandbyRank < c.cfg.BucketCount || 4*2*c.cfg.LeaseRenewInterval > 3*c.cfg.LeaseDuration {
+	if !c.farStandbyLocked() {
 		return false
 	}
 	if c.round%2 == 1 {
@@ -487,6 +486,22 @@ func (c *coordinator) skipRound() bool {
 		return true
 	}
 	return false
+}
+
+// farStandby reports whether the last plan made this relay a standby so far back in
+// line (at least BucketCount standbys before it) that no stop or crash of a peer can
+// give it a bucket before its next round: it skips every other round and the watch
+// reads between them, as long as its heartbeat stays within three quarters of
+// LeaseDuration.
+func (c *coordinator) farStandby() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.farStandbyLocked()
+}
+
+func (c *coordinator) farStandbyLocked() bool {
+	p := c.lastPlan
+	return p.Standby && p.StandbyRank >= c.cfg.BucketCount && 4*2*c.cfg.LeaseRenewInterval <= 3*c.cfg.LeaseDuration
 }
 
 // stepAside hands this relay's buckets to its peers while it cannot reach its broker,
