@@ -21,7 +21,6 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
-	"github.com/outboxkit/outbox/outboxtest/netfault"
 	"github.com/outboxkit/outbox/transport/watermilltransport"
 )
 
@@ -159,12 +158,4 @@ func envelope(tb testing.TB, topic string, key, payload []byte) *driver.Envelope
 	env, err := driver.NewEnvelope(outbox.Message{Topic: topic, Key: key, Payload: payload}, driver.DefaultBucketCount)
 	require.NoError(tb, err)
 	return env
-}
-
-// newProxy puts a TCP proxy in front of the broker, so a test can cut the connection.
-func newProxy(tb testing.TB) *netfault.Proxy {
-	tb.Helper()
-	u, err := url.Parse(amqpURL())
-	require.NoError(tb, err)
-	return netfault.New(tb, u.Host)
 }
