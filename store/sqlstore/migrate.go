@@ -252,7 +252,11 @@ func (s driverStore) Check(ctx context.Context) error {
 		}
 		return s.wrap(ctx, "check", err)
 	}
-	// Record the count if the tables were set up from DDL without it, and compare.
+	// Compare with the recorded count (a read); record it only if the tables were set
+	// up from DDL without it, so a relay's start takes no write lock in the usual case.
+	if err := s.compareBucketCount(ctx, s.db); !errors.Is(err, errNoBucketCount) {
+		return err
+	}
 	return s.recordBucketCount(ctx, s.db)
 }
 
