@@ -49,27 +49,27 @@ func TestFarStandbyDoesNotWatch(t *testing.T) {
 		defer d.coord.mu.Unlock()
 		return d.coord.lastPlan.StandbyRank
 	}
-	waitFor(t, "the fleet settles", func() bool {
+	var next, far *Relay
+	waitFor(t, "the fleet settles: a holder, a standby next in line, one behind it", func() bool {
 		owned := 0
+		next, far = nil, nil
 		for _, d := range relays {
 			if !d.Ready() {
 				return false
 			}
 			owned += len(d.Owned())
+			switch rank(d) {
+			case 0:
+				next = d
+			case 1:
+				far = d
+			}
 		}
-		return owned == 1
+		return owned == 1 && next != nil && far != nil
 	})
-	var next, far *Relay
-	for _, d := range relays {
-		switch rank(d) {
-		case 0:
-			next = d
-		case 1:
-			far = d
-		}
-	}
-	require.NotNil(t, next)
-	require.NotNil(t, far)
+	// Let a round run on the settled view, so the far standby knows it is far.
+	time.Sleep(2 * cfg("x").LeaseRenewInterval)
+	require.Equal(t, 1, rank(far))
 	reads[next.RelayID()].Store(0)
 	reads[far.RelayID()].Store(0)
 	time.Sleep(time.Second) // many watch intervals (10 ms at these timings)
