@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -252,13 +253,16 @@ func (f fleetSuite) blockingPublish(t *testing.T) {
 		return c
 	}
 	tr := blocking{Recorder: outboxtest.NewRecorder(), hold: 2 * time.Second}
-	a := f.relay(t, s, tr, cfg("a"))
-	b := f.relay(t, s, tr, cfg("b"))
+	refusals := &refusalLog{}
+	ca, cb := cfg("a"), cfg("b")
+	ca.Observer, cb.Observer = refusals.of("a"), refusals.of("b")
+	a := f.relay(t, s, tr, ca)
+	b := f.relay(t, s, tr, cb)
 	waitFor(t, "the fleet splits", func() bool { return len(a.Owned()) == 2 && len(b.Owned()) == 2 })
 	before, claimed := refused(a, b), s.n.Load()
 	fill(t, s, 24)
 	waitFor(t, "every message published", func() bool { return tr.Unique() == 24 })
-	require.Equal(t, before, refused(a, b), "no write refused")
+	require.Equal(t, before, refused(a, b), "no write refused; refused so far: %v", refusals.list())
 	require.Equal(t, claimed, s.n.Load(), "no lease lapsed and was claimed again")
 }
 
@@ -483,4 +487,31 @@ func (f fleetSuite) cutOffBroker(t *testing.T) {
 	cutTr.cut.Store(false)
 	waitFor(t, "the relay takes its share back", func() bool { return len(a.Owned()) == 2 && len(b.Owned()) == 2 })
 	require.NoError(t, a.Err())
+}
+
+// refusalLog records which conditional writes were refused, by which relay and when,
+// so a failure says which write it was.
+type refusalLog struct {
+	mu  sync.Mutex
+	log []string
+}
+
+type refusalObserver struct {
+	relay.NopObserver
+	id  string
+	log *refusalLog
+}
+
+func (l *refusalLog) of(id string) relay.Observer { return refusalObserver{id: id, log: l} }
+
+func (o refusalObserver) RefusedWrite(_ context.Context, op string) {
+	o.log.mu.Lock()
+	defer o.log.mu.Unlock()
+	o.log.log = append(o.log.log, fmt.Sprintf("%s %s at %s", o.id, op, time.Now().Format("15:04:05.000")))
+}
+
+func (l *refusalLog) list() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.log)
 }
