@@ -244,12 +244,14 @@ func (f fleetSuite) blockingPublish(t *testing.T) {
 		// Publishes still block for twice the renew interval; the longer lease leaves a
 		// round room to be late on a busy machine (under -race a SQLite round took
 		// over the 2 s a 3 s lease leaves) without a renewal arriving after expiry.
-		c.LeaseDuration = 6 * time.Second
+		// Under -race beside a second suite a SQLite round was seen arriving after a
+		// 6 s lease had lapsed (its peer then claimed the buckets): 15 s.
+		c.LeaseDuration = 15 * time.Second
 		// A lease write that outlasts its deadline may still land; the next round's
 		// renewal, conditional on the expiry the relay knew, is then refused. Under
 		// -race beside other suites a SQLite write took over a second, so the store
-		// calls get half the lease.
-		c.StoreTimeout = c.LeaseDuration / 2
+		// calls get a third of the lease.
+		c.StoreTimeout = c.LeaseDuration / 3
 		return c
 	}
 	tr := blocking{Recorder: outboxtest.NewRecorder(), hold: 2 * time.Second}
@@ -260,8 +262,10 @@ func (f fleetSuite) blockingPublish(t *testing.T) {
 	b := f.relay(t, s, tr, cb)
 	waitFor(t, "the fleet splits", func() bool { return len(a.Owned()) == 2 && len(b.Owned()) == 2 })
 	before, claimed := refused(a, b), s.n.Load()
-	fill(t, s, 24)
-	waitFor(t, "every message published", func() bool { return tr.Unique() == 24 })
+	// 40 messages over 4 buckets, one 2 s publish each: each bucket drains for about
+	// 20 s, longer than a lease, so only renewals during blocked publishes keep it.
+	fill(t, s, 40)
+	waitFor(t, "every message published", func() bool { return tr.Unique() == 40 })
 	require.Equal(t, before, refused(a, b), "no write refused; refused so far: %v", refusals.list())
 	require.Equal(t, claimed, s.n.Load(), "no lease lapsed and was claimed again")
 }
