@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox/driver"
+	"github.com/outboxkit/outbox/inbox"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/store/memstore"
@@ -71,6 +72,20 @@ type Harness struct {
 	// Store, optional, returns an empty store with bucketCount buckets for the relays
 	// to drain; the suite closes it. Defaults to a memory store (package memstore).
 	Store func(tb testing.TB, bucketCount int) outboxtest.Store
+	// Source, optional, returns a source that receives what arrives on topic from
+	// its start, under a consumer (group, durable consumer, queue) of its own: the
+	// transport's NewSource on a client of the harness's. It is called once per
+	// topic, after New made the topic and before anything is published to it. Without
+	// it the Consume subtest is skipped.
+	Source func(tb testing.TB, topic string) inbox.Source
+	// Foreign, optional, writes to topic a message the outbox did not write (no
+	// message ID, no inbox key), which the Consume subtest's consumer must settle
+	// without applying.
+	Foreign func(tb testing.TB, topic string)
+	// Settled, optional, fails tb unless the broker holds nothing unacknowledged (or
+	// uncommitted) for the consumer of the source Source made for topic, once that
+	// consumer stopped.
+	Settled func(tb testing.TB, topic string)
 	// Features says what the transport can do.
 	Features Features
 }
@@ -121,6 +136,11 @@ type Features struct {
 //     all arrive, nothing is parked, key order holds. CutOffParksNothing (for a
 //     [driver.Pinger]): a cut that outlasts a message's attempts and a lease parks
 //     nothing, and a relay started once the proxy heals delivers everything.
+//   - Consume (Harness.Source): keyed messages, a copy of one and a message the
+//     outbox did not write are consumed through the transport's source by an
+//     [inbox.Consumer] whose handler refuses one message twice: each message is
+//     applied once, in its key's order (Features.Ordered), the copy is a duplicate
+//     (unless the broker deduplicates), and nothing is left unacknowledged.
 //   - CutOffRelayHandsOver (Features.Proxy and a [driver.Pinger]): of two relays on
 //     one store, the one whose broker connection is cut hands its buckets to the
 //     other, which delivers everything; nothing is parked; the first takes its share
@@ -160,6 +180,10 @@ func Run(t *testing.T, h Harness) {
 	t.Run("CutOffRelayHandsOver", func(t *testing.T) {
 		t.Parallel()
 		s.cutOffRelayHandsOver(t)
+	})
+	t.Run("Consume", func(t *testing.T) {
+		t.Parallel()
+		s.consume(t)
 	})
 }
 

@@ -17,48 +17,12 @@ import (
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/inbox"
+	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/store/memstore"
 	"github.com/outboxkit/outbox/transport/kafkatransport"
 )
 
-// ledger is the consumer's application state on a memory store: effects per
-// message id and the order they were applied in, per key. It changes only through
-// memstore.OnCommit, so it commits with the unit of work or not at all.
-type ledger struct {
-	mu      sync.Mutex
-	applied map[string]int
-	order   map[string][]string // key → payloads in applied order
-}
-
-func newLedger() *ledger {
-	return &ledger{applied: map[string]int{}, order: map[string][]string{}}
-}
-
-func (l *ledger) apply(ctx context.Context, d *inbox.Delivery) error {
-	return memstore.OnCommit(ctx, func() error {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		l.applied[d.ID.String()]++
-		l.order[string(d.Key)] = append(l.order[string(d.Key)], string(d.Payload))
-		return nil
-	})
-}
-
-func (l *ledger) snapshot() (map[string]int, map[string][]string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	a := make(map[string]int, len(l.applied))
-	for k, v := range l.applied {
-		a[k] = v
-	}
-	o := make(map[string][]string, len(l.order))
-	for k, v := range l.order {
-		o[k] = append([]string(nil), v...)
-	}
-	return a, o
-}
-
-func groupClient(t *testing.T, c *kfake.Cluster, group, topic string, opts ...kgo.Opt) *kgo.Client {
+func groupClient(t testing.TB, c *kfake.Cluster, group, topic string, opts ...kgo.Opt) *kgo.Client {
 	t.Helper()
 	return newClient(t, c, append([]kgo.Opt{
 		kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic), kgo.DisableAutoCommit(),
@@ -96,28 +60,6 @@ func newInboxConsumer(t *testing.T, client *kgo.Client, in *inbox.Inbox, handle 
 // offset is the delivered record's offset.
 func offset(d *inbox.Delivery) int64 { return d.Raw.(*kgo.Record).Offset }
 
-// runConsumer runs a consumer until stop is called, which waits for Run to return.
-func runConsumer(t *testing.T, cs *inbox.Consumer) (stop func() error) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- cs.Run(ctx) }()
-	var once sync.Once
-	var err error
-	stop = func() error {
-		once.Do(func() {
-			cancel()
-			select {
-			case err = <-done:
-			case <-time.After(time.Minute):
-				err = errors.New("Run did not return within a minute of its ctx ending")
-			}
-		})
-		return err
-	}
-	t.Cleanup(func() { _ = stop() })
-	return stop
-}
-
 // committed reads the group's committed offsets of topic's partitions.
 func committed(t *testing.T, c *kfake.Cluster, group, topic string, partitions int32) map[int32]int64 {
 	t.Helper()
@@ -150,30 +92,30 @@ func TestConsumerAppliesEachRecordOnceInPartitionOrder(t *testing.T) {
 	in, err := inbox.New(store, inbox.Config{Consumer: "billing"})
 	require.NoError(t, err)
 
-	l := newLedger()
+	l := outboxtest.NewLedger()
 	var processed atomic.Int64
 	var failedOnce sync.Map
 	handle := func(ctx context.Context, d *inbox.Delivery) error {
 		// Every fifth record fails its first attempt: it is retried in place.
 		if offset(d)%5 == 0 {
 			if _, loaded := failedOnce.LoadOrStore(d.ID, true); !loaded {
-				if err := l.apply(ctx, d); err != nil { // rolled back with the unit
+				if err := l.Apply(ctx, d); err != nil { // rolled back with the unit
 					return err
 				}
 				return errors.New("transient")
 			}
 		}
-		return l.apply(ctx, d)
+		return l.Apply(ctx, d)
 	}
 	cs := newInboxConsumer(t, groupClient(t, c, "g1", topic), in, handle, inbox.ConsumerConfig{
 		RetryBackoff: time.Millisecond,
 		Processed:    func(*inbox.Delivery, inbox.Result) { processed.Add(1) },
 	})
-	stop := runConsumer(t, cs)
+	stop := outboxtest.RunConsumer(t, cs)
 	require.Eventually(t, func() bool { return processed.Load() >= n }, time.Minute, 10*time.Millisecond)
 	require.NoError(t, stop())
 
-	applied, order := l.snapshot()
+	applied, order := l.Snapshot()
 	require.Len(t, applied, n)
 	for id, times := range applied {
 		require.Equal(t, 1, times, "message %s", id)
@@ -198,11 +140,11 @@ func TestConsumerAppliesEachRecordOnceInPartitionOrder(t *testing.T) {
 			dups.Add(1)
 		}
 	}})
-	stop = runConsumer(t, again)
+	stop = outboxtest.RunConsumer(t, again)
 	require.Eventually(t, func() bool { return dups.Load() >= n }, time.Minute, 10*time.Millisecond)
 	require.NoError(t, stop())
 	require.Zero(t, ran.Load())
-	applied, _ = l.snapshot()
+	applied, _ = l.Snapshot()
 	require.Len(t, applied, n)
 }
 
@@ -215,7 +157,7 @@ func TestConsumerStopsGracefully(t *testing.T) {
 	defer store.Close()
 	in, err := inbox.New(store, inbox.Config{Consumer: "billing"})
 	require.NoError(t, err)
-	l := newLedger()
+	l := outboxtest.NewLedger()
 	entered, release := make(chan struct{}), make(chan struct{})
 	var calls atomic.Int64
 	cs := newInboxConsumer(t, groupClient(t, c, "g", topic, kgo.BlockRebalanceOnPoll()), in, func(ctx context.Context, d *inbox.Delivery) error {
@@ -223,7 +165,7 @@ func TestConsumerStopsGracefully(t *testing.T) {
 			close(entered)
 			<-release
 		}
-		return l.apply(ctx, d)
+		return l.Apply(ctx, d)
 	}, inbox.ConsumerConfig{})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -237,7 +179,7 @@ func TestConsumerStopsGracefully(t *testing.T) {
 	}
 	close(release)
 	require.NoError(t, <-done)
-	applied, _ := l.snapshot()
+	applied, _ := l.Snapshot()
 	require.Len(t, applied, 1, "the record in progress finished; no further record was started")
 	require.Equal(t, map[int32]int64{0: 1}, committed(t, c, "g", topic, 1), "its offset was committed before Run returned")
 }
@@ -256,7 +198,7 @@ func TestConsumerSkipsRecordWithoutKey(t *testing.T) {
 	var processed atomic.Int64
 	cs := newInboxConsumer(t, groupClient(t, c, "g", topic), in, func(context.Context, *inbox.Delivery) error { return nil },
 		inbox.ConsumerConfig{Processed: func(*inbox.Delivery, inbox.Result) { processed.Add(1) }})
-	stop := runConsumer(t, cs)
+	stop := outboxtest.RunConsumer(t, cs)
 	require.Eventually(t, func() bool { return processed.Load() == 1 }, time.Minute, 10*time.Millisecond)
 	require.Eventually(t, func() bool { return committed(t, c, "g", topic, 1)[0] == 2 }, time.Minute, 10*time.Millisecond,
 		"the record without a key is skipped and committed past")

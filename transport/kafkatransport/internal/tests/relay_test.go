@@ -13,6 +13,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
+	"github.com/outboxkit/outbox/inbox"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/outboxtest/relaysuite"
 	"github.com/outboxkit/outbox/transport/kafkatransport"
@@ -25,6 +26,8 @@ func relayHarness() relaysuite.Harness {
 		New:      rc.transport,
 		Read:     rc.read,
 		Raw:      rawProduce,
+		Source:   rc.source,
+		Foreign:  rc.foreign,
 		Features: relaysuite.Features{Ordered: true, Proxy: true},
 	}
 }
@@ -74,6 +77,24 @@ func (rc *relayClusters) read(tb testing.TB, topic string, n int) []outboxtest.R
 		out = append(out, outboxtest.Received{ID: d.ID.String(), Topic: d.Topic, Key: d.Key, Payload: d.Payload, Headers: d.Headers})
 	}
 	return out
+}
+
+func (rc *relayClusters) cluster(topic string) *kfake.Cluster {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return rc.clusters[topic]
+}
+
+// source reads topic from its start in a consumer group of its own.
+func (rc *relayClusters) source(tb testing.TB, topic string) inbox.Source {
+	src, err := kafkatransport.NewSource(groupClient(tb, rc.cluster(topic), "billing", topic), kafkatransport.SourceConfig{})
+	require.NoError(tb, err)
+	return src
+}
+
+// foreign produces a record with no key and no outbox headers.
+func (rc *relayClusters) foreign(tb testing.TB, topic string) {
+	require.NoError(tb, newClient(tb, rc.cluster(topic)).ProduceSync(context.Background(), &kgo.Record{Topic: topic, Value: []byte("foreign")}).FirstErr())
 }
 
 func TestRelay(t *testing.T) {

@@ -2,7 +2,6 @@ package tests
 
 import (
 	"errors"
-	"fmt"
 	"testing"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
+	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/transport/natstransport"
 )
 
@@ -20,28 +20,10 @@ import (
 // values, every byte value, CR and LF, blanks at the edges, non-ASCII and reserved
 // names, repeated names out of order, and many of them.
 func awkwardHeaders() []outbox.Header {
-	every := make([]byte, 256)
-	for i := range every {
-		every[i] = byte(i)
-	}
-	hs := []outbox.Header{
-		{Key: "empty", Value: []byte{}},
-		{Key: "nil", Value: nil},
-		{Key: "binary", Value: every},
-		{Key: "ключ", Value: []byte("значение ✓")},
-		{Key: "名前", Value: []byte{}},
-		{Key: "dup", Value: []byte("2")},
-		{Key: "crlf", Value: []byte("a\r\nb: c")},
-		{Key: "dup", Value: []byte("1")},
-		{Key: " blank-edged ", Value: []byte("  v\t")},
-		{Key: "with:colon", Value: []byte("v")},
-		{Key: "Nats-Expected-Stream", Value: []byte("not for JetStream")},
-		{Key: natstransport.HeaderPacked, Value: []byte("the application's own")},
-	}
-	for i := range 300 {
-		hs = append(hs, outbox.Header{Key: fmt.Sprintf("h-%03d-ü", i), Value: fmt.Appendf(nil, "%d", i)})
-	}
-	return hs
+	return append(outboxtest.AwkwardHeaders(),
+		outbox.Header{Key: "Nats-Expected-Stream", Value: []byte("not for JetStream")},
+		outbox.Header{Key: natstransport.HeaderPacked, Value: []byte("the application's own")},
+	)
 }
 
 // appOnly drops what the transport stamped: the message id (last) and the

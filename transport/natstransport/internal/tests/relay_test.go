@@ -1,14 +1,18 @@
 package tests
 
 import (
+	"context"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox/driver"
+	"github.com/outboxkit/outbox/inbox"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/outboxtest/relaysuite"
 	"github.com/outboxkit/outbox/transport/natstransport"
@@ -18,11 +22,14 @@ import (
 // window drops a republished message. With PipelineKeys a key's order holds only
 // while nothing fails, so the suite does not check it.
 func relayHarness(pipeline bool) relaysuite.Harness {
-	rs := &relayStreams{pipeline: pipeline, readers: map[string]*reader{}}
+	rs := &relayStreams{pipeline: pipeline, readers: map[string]*reader{}, streams: map[string]jetstream.Stream{}}
 	return relaysuite.Harness{
 		New:      rs.transport,
 		Read:     rs.read,
 		Raw:      rawPublish,
+		Source:   rs.source,
+		Foreign:  rs.foreign,
+		Settled:  rs.settled,
 		Features: relaysuite.Features{Ordered: !pipeline, Deduplicates: true, Proxy: true},
 	}
 }
@@ -34,6 +41,7 @@ type relayStreams struct {
 
 	mu      sync.Mutex
 	readers map[string]*reader
+	streams map[string]jetstream.Stream
 }
 
 // transport connects to the server, through dial when it is set: then the
@@ -56,6 +64,7 @@ func (rs *relayStreams) transport(tb testing.TB, topic string, dial func(string)
 		_, direct := connect(tb, natsURL())
 		s := createStream(tb, direct, jetstream.StreamConfig{Subjects: []string{topic}})
 		rs.readers[topic] = newReader(tb, s, topic)
+		rs.streams[topic] = s
 	}
 	return newTransport(tb, js, cfg)
 }
@@ -65,6 +74,38 @@ func (rs *relayStreams) read(tb testing.TB, topic string, n int) []outboxtest.Re
 	r := rs.readers[topic]
 	rs.mu.Unlock()
 	return received(r.read(tb, n))
+}
+
+func (rs *relayStreams) stream(topic string) jetstream.Stream {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	return rs.streams[topic]
+}
+
+// source reads topic's stream through a durable consumer "billing".
+func (rs *relayStreams) source(tb testing.TB, topic string) inbox.Source {
+	cons, err := rs.stream(topic).CreateOrUpdateConsumer(context.Background(), jetstream.ConsumerConfig{Durable: "billing", AckPolicy: jetstream.AckExplicitPolicy})
+	require.NoError(tb, err)
+	src, err := natstransport.NewSource(cons, natstransport.SourceConfig{})
+	require.NoError(tb, err)
+	return src
+}
+
+func (rs *relayStreams) foreign(tb testing.TB, topic string) {
+	nc, _ := connect(tb, natsURL())
+	require.NoError(tb, nc.Publish(topic, []byte("not from the outbox")))
+	require.NoError(tb, nc.Flush())
+}
+
+// settled requires every message the consumer "billing" was given to be
+// acknowledged or terminated.
+func (rs *relayStreams) settled(tb testing.TB, topic string) {
+	cons, err := rs.stream(topic).Consumer(context.Background(), "billing")
+	require.NoError(tb, err)
+	info, err := cons.Info(context.Background())
+	require.NoError(tb, err)
+	assert.Zero(tb, info.NumAckPending, "every message settled (acknowledged, or terminated)")
+	assert.Zero(tb, info.NumPending)
 }
 
 // received is how the suites see deliveries.

@@ -7,9 +7,11 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox/driver"
+	"github.com/outboxkit/outbox/inbox"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/outboxtest/relaysuite"
 	"github.com/outboxkit/outbox/transport/rabbitmqtransport"
@@ -22,6 +24,9 @@ func relayHarness() relaysuite.Harness {
 		New:      rt.transport,
 		Read:     rt.read,
 		Raw:      rawPublisher,
+		Source:   rt.source,
+		Foreign:  rt.foreign,
+		Settled:  rt.settled,
 		Features: relaysuite.Features{Ordered: true, Proxy: true},
 	}
 }
@@ -64,6 +69,27 @@ func (*relayTopics) read(tb testing.TB, topic string, n int) []outboxtest.Receiv
 		out = append(out, outboxtest.Received{ID: d.ID.String(), Topic: d.Topic, Key: d.Key, Payload: d.Payload, Headers: d.Headers})
 	}
 	return out
+}
+
+// consumeQueue is the queue of topic's exchange that the Consume subtest's source
+// reads.
+func consumeQueue(topic string) string { return topic + ".consume" }
+
+func (rt *relayTopics) source(tb testing.TB, topic string) inbox.Source {
+	newAdmin(tb).queue(tb, consumeQueue(topic), topic, "", nil)
+	src, err := rabbitmqtransport.NewSource(dialer(""), rabbitmqtransport.SourceConfig{Queue: consumeQueue(topic)})
+	require.NoError(tb, err)
+	return src
+}
+
+func (rt *relayTopics) foreign(tb testing.TB, topic string) {
+	require.NoError(tb, newAdmin(tb).ch.Publish(topic, "", false, false, amqp.Publishing{Body: []byte("not from the outbox")}))
+}
+
+// settled requires the source's queue to be empty: every message acknowledged or
+// rejected.
+func (rt *relayTopics) settled(tb testing.TB, topic string) {
+	assert.Zero(tb, newAdmin(tb).depth(tb, consumeQueue(topic)), "every message settled")
 }
 
 func TestRelay(t *testing.T) {

@@ -1,7 +1,6 @@
 package tests
 
 import (
-	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -9,6 +8,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
+	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/transport/redistransport"
 )
 
@@ -16,27 +16,10 @@ import (
 // byte value, CR and LF, blanks at the edges, non-ASCII names, names like the
 // entry's own fields, repeated names out of order, and many of them.
 func awkwardHeaders() []outbox.Header {
-	every := make([]byte, 256)
-	for i := range every {
-		every[i] = byte(i)
-	}
-	hs := []outbox.Header{
-		{Key: "empty", Value: []byte{}},
-		{Key: "nil", Value: nil},
-		{Key: "binary", Value: every},
-		{Key: "ключ", Value: []byte("значение ✓")},
-		{Key: "名前", Value: []byte{}},
-		{Key: "dup", Value: []byte("2")},
-		{Key: "crlf", Value: []byte("a\r\nb: c")},
-		{Key: "dup", Value: []byte("1")},
-		{Key: " blank-edged ", Value: []byte("  v\t")},
-		{Key: redistransport.FieldPayload, Value: []byte("not the payload")},
-		{Key: redistransport.FieldMessageID, Value: []byte("not the message id")},
-	}
-	for i := range 300 {
-		hs = append(hs, outbox.Header{Key: fmt.Sprintf("h-%03d-ü", i), Value: fmt.Appendf(nil, "%d", i)})
-	}
-	return hs
+	return append(outboxtest.AwkwardHeaders(),
+		outbox.Header{Key: redistransport.FieldPayload, Value: []byte("not the payload")},
+		outbox.Header{Key: redistransport.FieldMessageID, Value: []byte("not the message id")},
+	)
 }
 
 // Awkward headers go through the server in the entry's headers field and come back

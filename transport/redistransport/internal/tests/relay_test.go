@@ -1,13 +1,17 @@
 package tests
 
 import (
+	"context"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox/driver"
+	"github.com/outboxkit/outbox/inbox"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/outboxtest/relaysuite"
 	"github.com/outboxkit/outbox/transport/redistransport"
@@ -20,6 +24,9 @@ func relayHarness() relaysuite.Harness {
 		New:      rs.transport,
 		Read:     rs.read,
 		Raw:      rawPublish,
+		Source:   rs.source,
+		Foreign:  rs.foreign,
+		Settled:  rs.settled,
 		Features: relaysuite.Features{Ordered: true, Proxy: true},
 	}
 }
@@ -62,6 +69,28 @@ func (rs *relayStreams) read(tb testing.TB, topic string, n int) []outboxtest.Re
 		out = append(out, outboxtest.Received{ID: d.ID.String(), Topic: d.Topic, Key: d.Key, Payload: d.Payload, Headers: d.Headers})
 	}
 	return out
+}
+
+// source reads topic as the consumer "billing-1" of a group "billing" made at the
+// stream's start.
+func (rs *relayStreams) source(tb testing.TB, topic string) inbox.Source {
+	client := connect(tb, redisAddr())
+	require.NoError(tb, client.XGroupCreateMkStream(context.Background(), topic, "billing", "0").Err())
+	src, err := redistransport.NewSource(client, redistransport.SourceConfig{Stream: topic, Group: "billing", Name: "billing-1"})
+	require.NoError(tb, err)
+	return src
+}
+
+func (rs *relayStreams) foreign(tb testing.TB, topic string) {
+	client := connect(tb, redisAddr())
+	require.NoError(tb, client.XAdd(context.Background(), &redis.XAddArgs{Stream: topic, Values: []any{"payload", "not from the outbox"}}).Err())
+}
+
+func (rs *relayStreams) settled(tb testing.TB, topic string) {
+	client := connect(tb, redisAddr())
+	pending, err := client.XPending(context.Background(), topic, "billing").Result()
+	require.NoError(tb, err)
+	assert.Zero(tb, pending.Count, "every entry acknowledged")
 }
 
 func TestRelay(t *testing.T) {

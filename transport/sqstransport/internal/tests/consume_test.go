@@ -16,41 +16,10 @@ import (
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/inbox"
+	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/store/memstore"
 	"github.com/outboxkit/outbox/transport/sqstransport"
 )
-
-// sqsLedger is the consumer's state on a memory store, changed only through
-// memstore.OnCommit: effects per message id and the applied order per key.
-type sqsLedger struct {
-	mu      sync.Mutex
-	applied map[string]int
-	order   map[string][]string
-}
-
-func (l *sqsLedger) apply(ctx context.Context, d *inbox.Delivery) error {
-	return memstore.OnCommit(ctx, func() error {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		l.applied[d.ID.String()]++
-		l.order[string(d.Key)] = append(l.order[string(d.Key)], string(d.Payload))
-		return nil
-	})
-}
-
-func (l *sqsLedger) snapshot() (map[string]int, map[string][]string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	a := map[string]int{}
-	for k, v := range l.applied {
-		a[k] = v
-	}
-	o := map[string][]string{}
-	for k, v := range l.order {
-		o[k] = append([]string(nil), v...)
-	}
-	return a, o
-}
 
 // failingDeletes fails the first n DeleteMessageBatch calls on the real client,
 // as a crash between the commit and the delete would leave the messages.
@@ -76,27 +45,6 @@ func newConsumer(t *testing.T, client sqstransport.ReceiveAPI, src sqstransport.
 	return c
 }
 
-func runConsumer(t *testing.T, c *inbox.Consumer) (stop func() error) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	var once sync.Once
-	var err error
-	stop = func() error {
-		once.Do(func() {
-			cancel()
-			select {
-			case err = <-done:
-			case <-time.After(time.Minute):
-				err = errors.New("Run did not return within a minute of its ctx ending")
-			}
-		})
-		return err
-	}
-	t.Cleanup(func() { _ = stop() })
-	return stop
-}
-
 func TestConsumerAppliesOnceInGroupOrderAndDeletesAfterCommit(t *testing.T) {
 	srv, _, url := setup(t, true, nil)
 	const n, keys = 30, 4
@@ -115,13 +63,13 @@ func TestConsumerAppliesOnceInGroupOrderAndDeletesAfterCommit(t *testing.T) {
 	defer store.Close()
 	in, err := inbox.New(store, inbox.Config{Consumer: "billing"})
 	require.NoError(t, err)
-	l := &sqsLedger{applied: map[string]int{}, order: map[string][]string{}}
+	l := outboxtest.NewLedger()
 	var processed, dups atomic.Int64
 	// The first delete is lost: its messages come back after the visibility timeout
 	// and are found duplicates.
 	client := &failingDeletes{Client: srv.Client()}
 	client.left.Store(1)
-	c := newConsumer(t, client, sqstransport.SourceConfig{QueueURL: url, WaitTime: time.Second, VisibilityTimeout: time.Second}, in, l.apply, inbox.ConsumerConfig{
+	c := newConsumer(t, client, sqstransport.SourceConfig{QueueURL: url, WaitTime: time.Second, VisibilityTimeout: time.Second}, in, l.Apply, inbox.ConsumerConfig{
 		Processed: func(_ *inbox.Delivery, res inbox.Result) {
 			processed.Add(1)
 			if res.Duplicate {
@@ -129,7 +77,7 @@ func TestConsumerAppliesOnceInGroupOrderAndDeletesAfterCommit(t *testing.T) {
 			}
 		},
 	})
-	stop := runConsumer(t, c)
+	stop := outboxtest.RunConsumer(t, c)
 	require.Eventually(t, func() bool { return processed.Load()-dups.Load() >= n && dups.Load() > 0 }, time.Minute, 20*time.Millisecond,
 		"every message applied, and the lost delete's messages redelivered as duplicates")
 	// Wait until the queue is empty: everything was deleted in the end.
@@ -140,7 +88,7 @@ func TestConsumerAppliesOnceInGroupOrderAndDeletesAfterCommit(t *testing.T) {
 	}, time.Minute, 100*time.Millisecond)
 	require.NoError(t, stop())
 
-	applied, order := l.snapshot()
+	applied, order := l.Snapshot()
 	require.Len(t, applied, n)
 	for id, times := range applied {
 		require.Equal(t, 1, times, "message %s", id)
@@ -157,12 +105,12 @@ func TestConsumerLeavesFailedMessageForRedelivery(t *testing.T) {
 	defer store.Close()
 	in, err := inbox.New(store, inbox.Config{Consumer: "billing"})
 	require.NoError(t, err)
-	l := &sqsLedger{applied: map[string]int{}, order: map[string][]string{}}
+	l := outboxtest.NewLedger()
 	var calls, processed atomic.Int64
 	var redelivered sync.Map // the Redelivered values the handler saw
 	c := newConsumer(t, srv.Client(), sqstransport.SourceConfig{QueueURL: url, WaitTime: time.Second, VisibilityTimeout: time.Second}, in, func(ctx context.Context, d *inbox.Delivery) error {
 		redelivered.Store(d.Redelivered, true)
-		if err := l.apply(ctx, d); err != nil {
+		if err := l.Apply(ctx, d); err != nil {
 			return err
 		}
 		if calls.Add(1) == 1 {
@@ -170,7 +118,7 @@ func TestConsumerLeavesFailedMessageForRedelivery(t *testing.T) {
 		}
 		return nil
 	}, inbox.ConsumerConfig{Processed: func(*inbox.Delivery, inbox.Result) { processed.Add(1) }})
-	stop := runConsumer(t, c)
+	stop := outboxtest.RunConsumer(t, c)
 	require.Eventually(t, func() bool { return processed.Load() == 1 }, time.Minute, 20*time.Millisecond)
 	require.NoError(t, stop())
 	// Twice at least: a slow machine may also outlast the 1 s visibility timeout.
@@ -178,7 +126,7 @@ func TestConsumerLeavesFailedMessageForRedelivery(t *testing.T) {
 	_, first := redelivered.Load(false)
 	_, again := redelivered.Load(true)
 	require.True(t, first && again, "the queue's receive count tells the first receive from the next")
-	applied, _ := l.snapshot()
+	applied, _ := l.Snapshot()
 	require.Len(t, applied, 1)
 	for _, times := range applied {
 		require.Equal(t, 1, times)
@@ -194,12 +142,12 @@ func TestConsumerStopsGracefully(t *testing.T) {
 	defer store.Close()
 	in, err := inbox.New(store, inbox.Config{Consumer: "billing"})
 	require.NoError(t, err)
-	l := &sqsLedger{applied: map[string]int{}, order: map[string][]string{}}
+	l := outboxtest.NewLedger()
 	entered, release := make(chan struct{}), make(chan struct{})
 	c := newConsumer(t, srv.Client(), sqstransport.SourceConfig{QueueURL: url, WaitTime: time.Second, VisibilityTimeout: 600 * time.Second}, in, func(ctx context.Context, d *inbox.Delivery) error {
 		close(entered)
 		<-release
-		return l.apply(ctx, d)
+		return l.Apply(ctx, d)
 	}, inbox.ConsumerConfig{})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -213,7 +161,7 @@ func TestConsumerStopsGracefully(t *testing.T) {
 	}
 	close(release)
 	require.NoError(t, <-done)
-	applied, _ := l.snapshot()
+	applied, _ := l.Snapshot()
 	require.Len(t, applied, 1)
 	// It was deleted before Run returned: with a 600 s visibility timeout, a message
 	// not deleted would still count as in flight.

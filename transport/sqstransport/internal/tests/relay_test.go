@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox/driver"
+	"github.com/outboxkit/outbox/inbox"
 	emulator "github.com/outboxkit/outbox/internal/sqsemulator"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/outboxtest/relaysuite"
@@ -24,12 +25,20 @@ import (
 // deduplication id is the message ID); a standard queue does neither.
 func relayHarness(fifo bool) relaysuite.Harness {
 	rq := &relayQueues{fifo: fifo, urls: map[string]string{}, pending: map[string][]outboxtest.Received{}}
-	return relaysuite.Harness{
+	h := relaysuite.Harness{
 		New:      rq.transport,
 		Read:     rq.read,
 		Raw:      rq.raw,
 		Features: relaysuite.Features{Ordered: fifo, Deduplicates: fifo, Proxy: true},
 	}
+	// The Consume subtest runs on the standard queue only: the emulator hands out a
+	// FIFO group's later messages while an earlier one is in flight, which SQS does
+	// not. A foreign message stays on the queue for its redrive policy, so the
+	// harness has no Settled.
+	if !fifo {
+		h.Source, h.Foreign = rq.source, rq.foreign
+	}
+	return h
 }
 
 // fifoKeepsKeyOrder declares what the transport does on FIFO queues: it never
@@ -62,6 +71,22 @@ func (rq *relayQueues) url(tb testing.TB, topic string) string {
 		rq.urls[topic] = u
 	}
 	return u
+}
+
+// source receives from topic's queue, with a short wait and visibility timeout.
+func (rq *relayQueues) source(tb testing.TB, topic string) inbox.Source {
+	src, err := sqstransport.NewSource(emulator.Shared(tb).Client(), sqstransport.SourceConfig{
+		QueueURL: rq.url(tb, topic), WaitTime: time.Second, VisibilityTimeout: 5 * time.Second,
+	})
+	require.NoError(tb, err)
+	return src
+}
+
+// foreign sends a message with no outbox attributes.
+func (rq *relayQueues) foreign(tb testing.TB, topic string) {
+	in := &sqs.SendMessageInput{QueueUrl: aws.String(rq.url(tb, topic)), MessageBody: aws.String("not from the outbox")}
+	_, err := emulator.Shared(tb).Client().SendMessage(context.Background(), in)
+	require.NoError(tb, err)
 }
 
 // transport builds a client of its own: through dial, when it is set, it sends every
