@@ -1,6 +1,7 @@
 package kafkatransport
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -32,16 +33,6 @@ func (c SourceConfig) Validate() error {
 		return fmt.Errorf("%w: kafkatransport: SourceConfig.MaxPollRecords %d is negative", outbox.ErrMisconfigured, c.MaxPollRecords)
 	}
 	return nil
-}
-
-func (c SourceConfig) withDefaults() SourceConfig {
-	if c.MaxPollRecords == 0 {
-		c.MaxPollRecords = DefaultMaxPollRecords
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	return c
 }
 
 // Source is Kafka's side of an [inbox.Consumer]. Each partition of a poll is a
@@ -92,7 +83,9 @@ func NewSource(client *kgo.Client, cfg SourceConfig) (*Source, error) {
 		return nil, err
 	}
 	block, _ := client.OptValue(kgo.BlockRebalanceOnPoll).(bool)
-	return &Source{client: client, cfg: cfg.withDefaults(), block: block}, nil
+	cfg.MaxPollRecords = cmp.Or(cfg.MaxPollRecords, DefaultMaxPollRecords)
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
+	return &Source{client: client, cfg: cfg, block: block}, nil
 }
 
 // Receive polls once and returns each partition's records as a lane. It returns an

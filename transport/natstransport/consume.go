@@ -1,6 +1,7 @@
 package natstransport
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -31,13 +32,6 @@ func (c SourceConfig) Validate() error {
 		return fmt.Errorf("%w: natstransport: SourceConfig.FetchBatch %d is negative", outbox.ErrMisconfigured, c.FetchBatch)
 	}
 	return nil
-}
-
-func (c SourceConfig) withDefaults() SourceConfig {
-	if c.FetchBatch == 0 {
-		c.FetchBatch = DefaultFetchBatch
-	}
-	return c
 }
 
 // Source is JetStream's side of an [inbox.Consumer], which processes one message at
@@ -86,7 +80,8 @@ func NewSource(cons jetstream.Consumer, cfg SourceConfig) (*Source, error) {
 	if info := cons.CachedInfo(); info != nil && info.Config.AckPolicy != jetstream.AckExplicitPolicy {
 		return nil, fmt.Errorf("%w: natstransport: the JetStream consumer %q has ack policy %s: create it with AckPolicy jetstream.AckExplicitPolicy, so a message is acknowledged only after its unit of work committed", outbox.ErrMisconfigured, info.Name, info.Config.AckPolicy)
 	}
-	return &Source{cons: cons, cfg: cfg.withDefaults()}, nil
+	cfg.FetchBatch = cmp.Or(cfg.FetchBatch, DefaultFetchBatch)
+	return &Source{cons: cons, cfg: cfg}, nil
 }
 
 // Receive returns the next message of the pull in flight, pulling anew when there is

@@ -1,6 +1,7 @@
 package rabbitmqtransport
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -34,13 +35,6 @@ func (c SourceConfig) Validate() error {
 		return fmt.Errorf("%w: rabbitmqtransport: SourceConfig.Prefetch %d: AMQP takes 0 (the default) to 65535", outbox.ErrMisconfigured, c.Prefetch)
 	}
 	return nil
-}
-
-func (c SourceConfig) withDefaults() SourceConfig {
-	if c.Prefetch == 0 {
-		c.Prefetch = DefaultPrefetch
-	}
-	return c
 }
 
 // Source is RabbitMQ's side of an [inbox.Consumer], which processes one delivery at
@@ -81,7 +75,8 @@ func NewSource(dial Dialer, cfg SourceConfig) (*Source, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Source{dial: dial, cfg: cfg.withDefaults()}, nil
+	cfg.Prefetch = cmp.Or(cfg.Prefetch, DefaultPrefetch)
+	return &Source{dial: dial, cfg: cfg}, nil
 }
 
 // Receive returns the next delivery, dialing first when there is no connection. It

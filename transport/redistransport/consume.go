@@ -1,6 +1,7 @@
 package redistransport
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -49,13 +50,6 @@ func (c SourceConfig) Validate() error {
 	return nil
 }
 
-func (c SourceConfig) withDefaults() SourceConfig {
-	if c.ReadCount == 0 {
-		c.ReadCount = DefaultReadCount
-	}
-	return c
-}
-
 // Source is the Redis Streams side of an [inbox.Consumer], which processes one entry
 // at a time in stream order, retries a failed one in place and acknowledges (XACK)
 // each after its unit of work committed. What is Redis's own:
@@ -99,7 +93,8 @@ func NewSource(client redis.UniversalClient, cfg SourceConfig) (*Source, error) 
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Source{client: client, cfg: cfg.withDefaults()}, nil
+	cfg.ReadCount = cmp.Or(cfg.ReadCount, DefaultReadCount)
+	return &Source{client: client, cfg: cfg}, nil
 }
 
 // Receive returns the next entry, reading when none is left from the last read; it

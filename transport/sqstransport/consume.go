@@ -1,6 +1,7 @@
 package sqstransport
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -58,16 +59,6 @@ func (c SourceConfig) Validate() error {
 	return nil
 }
 
-func (c SourceConfig) withDefaults() SourceConfig {
-	if c.MaxMessages == 0 {
-		c.MaxMessages = 10
-	}
-	if c.WaitTime == 0 {
-		c.WaitTime = DefaultReceiveWait
-	}
-	return c
-}
-
 // Source is SQS's side of an [inbox.Consumer]. The messages of one FIFO message
 // group in a receive are a lane, processed one at a time in the order received;
 // groups, and the messages of a standard queue (each its own lane), are processed
@@ -102,7 +93,9 @@ func NewSource(client ReceiveAPI, cfg SourceConfig) (*Source, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Source{client: client, cfg: cfg.withDefaults()}, nil
+	cfg.MaxMessages = cmp.Or(cfg.MaxMessages, 10)
+	cfg.WaitTime = cmp.Or(cfg.WaitTime, DefaultReceiveWait)
+	return &Source{client: client, cfg: cfg}, nil
 }
 
 var (
