@@ -221,3 +221,14 @@ type RelayIDChecker interface {
 	// CheckRelayID returns an error saying why the store cannot record id, or nil.
 	CheckRelayID(id string) error
 }
+
+// Metered is implemented by relay sides of stores that bill every request
+// (DynamoDB). A relay on one spends fewer of the reads that only make it react
+// sooner: alone in its fleet, it reads the relay records once between two rounds
+// instead of every PollInterval/2, so a relay that joins takes its share within half
+// a LeaseRenewInterval rather than half a second; with peers, whose stops it must
+// notice at once, it reads as often as on any store.
+type Metered interface {
+	// Metered reports whether the store bills each request.
+	Metered() bool
+}

@@ -35,12 +35,14 @@ func storeErr(ctx context.Context, err error, format string, args ...any) error 
 // heartbeats, computes this relay's part with the pure planner (planRound) and carries
 // it out, and hands everything back when the relay resigns.
 type coordinator struct {
-	cfg    *Config
-	log    *slog.Logger
-	store  driver.Store
-	leases *leaseTable
-	meter  *meter
-	health *brokerHealth
+	cfg   *Config
+	log   *slog.Logger
+	store driver.Store
+	// metered reports that the store bills each request (driver.Metered).
+	metered bool
+	leases  *leaseTable
+	meter   *meter
+	health  *brokerHealth
 
 	// mu serialises rounds and resignations, and guards the rest.
 	mu sync.Mutex
@@ -360,12 +362,16 @@ func (c *coordinator) loop(r lifecycle.Run, rounds chan<- struct{}, after func(c
 	next := time.Now()
 	for !r.Stopped() {
 		if wait := time.Until(next); wait > 0 {
-			// A failing watch read backs off like a failing round: a store outage
-			// must not turn the watch into a tight loop.
-			if !r.Sleep(min(wait, max(c.cfg.watchInterval(), watchDelay))) {
+			if every := c.watchEvery(); every == 0 {
+				if !r.Sleep(wait) {
+					return nil
+				}
+			} else if !r.Sleep(min(wait, max(every, watchDelay))) {
+				// A failing watch read backs off like a failing round: a store outage
+				// must not turn the watch into a tight loop.
 				return nil
 			}
-			if time.Now().Before(next) && !c.farStandby() {
+			if time.Now().Before(next) {
 				changed, err := c.membershipChanged(ctx)
 				if err != nil {
 					watchDelay = c.cfg.errorDelay(watchDelay)
@@ -488,17 +494,29 @@ func (c *coordinator) skipRound() bool {
 	return false
 }
 
-// farStandby reports whether the last plan made this relay a standby so far back in
-// line (at least BucketCount standbys before it) that no stop or crash of a peer can
-// give it a bucket before its next round: it skips every other round and the watch
-// reads between them, as long as its heartbeat stays within three quarters of
-// LeaseDuration.
-func (c *coordinator) farStandby() bool {
+// watchEvery is how long the relay waits between its reads of the relay records
+// between rounds, or 0 when it reads none: a standby far back in line reads none (no
+// peer's stop can give it a bucket before its next round), and on a store that bills
+// each request a relay alone in its fleet reads once between two rounds instead of
+// every half PollInterval (no peer holds anything to take over; only a relay that
+// joins waits a little longer for its share).
+func (c *coordinator) watchEvery() time.Duration {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.farStandbyLocked()
+	switch {
+	case c.farStandbyLocked():
+		return 0
+	case c.metered && c.lastPlan.Active == 1:
+		return max(c.cfg.LeaseRenewInterval/2, c.cfg.watchInterval())
+	}
+	return c.cfg.watchInterval()
 }
 
+// farStandbyLocked reports whether the last plan made this relay a standby so far
+// back in line (at least BucketCount standbys before it) that no stop or crash of a
+// peer can give it a bucket before its next round: it skips every other round and
+// the watch reads between them, as long as its heartbeat stays within three quarters
+// of LeaseDuration.
 func (c *coordinator) farStandbyLocked() bool {
 	p := c.lastPlan
 	return p.Standby && p.StandbyRank >= c.cfg.BucketCount && 4*2*c.cfg.LeaseRenewInterval <= 3*c.cfg.LeaseDuration

@@ -181,6 +181,9 @@ func assemble(store driver.Store, transport driver.Transport, cfg Config) (*Rela
 			outbox.ErrMisconfigured, cfg.Retention)
 	}
 	d.coord = &coordinator{cfg: c, log: d.log, store: bounded, leases: d.leases, meter: d.meter, health: health}
+	if m, ok := store.(driver.Metered); ok {
+		d.coord.metered = m.Metered()
+	}
 	d.drain = &drainer{cfg: c, log: d.log, store: bounded, transport: transport, retainer: retainer,
 		leases: d.leases, meter: d.meter, health: health, failLog: make([]failLogState, cfg.BucketCount)}
 	d.drain.notifier, _ = store.(driver.Notifier)
