@@ -7,7 +7,6 @@ import (
 	"embed"
 	"encoding/hex"
 	"errors"
-	"flag"
 	"fmt"
 	"html/template"
 	"io/fs"
@@ -279,7 +278,16 @@ func cmdServe(ctx context.Context, c *cli, args []string) error {
 	writes := fs.Bool("allow-writes", false, "allow requeue and purge from the page; default read-only")
 	token := fs.String("token", "", "require this bearer token (Authorization: Bearer T, or open /?token=T once); default none")
 	limit := fs.Int("parked-limit", 100, "parked messages listed on the page")
-	return c.withStore(ctx, fs, args, func(st *openedStore, _ *flag.FlagSet) error {
+	check := func() error {
+		if err := c.noArgs("serve")(); err != nil {
+			return err
+		}
+		if *limit <= 0 {
+			return fmt.Errorf("%w: -parked-limit %d: give 1 or more", errUsage, *limit)
+		}
+		return nil
+	}
+	return c.withStore(ctx, fs, args, check, func(st *openedStore) error {
 		log := slog.New(slog.NewTextHandler(c.stderr, nil))
 		h, err := newAdminHandler(st, adminOptions{Writes: *writes, Token: *token, ParkedLimit: *limit, Logger: log})
 		if err != nil {
