@@ -11,7 +11,7 @@
 //	outboxctl migrate  -store postgres://…|mysql://…|sqlite:PATH [-status]
 //	outboxctl ddl      -store …
 //	outboxctl create-table -store dynamodb://TABLE -aws-region R [-aws-endpoint URL]
-//	outboxctl serve    -store … [-listen 127.0.0.1:8080] [-allow-writes] [-token T]
+//	outboxctl serve    -store … [-listen 127.0.0.1:8080] [-allow-writes] [-token T] [-host NAME]
 //
 // Every command reads the bucket count the store records (a SQL store's settings
 // table, a DynamoDB store's messages and relay heartbeats) and refuses a -buckets
@@ -28,8 +28,8 @@
 //	2  bad usage or input: an unknown command or flag, a missing store, or a flag or
 //	   argument the command cannot use (an unparsable -store, a -table that is no
 //	   table name, a -buckets the store's recorded count contradicts, a -bucket the
-//	   store does not have, a negative -limit); the message names the flag. Nothing
-//	   was changed.
+//	   store does not have, a negative -limit, -allow-writes beyond loopback without
+//	   -token); the message names the flag. Nothing was changed.
 //	3  not found (show: no message has that ID)
 //	4  interrupted: a requeue or purge stopped early on SIGINT or SIGTERM; what
 //	   it reported as done is done, and running it again finishes the rest
@@ -86,7 +86,7 @@ func init() {
 		{"migrate", "[-status]", "SQL stores: create or upgrade the tables (safe to repeat); -status lists the migrations applied", cmdMigrate},
 		{"ddl", "", "SQL stores: print the statements migrate applies", cmdDDL},
 		{"create-table", "", "DynamoDB: create the table unless it exists", cmdCreateTable},
-		{"serve", "[-listen ADDR] [-allow-writes] [-token T]", "serve the admin page", cmdServe},
+		{"serve", "[-listen ADDR] [-allow-writes] [-token T] [-host NAME]…", "serve the admin page", cmdServe},
 	}
 }
 

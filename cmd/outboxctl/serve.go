@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/subtle"
 	"embed"
 	"encoding/hex"
@@ -37,6 +39,10 @@ type adminOptions struct {
 	// Token, when set, is required as "Authorization: Bearer TOKEN" or in the
 	// session cookie that GET /?token=TOKEN sets.
 	Token string
+	// Hosts are the host names the page answers under besides IP addresses and
+	// localhost: a request whose Host header names another is refused, which defeats
+	// DNS rebinding (a name the attacker controls, pointed at this address).
+	Hosts []string
 	// ParkedLimit is how many parked messages the page lists.
 	ParkedLimit int
 	Logger      *slog.Logger
@@ -47,19 +53,29 @@ type adminServer struct {
 	st   *openedStore
 	adm  driver.Admin
 	opts adminOptions
+	// csrf is the form token every write must carry.
 	csrf string
-	mux  *http.ServeMux
+	// session is the cookie value that proves the token was given: an HMAC of the
+	// token under a key this process drew at random, so the cookie is worth nothing
+	// to another program (cookies are shared by every port of a host) and nothing
+	// after a restart.
+	session string
+	hosts   map[string]bool
+	mux     *http.ServeMux
 }
 
-const tokenCookie = "outboxctl_token"
+const sessionCookie = "outboxctl_session"
 
 func newAdminHandler(st *openedStore, opts adminOptions) (http.Handler, error) {
 	a, err := admin(st)
 	if err != nil {
 		return nil, err
 	}
-	var b [16]byte
+	var b, key [32]byte
 	if _, err := rand.Read(b[:]); err != nil {
+		return nil, err
+	}
+	if _, err := rand.Read(key[:]); err != nil {
 		return nil, err
 	}
 	if opts.ParkedLimit <= 0 {
@@ -68,7 +84,15 @@ func newAdminHandler(st *openedStore, opts adminOptions) (http.Handler, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	s := &adminServer{st: st, adm: a, opts: opts, csrf: hex.EncodeToString(b[:]), mux: http.NewServeMux()}
+	s := &adminServer{st: st, adm: a, opts: opts, csrf: hex.EncodeToString(b[:]), hosts: map[string]bool{"localhost": true}, mux: http.NewServeMux()}
+	for _, h := range opts.Hosts {
+		s.hosts[hostName(h)] = true
+	}
+	if opts.Token != "" {
+		mac := hmac.New(sha256.New, key[:])
+		mac.Write([]byte("outboxctl session\x00" + opts.Token))
+		s.session = hex.EncodeToString(mac.Sum(nil))
+	}
 	static, _ := fs.Sub(webFiles, "web")
 	s.mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
 	s.mux.HandleFunc("GET /{$}", s.page)
@@ -81,15 +105,23 @@ func (s *adminServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
 	h.Set("Content-Security-Policy", "default-src 'self'; style-src 'self'; frame-ancestors 'none'; form-action 'self'")
 	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("X-Frame-Options", "DENY")
+	// The page's own forms then carry Origin (and Referer), which writes require;
+	// other sites get neither from this page.
+	h.Set("Referrer-Policy", "same-origin")
 	h.Set("Cache-Control", "no-store")
+	if !s.hostAllowed(r.Host) {
+		s.opts.Logger.Warn("outboxctl serve: refused a request for another host name", "host", r.Host, "remote", r.RemoteAddr)
+		http.Error(w, fmt.Sprintf("refused: this page is not served under the host name %q (it answers IP addresses, localhost and the names given with -host)", r.Host), http.StatusForbidden)
+		return
+	}
 	if s.opts.Token != "" {
 		if r.Method == http.MethodGet && r.URL.Path == "/" && r.URL.Query().Has("token") {
 			if !equal(r.URL.Query().Get("token"), s.opts.Token) {
 				http.Error(w, "wrong token", http.StatusUnauthorized)
 				return
 			}
-			http.SetCookie(w, &http.Cookie{Name: tokenCookie, Value: s.opts.Token, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
+			http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: s.session, Path: "/", HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
 			http.Redirect(w, r, "/", http.StatusSeeOther)
 			return
 		}
@@ -108,8 +140,52 @@ func (s *adminServer) authorized(r *http.Request) bool {
 	if auth, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && equal(auth, s.opts.Token) {
 		return true
 	}
-	c, err := r.Cookie(tokenCookie)
-	return err == nil && equal(c.Value, s.opts.Token)
+	c, err := r.Cookie(sessionCookie)
+	return err == nil && equal(c.Value, s.session)
+}
+
+// hostName is the name in a Host header or a -host value: without a port or
+// brackets, in lower case, without a trailing dot.
+func hostName(host string) string {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	return strings.TrimSuffix(strings.ToLower(host), ".")
+}
+
+// hostAllowed reports whether a request's Host may be served: an IP address (no
+// name, so nothing to rebind), localhost, or a configured name.
+func (s *adminServer) hostAllowed(host string) bool {
+	name := hostName(host)
+	if name == "" {
+		return false
+	}
+	return net.ParseIP(name) != nil || s.hosts[name]
+}
+
+// sameOrigin returns why a write does not come from the page's own origin, or nil.
+// Browsers send Origin with every POST; when it is absent, Referer stands in.
+// "null" (a sandboxed frame, a page that sends no referrer, a redirect from
+// elsewhere), anything else that is not this Host, or neither header at all is
+// refused. Host itself is one of the page's names (see hostAllowed), so a page
+// under a rebound name fails before this.
+func sameOrigin(r *http.Request) error {
+	from, header := r.Header.Get("Origin"), "Origin"
+	if from == "" {
+		from, header = r.Header.Get("Referer"), "Referer"
+	}
+	switch from {
+	case "":
+		return errors.New("no Origin or Referer header says where the request comes from")
+	case "null":
+		return fmt.Errorf("%s: null (a sandboxed frame, or a page on another origin)", header)
+	}
+	u, err := url.Parse(from)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || !strings.EqualFold(u.Host, r.Host) || (r.TLS != nil && u.Scheme != "https") {
+		return fmt.Errorf("%s: %q is not this page's origin", header, from)
+	}
+	return nil
 }
 
 // chart is the SVG bar chart of the backlog.
@@ -222,11 +298,10 @@ func (s *adminServer) write(verb string, op func(context.Context, ...uuid.UUID) 
 			http.Error(w, "missing or stale form token: reload the page and try again", http.StatusForbidden)
 			return
 		}
-		if o := r.Header.Get("Origin"); o != "" && o != "null" {
-			if u, err := url.Parse(o); err != nil || u.Host != r.Host {
-				http.Error(w, "cross-origin request refused", http.StatusForbidden)
-				return
-			}
+		if err := sameOrigin(r); err != nil {
+			s.opts.Logger.Warn("outboxctl serve: refused a write from another origin", "error", err, "remote", r.RemoteAddr)
+			http.Error(w, "cross-origin request refused: "+err.Error(), http.StatusForbidden)
+			return
 		}
 		ctx := r.Context()
 		var ids []uuid.UUID
@@ -272,32 +347,73 @@ func (s *adminServer) write(verb string, op func(context.Context, ...uuid.UUID) 
 	}
 }
 
+// hostList is a repeatable flag; one value may also list names separated by commas
+// (as OUTBOX_HOST does).
+type hostList []string
+
+func (h *hostList) String() string { return strings.Join(*h, ",") }
+
+func (h *hostList) Set(v string) error {
+	for _, name := range strings.Split(v, ",") {
+		name = strings.TrimSpace(name)
+		n := hostName(name)
+		if n == "" || strings.ContainsAny(name, "/@?# ") || (strings.Contains(n, ":") && net.ParseIP(n) == nil) {
+			return fmt.Errorf("%q is not a host name (admin.example.com)", name)
+		}
+		*h = append(*h, n)
+	}
+	return nil
+}
+
 func cmdServe(ctx context.Context, c *cli, args []string) error {
-	fs := c.flags("serve", "[-listen ADDR] [-allow-writes] [-token T]")
-	listen := fs.String("listen", "127.0.0.1:8080", "address to serve on; keep it on loopback unless -token is set")
+	fs := c.flags("serve", "[-listen ADDR] [-allow-writes] [-token T] [-host NAME]…")
+	listen := fs.String("listen", "127.0.0.1:8080", "address to serve on; beyond loopback, -allow-writes needs -token")
 	writes := fs.Bool("allow-writes", false, "allow requeue and purge from the page; default read-only")
-	token := fs.String("token", "", "require this bearer token (Authorization: Bearer T, or open /?token=T once); default none")
+	token := fs.String("token", "", "require this bearer token (Authorization: Bearer T, or open /?token=T once); prefer OUTBOX_TOKEN to keep it out of the process list; default none")
+	var hosts hostList
+	fs.Var(&hosts, "host", "a host name the page is reached by (a DNS name of this host, a proxy's); repeat it for more. IP addresses, localhost and -listen's name are always accepted; requests naming any other host are refused")
 	limit := fs.Int("parked-limit", 100, "parked messages listed on the page")
-	check := func() error {
+	var ln net.Listener
+	defer func() {
+		if ln != nil {
+			_ = ln.Close()
+		}
+	}()
+	// Everything the flags decide is checked, and the address bound, before the
+	// store is opened: a refused start leaves nothing behind.
+	prepare := func() error {
 		if err := c.noArgs("serve")(); err != nil {
 			return err
 		}
 		if *limit <= 0 {
 			return fmt.Errorf("%w: -parked-limit %d: give 1 or more", errUsage, *limit)
 		}
+		host, _, err := net.SplitHostPort(*listen)
+		if err != nil {
+			return fmt.Errorf("%w: -listen %q: give HOST:PORT (127.0.0.1:8080, or :8080 for every interface): %v", errUsage, *listen, err)
+		}
+		if host != "" && net.ParseIP(host) == nil {
+			hosts = append(hosts, hostName(host))
+		}
+		if ln, err = net.Listen("tcp", *listen); err != nil {
+			return fmt.Errorf("%w: -listen %s: %v", errUsage, *listen, err)
+		}
+		if loopback(ln.Addr()) || *token != "" {
+			return nil
+		}
+		if *writes {
+			return fmt.Errorf("%w: -allow-writes with -listen %s, which is beyond loopback, needs -token (or OUTBOX_TOKEN): without one anyone who reaches the address could requeue and purge; set -token, or listen on 127.0.0.1",
+				errUsage, *listen)
+		}
 		return nil
 	}
-	return c.withStore(ctx, fs, args, check, func(st *openedStore) error {
+	return c.withStore(ctx, fs, args, prepare, func(st *openedStore) error {
 		log := slog.New(slog.NewTextHandler(c.stderr, nil))
-		h, err := newAdminHandler(st, adminOptions{Writes: *writes, Token: *token, ParkedLimit: *limit, Logger: log})
+		h, err := newAdminHandler(st, adminOptions{Writes: *writes, Token: *token, Hosts: hosts, ParkedLimit: *limit, Logger: log})
 		if err != nil {
 			return err
 		}
-		ln, err := net.Listen("tcp", *listen)
-		if err != nil {
-			return fmt.Errorf("%w: -listen %s: %v", errUsage, *listen, err)
-		}
-		if host, _, _ := net.SplitHostPort(ln.Addr().String()); *token == "" && !net.ParseIP(host).IsLoopback() {
+		if *token == "" && !loopback(ln.Addr()) {
 			log.Warn("outboxctl serve: listening beyond loopback without -token: anyone who reaches the address can read the outbox")
 		}
 		srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
@@ -316,4 +432,10 @@ func cmdServe(ctx context.Context, c *cli, args []string) error {
 		}
 		return nil
 	})
+}
+
+// loopback reports whether a bound address is a loopback one.
+func loopback(a net.Addr) bool {
+	t, ok := a.(*net.TCPAddr)
+	return ok && t.IP.IsLoopback()
 }

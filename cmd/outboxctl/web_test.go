@@ -27,9 +27,9 @@ import (
 // chromiumPath is Debian's chromium package; tests never download a browser.
 const chromiumPath = "/usr/bin/chromium"
 
-// browser starts a headless Chromium for one test. On failure the test saves a
-// screenshot of the page and logs where.
-func browser(t *testing.T) context.Context {
+// browser starts a headless Chromium for one test, with the extra options given. On
+// failure the test saves a screenshot of the page and logs where.
+func browser(t *testing.T, extra ...chromedp.ExecAllocatorOption) context.Context {
 	t.Helper()
 	if _, err := os.Stat(chromiumPath); err != nil {
 		testenv.Unavailable(t, "Chromium ("+chromiumPath+", Debian's chromium package)", err)
@@ -48,6 +48,7 @@ func browser(t *testing.T) context.Context {
 		chromedp.UserDataDir(t.TempDir()),
 		chromedp.WindowSize(1280, 1000),
 	}
+	opts = append(opts, extra...)
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	bctx, cancelCtx := chromedp.NewContext(actx)
 	// The first call starts the browser and must not carry a timeout; the test's
@@ -155,6 +156,26 @@ func waitText(t *testing.T, ctx context.Context, sel, want string) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Fatalf("text of %s: %q (error %v), want %q", sel, last, lastErr, want)
+}
+
+// waitFor waits until the page in the browser has loaded and the script cond holds.
+// While a click's navigation is under way, reads fail or still see the old page, so
+// they are retried until a minute has passed.
+func waitFor(t *testing.T, ctx context.Context, what, cond string) {
+	t.Helper()
+	js := `document.readyState === "complete" && !!(` + cond + `)`
+	var lastErr error
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		ok, err := chromedp.Run(rctx, chromedp.Evaluate[bool](js))
+		cancel()
+		if err == nil && ok {
+			return
+		}
+		lastErr = err
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s never came (%s): %v", what, cond, lastErr)
 }
 
 func eval[T any](t *testing.T, ctx context.Context, js string) T {
