@@ -40,13 +40,15 @@ func TestBadInputExitsTwoNamingTheFlag(t *testing.T) {
 		{[]string{"list", "-store", dsn, "-status", "gone"}, `-status "gone"`},
 		{[]string{"list", "-store", dsn, "-limit", "many"}, "-limit"},
 		{[]string{"leases", "-store", dsn, "3"}, `"3"`},
-		{[]string{"serve", "-store", dsn, "-parked-limit", "0"}, "-parked-limit 0"},
-		{[]string{"serve", "-store", dsn, "-listen", "8080"}, `-listen "8080"`},
+		{[]string{"serve", "-store", dsn, "-page-size", "0"}, "-page-size 0"},
+		{[]string{"serve", "-store", dsn, "-refresh", "10ms"}, "-refresh 10ms"},
+		{[]string{"serve", "-store", dsn, "-time-zone", "Mars/Olympus"}, `-time-zone "Mars/Olympus"`},
 		{[]string{"serve", "-store", dsn, "-host", "http://x/"}, "-host"},
 		{[]string{"requeue", "-store", dsn}, "-all, -topic T, or message IDs"},
 		{[]string{"show", "-store", dsn, "not-a-uuid"}, `"not-a-uuid" is not a message ID`},
 		{[]string{"migrate", "-store", "dynamodb://outbox", "-aws-region", "us-east-1", "-aws-endpoint", "http://127.0.0.1:1"}, "create-table"},
 		{[]string{"create-table", "-store", dsn}, "migrate"},
+		{[]string{"serve", "-store", dsn, "-listen", "8080"}, `-listen "8080"`},
 		{[]string{"migrate", "-store", dsn, "-status", "now"}, `"now"`},
 	} {
 		var out, errOut strings.Builder

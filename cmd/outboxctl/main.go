@@ -43,6 +43,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	_ "time/tzdata" // -time-zone works on hosts without a zone database
 )
 
 // Exit codes.
@@ -86,7 +87,7 @@ func init() {
 		{"migrate", "[-status]", "SQL stores: create or upgrade the tables (safe to repeat); -status lists the migrations applied", cmdMigrate},
 		{"ddl", "", "SQL stores: print the statements migrate applies", cmdDDL},
 		{"create-table", "", "DynamoDB: create the table unless it exists", cmdCreateTable},
-		{"serve", "[-listen ADDR] [-allow-writes] [-token T] [-host NAME]…", "serve the admin page", cmdServe},
+		{"serve", "[-listen ADDR] [-allow-writes] [-token T] [-host NAME]…", "serve the admin page: backlog, leases, relays, messages to page through and filter", cmdServe},
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -30,7 +31,17 @@ var webFiles embed.FS
 var pageTemplate = template.Must(template.New("page.html").Funcs(template.FuncMap{
 	"since": func(now, t time.Time) string { return now.Sub(t).Round(time.Second).String() },
 	"until": func(now, t time.Time) string { return t.Sub(now).Round(time.Second).String() },
+	"key": func(k []byte) string {
+		if k == nil {
+			return ""
+		}
+		s, _ := text(k)
+		return s
+	},
 }).ParseFS(webFiles, "web/page.html"))
+
+// timeLayout shows a time with its zone.
+const timeLayout = "2006-01-02 15:04:05 MST"
 
 // adminOptions configure the admin page.
 type adminOptions struct {
@@ -43,10 +54,20 @@ type adminOptions struct {
 	// localhost: a request whose Host header names another is refused, which defeats
 	// DNS rebinding (a name the attacker controls, pointed at this address).
 	Hosts []string
-	// ParkedLimit is how many parked messages the page lists.
-	ParkedLimit int
-	Logger      *slog.Logger
+	// PageSize is how many messages one page of the message list shows (100 when 0).
+	PageSize int
+	// Refresh is how often the page reloads itself when its URL does not say (0: it
+	// does not).
+	Refresh time.Duration
+	// Location is the zone the page shows times in (UTC when nil).
+	Location *time.Location
+	Logger   *slog.Logger
 }
+
+// scanBudget is how many messages one page reads at most to fill the message list:
+// a filter that matches few messages of a large backlog shows what it found and a
+// link to read on.
+const scanBudget = 20_000
 
 // adminServer serves the admin page over one store.
 type adminServer struct {
@@ -78,8 +99,11 @@ func newAdminHandler(st *openedStore, opts adminOptions) (http.Handler, error) {
 	if _, err := rand.Read(key[:]); err != nil {
 		return nil, err
 	}
-	if opts.ParkedLimit <= 0 {
-		opts.ParkedLimit = 100
+	if opts.PageSize <= 0 {
+		opts.PageSize = 100
+	}
+	if opts.Location == nil {
+		opts.Location = time.UTC
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -226,19 +250,36 @@ type pageData struct {
 	Chart        chart
 	Leases       leasesView
 	ActiveRelays int
-	Parked       []*driver.Envelope
-	MoreParked   bool
-	Topic        string
+	Query        listQuery
+	List         listPage
+	Statuses     []string
+	Refreshes    []int
 	Writes       bool
 	CSRF         string
 	Flash, Error string
+	// loc is the zone times are shown in.
+	loc *time.Location
+}
+
+// At shows a time in the page's zone, with the zone; the zero time is "".
+func (d pageData) At(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.In(d.loc).Format(timeLayout)
 }
 
 func (s *adminServer) page(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	now := time.Now()
-	d := pageData{Kind: s.st.Kind, Buckets: s.st.BucketCount(), Now: now.UTC(), Writes: s.opts.Writes, CSRF: s.csrf,
-		Topic: r.URL.Query().Get("topic"), Flash: r.URL.Query().Get("done"), Error: r.URL.Query().Get("error")}
+	q, err := parseListQuery(r.URL.Query(), s.st.BucketCount(), int(s.opts.Refresh/time.Second))
+	if err != nil {
+		http.Error(w, "bad query: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	d := pageData{Kind: s.st.Kind, Buckets: s.st.BucketCount(), Now: now, Writes: s.opts.Writes, CSRF: s.csrf, Query: q,
+		Statuses: []string{"parked", "pending", "dispatched"}, Refreshes: refreshChoices(q),
+		Flash: r.URL.Query().Get("done"), Error: r.URL.Query().Get("error"), loc: s.opts.Location}
 	st, err := s.adm.Stats(ctx)
 	if err != nil {
 		s.fail(w, "reading the backlog", err)
@@ -261,21 +302,28 @@ func (s *adminServer) page(w http.ResponseWriter, r *http.Request) {
 			d.ActiveRelays++
 		}
 	}
-	err = scan(ctx, s.adm, driver.Parked, filter{topic: d.Topic, bucket: -1}, s.opts.ParkedLimit+1, func(e *driver.Envelope) bool {
-		d.Parked = append(d.Parked, e)
-		return true
-	})
+	d.List, err = scanPage(ctx, s.adm, q.Status, q.filter(), q.After, s.opts.PageSize, scanBudget)
 	if err != nil {
-		s.fail(w, "listing parked messages", err)
+		s.fail(w, "listing "+q.StatusName()+" messages", err)
 		return
-	}
-	if len(d.Parked) > s.opts.ParkedLimit {
-		d.Parked, d.MoreParked = d.Parked[:s.opts.ParkedLimit], true
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	if err := pageTemplate.Execute(w, d); err != nil {
 		s.opts.Logger.Warn("outboxctl serve: rendering the page", "error", err)
 	}
+}
+
+// refreshChoices are the reload intervals the page offers: off, 10, 30 and 60 s, the
+// server's default and the one in use.
+func refreshChoices(q listQuery) []int {
+	out := []int{0, 10, 30, 60}
+	for _, n := range []int{q.defRefresh, q.Refresh} {
+		if !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 func (s *adminServer) fail(w http.ResponseWriter, what string, err error) {
@@ -313,9 +361,15 @@ func (s *adminServer) write(verb string, op func(context.Context, ...uuid.UUID) 
 			}
 			ids = append(ids, id)
 		}
-		topic := r.PostForm.Get("topic")
+		// "All" acts on every parked message the list's filters match.
+		back, err := parseListQuery(r.PostForm, s.st.BucketCount(), 0)
+		if err != nil {
+			http.Error(w, "bad form: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		back.Status, back.HasAfter = driver.Parked, false
 		if r.PostForm.Get("all") == "1" {
-			err := scan(ctx, s.adm, driver.Parked, filter{topic: topic, bucket: -1}, 0, func(e *driver.Envelope) bool {
+			err := scan(ctx, s.adm, driver.Parked, back.filter(), 0, func(e *driver.Envelope) bool {
 				ids = append(ids, e.ID)
 				return true
 			})
@@ -334,16 +388,16 @@ func (s *adminServer) write(verb string, op func(context.Context, ...uuid.UUID) 
 			done += n
 			if err != nil {
 				s.opts.Logger.Warn("outboxctl serve: "+verb, "error", err, "done", done)
-				http.Redirect(w, r, "/?error="+url.QueryEscape(fmt.Sprintf("%s %d of %d, then: %v", verb, done, len(ids), err)), http.StatusSeeOther)
+				v := back.values()
+				v.Set("error", fmt.Sprintf("%s %d of %d, then: %v", verb, done, len(ids), err))
+				http.Redirect(w, r, pageURL(v), http.StatusSeeOther)
 				return
 			}
 		}
 		s.opts.Logger.Info("outboxctl serve: "+verb, "messages", done, "remote", r.RemoteAddr)
-		back := "/?done=" + url.QueryEscape(fmt.Sprintf("%s %d of %d", verb, done, len(ids)))
-		if topic != "" {
-			back += "&topic=" + url.QueryEscape(topic)
-		}
-		http.Redirect(w, r, back, http.StatusSeeOther)
+		v := back.values()
+		v.Set("done", fmt.Sprintf("%s %d of %d", verb, done, len(ids)))
+		http.Redirect(w, r, pageURL(v), http.StatusSeeOther)
 	}
 }
 
@@ -372,7 +426,10 @@ func cmdServe(ctx context.Context, c *cli, args []string) error {
 	token := fs.String("token", "", "require this bearer token (Authorization: Bearer T, or open /?token=T once); prefer OUTBOX_TOKEN to keep it out of the process list; default none")
 	var hosts hostList
 	fs.Var(&hosts, "host", "a host name the page is reached by (a DNS name of this host, a proxy's); repeat it for more. IP addresses, localhost and -listen's name are always accepted; requests naming any other host are refused")
-	limit := fs.Int("parked-limit", 100, "parked messages listed on the page")
+	limit := fs.Int("page-size", 100, "messages per page of the page's message list")
+	refresh := fs.Duration("refresh", 0, "how often the page reloads itself unless its URL says (the page offers 10 s, 30 s, 60 s); 0 for never")
+	zone := fs.String("time-zone", "UTC", "the zone the page shows times in: UTC, Local, or an IANA name (Europe/Berlin)")
+	var loc *time.Location
 	var ln net.Listener
 	defer func() {
 		if ln != nil {
@@ -386,7 +443,14 @@ func cmdServe(ctx context.Context, c *cli, args []string) error {
 			return err
 		}
 		if *limit <= 0 {
-			return fmt.Errorf("%w: -parked-limit %d: give 1 or more", errUsage, *limit)
+			return fmt.Errorf("%w: -page-size %d: give 1 or more", errUsage, *limit)
+		}
+		if *refresh < 0 || (*refresh > 0 && *refresh < time.Second) || *refresh > time.Hour {
+			return fmt.Errorf("%w: -refresh %s: give 0 (never) or 1s to 1h", errUsage, *refresh)
+		}
+		var err error
+		if loc, err = time.LoadLocation(*zone); err != nil {
+			return fmt.Errorf("%w: -time-zone %q: %v", errUsage, *zone, err)
 		}
 		host, _, err := net.SplitHostPort(*listen)
 		if err != nil {
@@ -409,7 +473,7 @@ func cmdServe(ctx context.Context, c *cli, args []string) error {
 	}
 	return c.withStore(ctx, fs, args, prepare, func(st *openedStore) error {
 		log := slog.New(slog.NewTextHandler(c.stderr, nil))
-		h, err := newAdminHandler(st, adminOptions{Writes: *writes, Token: *token, Hosts: hosts, ParkedLimit: *limit, Logger: log})
+		h, err := newAdminHandler(st, adminOptions{Writes: *writes, Token: *token, Hosts: hosts, PageSize: *limit, Refresh: *refresh, Location: loc, Logger: log})
 		if err != nil {
 			return err
 		}

@@ -227,10 +227,12 @@ func TestAdminPageInChromium(t *testing.T) {
 	require.Contains(t, pageText(t, ctx, "tr.parked .error-text"), "kafka: ")
 
 	if dir := os.Getenv("OUTBOX_SCREENSHOT_DIR"); dir != "" {
-		// The screenshots in the docs come from here: OUTBOX_SCREENSHOT_DIR=docs/images.
+		// The screenshots in the docs come from here: OUTBOX_SCREENSHOT_DIR=docs/images,
+		// in a window wide enough for the message list.
+		require.NoError(t, chromedp.Do(ctx, chromedp.EmulateViewport(1440, 1000)))
 		chart, err := chromedp.Run(ctx, chromedp.Screenshot(chromedp.CSS("#backlog-chart"), chromedp.NodeVisible))
 		require.NoError(t, err)
-		parked, err := chromedp.Run(ctx, chromedp.Screenshot(chromedp.CSS("#parked-section"), chromedp.NodeVisible))
+		parked, err := chromedp.Run(ctx, chromedp.Screenshot(chromedp.CSS("#messages-section"), chromedp.NodeVisible))
 		require.NoError(t, err)
 		require.NoError(t, os.WriteFile(filepath.Join(dir, "admin-backlog.png"), chart, 0o644))
 		require.NoError(t, os.WriteFile(filepath.Join(dir, "admin-parked.png"), parked, 0o644))
@@ -285,8 +287,8 @@ func TestAdminPageReadOnly(t *testing.T) {
 	st := seedPage(t)
 	srv := serveStore(t, st, adminOptions{})
 
-	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible(chromedp.CSS("#parked"))))
-	require.Zero(t, eval[int](t, ctx, `document.querySelectorAll("button").length`), "a read-only page offers no writes")
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible(chromedp.CSS("#messages"))))
+	require.Zero(t, eval[int](t, ctx, `document.querySelectorAll("form[method=post], button.requeue, button.purge").length`), "a read-only page offers no writes")
 	require.Equal(t, "read-only", pageText(t, ctx, ".mode"))
 	require.Len(t, eval[[]string](t, ctx, `[...document.querySelectorAll("tr.parked")].map(tr => tr.dataset.id)`), 6)
 
