@@ -117,7 +117,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.store.DSN, "store", "", "the store: postgres://USER@HOST/DB?sslmode=…, mysql://USER@tcp(HOST:3306)/DB?parseTime=true, sqlite:PATH, or dynamodb://TABLE (required)")
 	fs.StringVar(&o.store.Table, "table", "", "SQL stores: the messages table (the lease and relay tables are named after it); default outbox_messages")
-	fs.IntVar(&o.store.Buckets, "buckets", 0, "the store's bucket count; it must equal every writer's; default 8 (driver.DefaultBucketCount)")
+	fs.IntVar(&o.store.Buckets, "buckets", 0, "the store's bucket count; it must equal every writer's, and SQL tables migrated for another count refuse the relay (exit 2); default 8")
 	fs.StringVar(&o.store.Region, "aws-region", "", "DynamoDB and SQS: the AWS region; default the SDK's (AWS_REGION, shared config)")
 	fs.StringVar(&o.store.Endpoint, "aws-endpoint", "", "DynamoDB and SQS: an endpoint URL instead of AWS's (a local emulator); default none")
 	fs.BoolVar(&o.migrate, "migrate", false, "apply the SQL migrations, or create the DynamoDB table, before starting; default false")
