@@ -18,8 +18,21 @@
 //	          a valid plan (relay.Relay.Ready); 503 otherwise
 //	/metrics  Prometheus exposition of the outboxotel instruments and the Go runtime's
 //
-// Exit codes: 0 after a graceful stop; 1 when the relay could not start or its worker
-// stopped on its own (a bucket count mismatch, a closed store); 2 for bad flags.
+// The metrics carry an OpenTelemetry resource (target_info on /metrics) whose
+// service.name is -service-name, else OTEL_SERVICE_NAME, else the service.name in
+// OTEL_RESOURCE_ATTRIBUTES, else outbox-relay; OTEL_RESOURCE_ATTRIBUTES adds its
+// other attributes.
+//
+// Exit codes, the same rule as outboxctl's:
+//
+//	0  stopped gracefully (SIGTERM or SIGINT)
+//	1  the relay could not start for a cause outside its flags (the store or the
+//	   broker cannot be reached), or its worker stopped on its own
+//	2  bad usage or input: an unknown flag or an argument, a flag value that cannot be
+//	   parsed or used (-batch-size 0, an unparsable -store, a -table that is no table
+//	   name), flags that contradict each other or the store (-kafka-ack-timeout
+//	   longer than a lease, tables migrated for another -buckets, tables that were
+//	   never migrated); the message names the flag
 package main
 
 import (
@@ -49,6 +62,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/resource"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
@@ -82,6 +97,7 @@ type options struct {
 	unordered            bool
 	kafkaAllowAutoCreate bool
 	kafkaAckTimeout      time.Duration
+	serviceName          string
 }
 
 func main() {
@@ -101,7 +117,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.store.DSN, "store", "", "the store: postgres://USER@HOST/DB?sslmode=…, mysql://USER@tcp(HOST:3306)/DB?parseTime=true, sqlite:PATH, or dynamodb://TABLE (required)")
 	fs.StringVar(&o.store.Table, "table", "", "SQL stores: the messages table (the lease and relay tables are named after it); default outbox_messages")
-	fs.IntVar(&o.store.Buckets, "buckets", 0, "the store's bucket count; it must equal every writer's; default 8 (driver.DefaultBucketCount)")
+	fs.IntVar(&o.store.Buckets, "buckets", 0, "the store's bucket count; it must equal every writer's, and SQL tables migrated for another count refuse the relay (exit 2); default 8")
 	fs.StringVar(&o.store.Region, "aws-region", "", "DynamoDB and SQS: the AWS region; default the SDK's (AWS_REGION, shared config)")
 	fs.StringVar(&o.store.Endpoint, "aws-endpoint", "", "DynamoDB and SQS: an endpoint URL instead of AWS's (a local emulator); default none")
 	fs.BoolVar(&o.migrate, "migrate", false, "apply the SQL migrations, or create the DynamoDB table, before starting; default false")
@@ -125,13 +141,14 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.stopTimeout, "stop-timeout", 30*time.Second, "on SIGTERM, how long in-flight batches may take before they are cut short (the leases are handed back either way), and then how long the broker client's unanswered requests may take before it is closed")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&o.metricsPrefix, "metrics-prefix", outboxotel.DefaultPrefix, "prefix of the outbox's own metric names")
+	fs.StringVar(&o.serviceName, "service-name", "", "the service.name of the OpenTelemetry resource the metrics carry (target_info on /metrics); default OTEL_SERVICE_NAME, else the service.name in OTEL_RESOURCE_ATTRIBUTES, else "+defaultServiceName)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: outbox-relay -store DSN (-kafka-brokers HOSTS | -sqs) [flags]\n\n"+
 			"Relays an outbox store to a broker. Every flag may be set by an environment variable\n"+
 			"named %s and the flag in upper case with '-' as '_' (-kafka-brokers: %s).\n\nFlags:\n",
 			envPrefix, envName("kafka-brokers"))
 		fs.PrintDefaults()
-		fmt.Fprint(fs.Output(), "\nEndpoints on -listen: /healthz, /readyz, /metrics.\nExit codes: 0 graceful stop, 1 start failure or the worker stopped on its own, 2 bad flags.\n")
+		fmt.Fprint(fs.Output(), "\nEndpoints on -listen: /healthz, /readyz, /metrics.\nExit codes: 0 graceful stop, 1 the store or broker failed (at start, or the worker stopped on its own),\n2 bad usage or input (a flag that cannot be used, flags that contradict each other or the store: the message names the flag).\n")
 	}
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -164,8 +181,30 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	if _, err := parseLevel(o.logLevel); err != nil {
 		return o, err
 	}
-	if o.kafkaAckTimeout <= 0 {
-		return o, fmt.Errorf("-kafka-ack-timeout %s: it must be positive", o.kafkaAckTimeout)
+	// A zero would silently select the default: each of these flags has its default
+	// written out, so 0 and less are refused, naming the flag.
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{
+		{"-kafka-ack-timeout", o.kafkaAckTimeout}, {"-poll-interval", o.pollInterval}, {"-lease-duration", o.leaseDuration},
+		{"-lease-renew-interval", o.leaseRenewInterval}, {"-backoff-base", o.backoffBase}, {"-backoff-max", o.backoffMax},
+		{"-stop-timeout", o.stopTimeout},
+	} {
+		if d.v <= 0 {
+			return o, fmt.Errorf("%s %s: it must be positive", d.flag, d.v)
+		}
+	}
+	for _, n := range []struct {
+		flag string
+		v    int
+	}{{"-batch-size", o.batchSize}, {"-max-attempts", o.maxAttempts}, {"-max-concurrency", o.maxConcurrency}} {
+		if n.v < 1 {
+			return o, fmt.Errorf("%s %d: it must be at least 1", n.flag, n.v)
+		}
+	}
+	if o.retention < 0 {
+		return o, fmt.Errorf("-retention %s: give 0 (delete once acknowledged) or a positive duration", o.retention)
 	}
 	return o, nil
 }
@@ -212,6 +251,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	level, _ := parseLevel(o.logLevel)
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
 	if err := runRelay(ctx, o, log); err != nil {
+		err = inFlagTerms(err)
 		log.Error("outbox-relay: stopped", "error", err)
 		if !errors.Is(err, errWorkerStopped) && (errors.Is(err, errUsage) || errors.Is(err, outbox.ErrMisconfigured)) {
 			return 2
@@ -220,6 +260,65 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	}
 	return 0
 }
+
+// configFlags name the flag of each configuration field this program sets from one,
+// for the errors of the packages it configures ("relay.Config.BatchSize is 0" reads
+// "-batch-size is 0"). The relay's fields are also named bare in those messages
+// ("at most a third of LeaseDuration").
+var configFlags = []struct {
+	field, flag string
+	bare        bool
+}{
+	{"BatchSize", "-batch-size", true},
+	{"PollInterval", "-poll-interval", true},
+	{"LeaseRenewInterval", "-lease-renew-interval", true},
+	{"LeaseDuration", "-lease-duration", true},
+	{"MaxAttempts", "-max-attempts", true},
+	{"BackoffBase", "-backoff-base", true},
+	{"BackoffMax", "-backoff-max", true},
+	{"Retention", "-retention", true},
+	{"MaxConcurrency", "-max-concurrency", true},
+	{"BacklogInterval", "-backlog-interval", true},
+	{"RelayID", "-relay-id", false},
+	{"BucketCount", "-buckets", false},
+	{"TableName", "-store", false},
+	{"Table", "-table", false},
+	{"Prefix", "-metrics-prefix", false},
+	{"AckTimeout", "-kafka-ack-timeout", false},
+}
+
+var flagTerms = func() *strings.Replacer {
+	var pairs []string
+	for _, c := range configFlags {
+		pairs = append(pairs, "relay.Config."+c.field, c.flag, "Config."+c.field, c.flag)
+	}
+	for _, c := range configFlags {
+		if c.bare {
+			pairs = append(pairs, c.field, c.flag)
+		}
+	}
+	return strings.NewReplacer(pairs...)
+}()
+
+// inFlagTerms rewrites an error about a misconfiguration in the terms of the flags
+// the operator typed; it still wraps what err wraps.
+func inFlagTerms(err error) error {
+	if !errors.Is(err, errUsage) && !errors.Is(err, outbox.ErrMisconfigured) {
+		return err
+	}
+	if msg := flagTerms.Replace(err.Error()); msg != err.Error() {
+		return renamed{msg, err}
+	}
+	return err
+}
+
+type renamed struct {
+	msg string
+	err error
+}
+
+func (r renamed) Error() string { return r.msg }
+func (r renamed) Unwrap() error { return r.err }
 
 func runRelay(ctx context.Context, o options, log *slog.Logger) error {
 	ctx, stopSignals := signal.NotifyContext(ctx, syscall.SIGTERM, os.Interrupt)
@@ -276,14 +375,10 @@ func runRelay(ctx context.Context, o options, log *slog.Logger) error {
 		}
 	}()
 
-	// Metrics: the outbox's instruments, exported for Prometheus.
-	registry := prometheus.NewRegistry()
-	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	exporter, err := otelprom.New(otelprom.WithRegisterer(registry))
+	registry, provider, err := newMetrics(ctx, o.serviceName)
 	if err != nil {
-		return fmt.Errorf("metrics: %w", err)
+		return err
 	}
-	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
 	defer func() { _ = provider.Shutdown(context.WithoutCancel(ctx)) }()
 
 	if cfg.RelayID == "" {
@@ -349,6 +444,40 @@ func runRelay(ctx context.Context, o options, log *slog.Logger) error {
 		cancel()
 	}
 	return runErr
+}
+
+// defaultServiceName is the relay's service.name unless -service-name or the
+// environment names another.
+const defaultServiceName = "outbox-relay"
+
+// newMetrics builds the meter provider the outbox's instruments record on and the
+// registry /metrics exports them from, with the Go runtime's and the process's
+// collectors. Its resource is the one the OpenTelemetry environment variables
+// describe (OTEL_RESOURCE_ATTRIBUTES, OTEL_SERVICE_NAME) and the SDK's own
+// attributes, with service.name set to serviceName, else to the environment's,
+// else to defaultServiceName.
+func newMetrics(ctx context.Context, serviceName string) (*prometheus.Registry, *sdkmetric.MeterProvider, error) {
+	env, err := resource.New(ctx, resource.WithFromEnv(), resource.WithTelemetrySDK())
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: OTEL_RESOURCE_ATTRIBUTES or OTEL_SERVICE_NAME: %w", errUsage, err)
+	}
+	if serviceName == "" {
+		serviceName = defaultServiceName
+		if v, ok := env.Set().Value(semconv.ServiceNameKey); ok && v.AsString() != "" {
+			serviceName = v.AsString()
+		}
+	}
+	res, err := resource.Merge(env, resource.NewSchemaless(semconv.ServiceName(serviceName)))
+	if err != nil {
+		return nil, nil, fmt.Errorf("metrics: %w", err)
+	}
+	registry := prometheus.NewRegistry()
+	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	exporter, err := otelprom.New(otelprom.WithRegisterer(registry))
+	if err != nil {
+		return nil, nil, fmt.Errorf("metrics: %w", err)
+	}
+	return registry, sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter), sdkmetric.WithResource(res)), nil
 }
 
 // defaultRelayID is the host name and a random suffix.

@@ -8,8 +8,10 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -19,6 +21,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -194,6 +197,8 @@ func TestRelayDrainsServesAndHandsBack(t *testing.T) {
 	require.NoError(t, ds.Enqueue(ctx, envs...))
 
 	relayID := "relay-under-test"
+	t.Setenv("OTEL_SERVICE_NAME", "")
+	t.Setenv("OTEL_RESOURCE_ATTRIBUTES", "")
 	p := startRelay(t,
 		"-store", testenv.PostgresURL(), "-table", table,
 		"-kafka-brokers", strings.Join(cluster.ListenAddrs(), ","),
@@ -276,6 +281,8 @@ func TestRelayDrainsServesAndHandsBack(t *testing.T) {
 	require.Zero(t, refused, "a lone relay refuses no write")
 	_, ok = metric(body, "go_goroutines", nil)
 	require.True(t, ok, "runtime metrics exported")
+	_, ok = metric(body, "target_info", []string{`service_name="outbox-relay"`})
+	require.True(t, ok, "the resource names the service: %s", grepLines(body, "target_info"))
 
 	// SIGTERM: a graceful stop that hands every lease back.
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
@@ -313,6 +320,8 @@ func TestDynamoDBStoreSamplesTheBacklog(t *testing.T) {
 }
 
 func TestRelayBadFlags(t *testing.T) {
+	// A store that opens, for the flags checked once it is open.
+	db := filepath.Join(t.TempDir(), "outbox.db")
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -320,10 +329,23 @@ func TestRelayBadFlags(t *testing.T) {
 		{nil, "no store: pass -store or set OUTBOX_STORE"},
 		{[]string{"-store", "postgres://x"}, "no broker"},
 		{[]string{"-store", "redis://x", "-sqs"}, "the scheme must be"},
-		{[]string{"-store", "sqlite:x.db", "-kafka-brokers", "127.0.0.1:1", "-lease-renew-interval", "1m"}, "LeaseRenewInterval"},
+		{[]string{"-store", "sqlite:x.db", "-kafka-brokers", "127.0.0.1:1", "-lease-renew-interval", "1m"}, "-lease-renew-interval is 1m0s; it must be at most a third of -lease-duration (30s)"},
+		{[]string{"-store", "sqlite:x.db", "-kafka-brokers", "127.0.0.1:1", "-batch-size", "0"}, "-batch-size 0: it must be at least 1"},
+		{[]string{"-store", "sqlite:x.db", "-kafka-brokers", "127.0.0.1:1", "-max-concurrency", "-1"}, "-max-concurrency -1: it must be at least 1"},
+		{[]string{"-store", "sqlite:x.db", "-kafka-brokers", "127.0.0.1:1", "-backoff-base", "1m", "-backoff-max", "1s"}, "-backoff-max is 1s; it must be at least -backoff-base (1m0s)"},
+		{[]string{"-store", "sqlite:x.db", "-kafka-brokers", "127.0.0.1:1", "-max-attempts", "0"}, "-max-attempts 0: it must be at least 1"},
+		{[]string{"-store", "sqlite:x.db", "-kafka-brokers", "127.0.0.1:1", "-poll-interval", "0s"}, "-poll-interval 0s: it must be positive"},
+		{[]string{"-store", "sqlite:x.db", "-kafka-brokers", "127.0.0.1:1", "-retention", "-1h"}, "-retention -1h0m0s"},
+		{[]string{"-store", "sqlite:" + db, "-kafka-brokers", "127.0.0.1:1", "-metrics-prefix", "9lives"}, "-metrics-prefix"},
+		{[]string{"-store", "sqlite:x.db", "-kafka-brokers", "127.0.0.1:1", "-table", "bad-name"}, `-table \"bad-name\": each part`},
+		{[]string{"-store", "sqlite:x.db", "-kafka-brokers", "127.0.0.1:1", "-buckets", "-3"}, "-buckets -3"},
+		{[]string{"-store", "postgres://app:hunter2@[::1", "-kafka-brokers", "127.0.0.1:1"}, "-store"},
+		{[]string{"-store", "mysql://root@localhost/test", "-kafka-brokers", "127.0.0.1:1"}, "-store"},
+		{[]string{"-store", "sqlite:x.db", "-kafka-brokers", "127.0.0.1:1", "-batch-size", "many"}, "-batch-size"},
+		{[]string{"-store", "sqlite:x.db", "-kafka-brokers", "127.0.0.1:1", "extra"}, `"extra"`},
 		{[]string{"-store", "sqlite:x.db", "-sqs", "-log-level", "loud"}, "-log-level"},
 		{[]string{"-store", "dynamodb://outbox", "-aws-region", "us-east-1", "-aws-endpoint", "http://127.0.0.1:1",
-			"-kafka-brokers", "127.0.0.1:1", "-retention", "1h"}, "Retention"},
+			"-kafka-brokers", "127.0.0.1:1", "-retention", "1h"}, "-retention"},
 		{[]string{"-store", "sqlite:x.db", "-kafka-brokers", "127.0.0.1:1", "-kafka-ack-timeout", "soon"}, "-kafka-ack-timeout"},
 		{[]string{"-store", "sqlite:x.db", "-kafka-brokers", "127.0.0.1:1", "-kafka-ack-timeout", "0s"}, "-kafka-ack-timeout 0s: it must be positive"},
 		// The default ack timeout (10 s) does not fit in a 10 s lease renewed every 3 s.
@@ -334,10 +356,73 @@ func TestRelayBadFlags(t *testing.T) {
 		code := run(context.Background(), append(tc.args, "-listen", ""), &out)
 		require.Equal(t, 2, code, "%v: %s", tc.args, out.String())
 		require.Contains(t, out.String(), tc.want, "%v", tc.args)
+		require.NotContains(t, out.String(), "Config.", "%v: the error names the flag, not a field", tc.args)
+		require.NotContains(t, out.String(), "hunter2", "%v: no password in the error", tc.args)
 	}
 	var out strings.Builder
 	require.Equal(t, 0, run(context.Background(), []string{"-help"}, &out))
 	for _, f := range []string{"-store", "-kafka-brokers", "-kafka-ack-timeout", "-sqs", "-listen", "-stop-timeout", "OUTBOX_KAFKA_BROKERS", "/readyz"} {
 		require.Contains(t, out.String(), f)
 	}
+}
+
+// Tables migrated for another bucket count refuse the relay at start, exit 2, in the
+// terms of its flags.
+func TestRelayRefusesAnotherBucketCount(t *testing.T) {
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "outbox.db")
+	st, err := openStore(context.Background(), storeOptions{DSN: dsn, Buckets: 16})
+	require.NoError(t, err)
+	require.NoError(t, st.SQL.Migrate(context.Background()))
+	require.NoError(t, st.Close())
+
+	var out strings.Builder
+	code := run(context.Background(), []string{"-store", dsn, "-kafka-brokers", "127.0.0.1:1", "-listen", ""}, &out)
+	require.Equal(t, 2, code, out.String())
+	require.Contains(t, out.String(), "migrated for 16 buckets, but this store is built with -buckets 8")
+	require.NotContains(t, out.String(), "Config.")
+}
+
+// The metrics' resource names the service: -service-name, else OTEL_SERVICE_NAME,
+// else the service.name of OTEL_RESOURCE_ATTRIBUTES, else outbox-relay.
+func TestRelayServiceName(t *testing.T) {
+	for _, tc := range []struct {
+		flag, env, attrs, want string
+	}{
+		{"", "", "", "outbox-relay"},
+		{"", "", "deployment.environment=prod", "outbox-relay"},
+		{"", "", "service.name=from-attributes", "from-attributes"},
+		{"", "orders-relay", "service.name=from-attributes", "orders-relay"},
+		{"billing-relay", "orders-relay", "", "billing-relay"},
+	} {
+		t.Setenv("OTEL_SERVICE_NAME", tc.env)
+		t.Setenv("OTEL_RESOURCE_ATTRIBUTES", tc.attrs)
+		registry, provider, err := newMetrics(context.Background(), tc.flag)
+		require.NoError(t, err)
+		srv := httptest.NewServer(promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+		_, body := get(t, srv.URL)
+		srv.Close()
+		require.NoError(t, provider.Shutdown(context.Background()))
+		n, ok := metric(body, "target_info", []string{`service_name="` + tc.want + `"`})
+		require.True(t, ok && n == 1, "flag %q, OTEL_SERVICE_NAME %q, OTEL_RESOURCE_ATTRIBUTES %q: want service_name %q in\n%s", tc.flag, tc.env, tc.attrs, tc.want, grepLines(body, "target_info"))
+		if tc.attrs == "deployment.environment=prod" {
+			require.Contains(t, grepLines(body, "target_info"), `deployment_environment="prod"`, "the environment's other attributes stay")
+		}
+	}
+
+	t.Setenv("OTEL_RESOURCE_ATTRIBUTES", "not an attribute")
+	var out strings.Builder
+	code := run(context.Background(), []string{"-store", "sqlite:" + filepath.Join(t.TempDir(), "outbox.db"), "-kafka-brokers", "127.0.0.1:1", "-listen", "", "-migrate"}, &out)
+	require.Equal(t, 2, code, out.String())
+	require.Contains(t, out.String(), "OTEL_RESOURCE_ATTRIBUTES")
+}
+
+// grepLines returns the lines of body that start with prefix.
+func grepLines(body, prefix string) string {
+	var out []string
+	for _, l := range strings.Split(body, "\n") {
+		if strings.HasPrefix(l, prefix) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

@@ -34,7 +34,7 @@ func (c *cli) flags(name, args string) *flag.FlagSet {
 	fs.SetOutput(c.stderr)
 	fs.StringVar(&c.store.DSN, "store", "", "the store: postgres://…, mysql://…, sqlite:PATH or dynamodb://TABLE (required)")
 	fs.StringVar(&c.store.Table, "table", "", "SQL stores: the messages table; default outbox_messages")
-	fs.IntVar(&c.store.Buckets, "buckets", 0, "the store's bucket count; default 8 (driver.DefaultBucketCount)")
+	fs.IntVar(&c.store.Buckets, "buckets", 0, "the store's bucket count; default the count the store records (SQL: its settings table; DynamoDB: its messages and relays), else 8; a count that differs from the recorded one is refused")
 	fs.StringVar(&c.store.Region, "aws-region", "", "DynamoDB: the AWS region; default the SDK's (AWS_REGION)")
 	fs.StringVar(&c.store.Endpoint, "aws-endpoint", "", "DynamoDB: an endpoint URL instead of AWS's; default none")
 	fs.Usage = func() {
@@ -77,9 +77,52 @@ func (c *cli) parse(fs *flag.FlagSet, args []string) error {
 	return envErr
 }
 
-// open connects to the store.
+// open connects to the store with the bucket count it records (see
+// storeconn.Store.RecordedBucketCount). A -buckets that differs from the recorded
+// count is a usage error: a store read with another count shows some of its
+// messages as if they were all, and requeues or purges only those.
 func (c *cli) open(ctx context.Context) (*openedStore, error) {
-	return openStore(ctx, c.store)
+	st, err := openStore(ctx, c.store)
+	if err != nil {
+		return nil, err
+	}
+	if c.only != nil {
+		if err := c.only(st); err != nil {
+			_ = st.Close()
+			return nil, err
+		}
+	}
+	if c.noLearn {
+		return st, nil
+	}
+	rec, err := st.RecordedBucketCount(ctx)
+	if err != nil {
+		_ = st.Close()
+		return nil, err
+	}
+	switch {
+	case rec.Count == 0 && c.store.Buckets != 0:
+		c.bucketsFrom = "-buckets; the store records no count"
+		return st, nil
+	case rec.Count == 0:
+		c.bucketsFrom = "the default; the store records no count"
+		return st, nil
+	case rec.Count == st.BucketCount():
+		c.bucketsFrom = "from " + rec.Source
+		return st, nil
+	}
+	_ = st.Close()
+	if c.store.Buckets != 0 {
+		return nil, fmt.Errorf("%w: -buckets %d: the store has %d buckets (from %s); drop -buckets, and outboxctl reads the count from the store",
+			errUsage, c.store.Buckets, rec.Count, rec.Source)
+	}
+	opts := c.store
+	opts.Buckets = rec.Count
+	if st, err = openStore(ctx, opts); err != nil {
+		return nil, err
+	}
+	c.bucketsFrom = "from " + rec.Source
+	return st, nil
 }
 
 // admin returns the store's operator surface.
@@ -97,21 +140,38 @@ func (c *cli) printJSON(v any) error {
 	return enc.Encode(v)
 }
 
-// withStore parses, opens the store and runs fn.
-func (c *cli) withStore(ctx context.Context, fs *flag.FlagSet, args []string, fn func(st *openedStore, fs *flag.FlagSet) error) error {
+// withStore parses, runs check (when not nil: it validates the command's flags and
+// arguments before anything connects), opens the store and runs fn.
+func (c *cli) withStore(ctx context.Context, fs *flag.FlagSet, args []string, check func() error, fn func(st *openedStore) error) error {
 	if err := c.parse(fs, args); err != nil {
 		return err
+	}
+	if check != nil {
+		if err := check(); err != nil {
+			return err
+		}
 	}
 	st, err := c.open(ctx)
 	if err != nil {
 		return err
 	}
 	defer st.Close()
-	return fn(st, fs)
+	return fn(st)
+}
+
+// noArgs is a check that refuses arguments to a command that takes only flags.
+func (c *cli) noArgs(name string) func() error {
+	return func() error {
+		if len(c.pos) > 0 {
+			return fmt.Errorf("%w: %s takes no arguments, only flags (%q)", errUsage, name, c.pos[0])
+		}
+		return nil
+	}
 }
 
 // statsView is the JSON of stats.
 type statsView struct {
+	Buckets          int       `json:"buckets"`
 	Pending          []int     `json:"pending"`
 	PendingTotal     int       `json:"pending_total"`
 	PendingLimit     int       `json:"pending_limit"`
@@ -122,7 +182,7 @@ type statsView struct {
 }
 
 func newStatsView(st driver.Backlog, now time.Time) statsView {
-	v := statsView{Pending: st.Pending, PendingLimit: st.PendingLimit, Parked: st.Parked, OldestPending: st.OldestPending}
+	v := statsView{Buckets: len(st.Pending), Pending: st.Pending, PendingLimit: st.PendingLimit, Parked: st.Parked, OldestPending: st.OldestPending}
 	for _, n := range st.Pending {
 		v.PendingTotal += n
 		if st.PendingLimit > 0 && n >= st.PendingLimit {
@@ -141,7 +201,7 @@ func newStatsView(st driver.Backlog, now time.Time) statsView {
 func cmdStats(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags("stats", "[-json]")
 	fs.BoolVar(&c.json, "json", false, "print JSON")
-	return c.withStore(ctx, fs, args, func(st *openedStore, _ *flag.FlagSet) error {
+	return c.withStore(ctx, fs, args, c.noArgs("stats"), func(st *openedStore) error {
 		a, err := admin(st)
 		if err != nil {
 			return err
@@ -151,6 +211,7 @@ func cmdStats(ctx context.Context, c *cli, args []string) error {
 			return err
 		}
 		v := newStatsView(s, time.Now())
+		v.Buckets = st.BucketCount()
 		if c.json {
 			return c.printJSON(v)
 		}
@@ -158,7 +219,7 @@ func cmdStats(ctx context.Context, c *cli, args []string) error {
 		if v.Capped {
 			more = fmt.Sprintf(" (at least: a bucket reached the count limit of %d)", v.PendingLimit)
 		}
-		fmt.Fprintf(c.stdout, "pending: %d%s\nparked:  %d\n", v.PendingTotal, more, v.Parked)
+		fmt.Fprintf(c.stdout, "buckets: %d (%s)\npending: %d%s\nparked:  %d\n", v.Buckets, c.bucketsFrom, v.PendingTotal, more, v.Parked)
 		if v.OldestPending.IsZero() {
 			fmt.Fprintln(c.stdout, "oldest pending: none")
 		} else {
@@ -189,9 +250,16 @@ func parseStatus(s string) (driver.Status, error) {
 type filter struct {
 	topic  string
 	bucket int // -1: any
+	// key is a key as messageView shows it (text, or base64 when not UTF-8); "": any.
+	key string
 }
 
 func (f filter) match(e *driver.Envelope) bool {
+	if f.key != "" {
+		if k, _ := text(e.Key); e.Key == nil || k != f.key {
+			return false
+		}
+	}
 	return (f.topic == "" || e.Topic == f.topic) && (f.bucket < 0 || e.Bucket == f.bucket)
 }
 
@@ -293,10 +361,25 @@ func cmdList(ctx context.Context, c *cli, args []string) error {
 	bucket := fs.Int("bucket", -1, "only this bucket; -1 for all")
 	limit := fs.Int("limit", 100, "at most this many messages; 0 for all")
 	fs.BoolVar(&c.json, "json", false, "print JSON, one array")
-	return c.withStore(ctx, fs, args, func(st *openedStore, _ *flag.FlagSet) error {
-		s, err := parseStatus(*status)
-		if err != nil {
+	var s driver.Status
+	check := func() (err error) {
+		if err := c.noArgs("list")(); err != nil {
 			return err
+		}
+		if s, err = parseStatus(*status); err != nil {
+			return err
+		}
+		if *limit < 0 {
+			return fmt.Errorf("%w: -limit %d: give 0 (every message) or more", errUsage, *limit)
+		}
+		if *bucket < -1 {
+			return fmt.Errorf("%w: -bucket %d: give a bucket number, or -1 for all", errUsage, *bucket)
+		}
+		return nil
+	}
+	return c.withStore(ctx, fs, args, check, func(st *openedStore) error {
+		if n := st.BucketCount(); *bucket >= n {
+			return fmt.Errorf("%w: -bucket %d: the store has %d buckets, 0 to %d (%s)", errUsage, *bucket, n, n-1, c.bucketsFrom)
 		}
 		a, err := admin(st)
 		if err != nil {
@@ -368,14 +451,17 @@ func find(ctx context.Context, st *openedStore, id uuid.UUID) (*driver.Envelope,
 func cmdShow(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags("show", "ID [-json]")
 	fs.BoolVar(&c.json, "json", false, "print JSON")
-	return c.withStore(ctx, fs, args, func(st *openedStore, fs *flag.FlagSet) error {
+	var id uuid.UUID
+	check := func() (err error) {
 		if len(c.pos) != 1 {
 			return fmt.Errorf("%w: show takes one message ID", errUsage)
 		}
-		id, err := uuid.Parse(c.pos[0])
-		if err != nil {
+		if id, err = uuid.Parse(c.pos[0]); err != nil {
 			return fmt.Errorf("%w: %q is not a message ID (a UUID): %v", errUsage, c.pos[0], err)
 		}
+		return nil
+	}
+	return c.withStore(ctx, fs, args, check, func(st *openedStore) error {
 		e, err := find(ctx, st, id)
 		if err != nil {
 			return err
@@ -537,11 +623,12 @@ func (p *progress) finish() {
 func cmdRequeue(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags("requeue", "(-all | -topic T | ID…) [-dry-run] [-quiet]")
 	all, topic, dry, quiet := c.selectionFlags(fs)
-	return c.withStore(ctx, fs, args, func(st *openedStore, fs *flag.FlagSet) error {
-		sel, err := parseSelection(c.pos, *all, *topic)
-		if err != nil {
-			return err
-		}
+	var sel selection
+	check := func() (err error) {
+		sel, err = parseSelection(c.pos, *all, *topic)
+		return err
+	}
+	return c.withStore(ctx, fs, args, check, func(st *openedStore) error {
 		a, err := admin(st)
 		if err != nil {
 			return err
@@ -553,11 +640,12 @@ func cmdRequeue(ctx context.Context, c *cli, args []string) error {
 func cmdPurge(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags("purge", "(-all | -topic T | ID…) [-dry-run] [-quiet]")
 	all, topic, dry, quiet := c.selectionFlags(fs)
-	return c.withStore(ctx, fs, args, func(st *openedStore, fs *flag.FlagSet) error {
-		sel, err := parseSelection(c.pos, *all, *topic)
-		if err != nil {
-			return err
-		}
+	var sel selection
+	check := func() (err error) {
+		sel, err = parseSelection(c.pos, *all, *topic)
+		return err
+	}
+	return c.withStore(ctx, fs, args, check, func(st *openedStore) error {
 		a, err := admin(st)
 		if err != nil {
 			return err
@@ -611,7 +699,7 @@ func newLeasesView(view driver.Coordination, buckets int, now time.Time) leasesV
 func cmdLeases(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags("leases", "[-json]")
 	fs.BoolVar(&c.json, "json", false, "print JSON")
-	return c.withStore(ctx, fs, args, func(st *openedStore, _ *flag.FlagSet) error {
+	return c.withStore(ctx, fs, args, c.noArgs("leases"), func(st *openedStore) error {
 		view, err := st.ReadCoordination(ctx)
 		if err != nil {
 			return err
@@ -648,10 +736,12 @@ func cmdLeases(ctx context.Context, c *cli, args []string) error {
 }
 
 func cmdMigrate(ctx context.Context, c *cli, args []string) error {
-	fs := c.flags("migrate", "")
-	return c.withStore(ctx, fs, args, func(st *openedStore, _ *flag.FlagSet) error {
-		if st.SQL == nil {
-			return fmt.Errorf("%w: migrate is for SQL stores; for DynamoDB run create-table", errUsage)
+	fs := c.flags("migrate", "[-status]")
+	status := fs.Bool("status", false, "change nothing: list the migrations applied to the tables, when, and any this outboxctl would apply")
+	c.only = sqlOnly("migrate")
+	return c.withStore(ctx, fs, args, c.noArgs("migrate"), func(st *openedStore) error {
+		if *status {
+			return c.migrationStatus(ctx, st)
 		}
 		if err := st.SQL.Migrate(ctx); err != nil {
 			return err
@@ -661,12 +751,82 @@ func cmdMigrate(ctx context.Context, c *cli, args []string) error {
 	})
 }
 
+// migrationStatus prints the versions applied to the store's tables and those this
+// program knows but the tables lack.
+func (c *cli) migrationStatus(ctx context.Context, st *openedStore) error {
+	applied, err := st.Migrations(ctx)
+	if err != nil {
+		return err
+	}
+	known, err := knownMigrations(ctx)
+	if err != nil {
+		return err
+	}
+	done := map[int]bool{}
+	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "VERSION\tAPPLIED")
+	for _, m := range applied {
+		done[m.Version] = true
+		fmt.Fprintf(tw, "%d\t%s\n", m.Version, m.AppliedAt.UTC().Format(time.RFC3339))
+	}
+	var missing []string
+	for _, v := range known {
+		if !done[v] {
+			missing = append(missing, fmt.Sprint(v))
+			fmt.Fprintf(tw, "%d\t(not applied)\n", v)
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	switch {
+	case len(applied) == 0:
+		fmt.Fprintf(c.stdout, "the %s tables were never migrated: run outboxctl migrate\n", st.Kind)
+	case len(missing) > 0:
+		fmt.Fprintf(c.stdout, "behind: version %s not applied: run outboxctl migrate\n", strings.Join(missing, ", "))
+	default:
+		fmt.Fprintln(c.stdout, "up to date")
+	}
+	return nil
+}
+
+// knownMigrations lists the schema versions this program's SQL store applies, read
+// from a throwaway in-memory SQLite database it migrates (every dialect has the same
+// versions).
+func knownMigrations(ctx context.Context) ([]int, error) {
+	st, err := openStore(ctx, storeOptions{DSN: "file:outboxctl-versions-" + uuid.NewString() + "?mode=memory&cache=shared"})
+	if err != nil {
+		return nil, fmt.Errorf("list the known migrations: %w", err)
+	}
+	defer st.Close()
+	if err := st.SQL.Migrate(ctx); err != nil {
+		return nil, fmt.Errorf("list the known migrations: %w", err)
+	}
+	ms, err := st.Migrations(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list the known migrations: %w", err)
+	}
+	out := make([]int, 0, len(ms))
+	for _, m := range ms {
+		out = append(out, m.Version)
+	}
+	return out, nil
+}
+
+// sqlOnly refuses a store that is not a SQL store, for the command name.
+func sqlOnly(name string) func(*openedStore) error {
+	return func(st *openedStore) error {
+		if st.SQL == nil {
+			return fmt.Errorf("%w: %s is for SQL stores; for DynamoDB run create-table", errUsage, name)
+		}
+		return nil
+	}
+}
+
 func cmdDDL(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags("ddl", "")
-	return c.withStore(ctx, fs, args, func(st *openedStore, _ *flag.FlagSet) error {
-		if st.SQL == nil {
-			return fmt.Errorf("%w: ddl is for SQL stores; for DynamoDB run create-table", errUsage)
-		}
+	c.only = sqlOnly("ddl")
+	return c.withStore(ctx, fs, args, c.noArgs("ddl"), func(st *openedStore) error {
 		for _, s := range st.SQL.DDL() {
 			fmt.Fprintf(c.stdout, "%s;\n\n", s)
 		}
@@ -676,10 +836,14 @@ func cmdDDL(ctx context.Context, c *cli, args []string) error {
 
 func cmdCreateTable(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags("create-table", "")
-	return c.withStore(ctx, fs, args, func(st *openedStore, _ *flag.FlagSet) error {
+	c.noLearn = true // the table may not exist yet
+	c.only = func(st *openedStore) error {
 		if st.Dynamo == nil {
 			return fmt.Errorf("%w: create-table is for DynamoDB; for SQL stores run migrate", errUsage)
 		}
+		return nil
+	}
+	return c.withStore(ctx, fs, args, c.noArgs("create-table"), func(st *openedStore) error {
 		if err := dynamoCreateTable(ctx, st); err != nil {
 			return err
 		}

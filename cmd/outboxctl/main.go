@@ -8,10 +8,14 @@
 //	outboxctl requeue  -store … (-all | -topic T | ID…) [-dry-run]
 //	outboxctl purge    -store … (-all | -topic T | ID…) [-dry-run]
 //	outboxctl leases   -store …
-//	outboxctl migrate  -store postgres://…|mysql://…|sqlite:PATH
+//	outboxctl migrate  -store postgres://…|mysql://…|sqlite:PATH [-status]
 //	outboxctl ddl      -store …
 //	outboxctl create-table -store dynamodb://TABLE -aws-region R [-aws-endpoint URL]
-//	outboxctl serve    -store … [-listen 127.0.0.1:8080] [-allow-writes] [-token T]
+//	outboxctl serve    -store … [-listen 127.0.0.1:8080] [-allow-writes] [-token T] [-host NAME]
+//
+// Every command reads the bucket count the store records (a SQL store's settings
+// table, a DynamoDB store's messages and relay heartbeats) and refuses a -buckets
+// that differs from it.
 //
 // Every flag can also be set through an environment variable: OUTBOX_ and the flag's
 // name in upper case with '-' as '_' (-store is OUTBOX_STORE). A flag on the command
@@ -21,7 +25,11 @@
 //
 //	0  done (requeue and purge: also when nothing matched)
 //	1  the store failed or refused the operation (the message says why)
-//	2  bad usage: unknown command, bad flag, missing store
+//	2  bad usage or input: an unknown command or flag, a missing store, or a flag or
+//	   argument the command cannot use (an unparsable -store, a -table that is no
+//	   table name, a -buckets the store's recorded count contradicts, a -bucket the
+//	   store does not have, a negative -limit, -allow-writes beyond loopback without
+//	   -token); the message names the flag. Nothing was changed.
 //	3  not found (show: no message has that ID)
 //	4  interrupted: a requeue or purge stopped early on SIGINT or SIGTERM; what
 //	   it reported as done is done, and running it again finishes the rest
@@ -35,6 +43,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	_ "time/tzdata" // -time-zone works on hosts without a zone database
 )
 
 // Exit codes.
@@ -69,16 +78,16 @@ var commands []command
 
 func init() {
 	commands = []command{
-		{"stats", "", "pending messages per bucket, oldest pending age, parked count", cmdStats},
+		{"stats", "[-json]", "pending messages per bucket, oldest pending age, parked count", cmdStats},
 		{"list", "[-status S] [-topic T] [-bucket N] [-limit N] [-json]", "list messages by status, topic or bucket", cmdList},
 		{"show", "ID", "one message in full: headers, payload, attempts, last error", cmdShow},
 		{"requeue", "(-all | -topic T | ID…) [-dry-run]", "make parked messages pending again, due now, attempts reset", cmdRequeue},
 		{"purge", "(-all | -topic T | ID…) [-dry-run]", "delete parked messages (by ID: any status)", cmdPurge},
 		{"leases", "[-json]", "buckets, their owners and expiries; relays and their heartbeats", cmdLeases},
-		{"migrate", "", "SQL stores: create or upgrade the tables (safe to repeat)", cmdMigrate},
+		{"migrate", "[-status]", "SQL stores: create or upgrade the tables (safe to repeat); -status lists the migrations applied", cmdMigrate},
 		{"ddl", "", "SQL stores: print the statements migrate applies", cmdDDL},
 		{"create-table", "", "DynamoDB: create the table unless it exists", cmdCreateTable},
-		{"serve", "[-listen ADDR] [-allow-writes] [-token T]", "serve the admin page", cmdServe},
+		{"serve", "[-listen ADDR] [-allow-writes] [-token T] [-host NAME]…", "serve the admin page: backlog, leases, relays, messages to page through and filter", cmdServe},
 	}
 }
 
@@ -89,6 +98,13 @@ type cli struct {
 	json           bool
 	// pos are the arguments that are not flags.
 	pos []string
+	// noLearn opens the store without reading the bucket count it records.
+	noLearn bool
+	// only, when set, refuses a store the command does not work on, before the
+	// store is read.
+	only func(*openedStore) error
+	// bucketsFrom says where the bucket count came from, once the store is open.
+	bucketsFrom string
 }
 
 func usage(w io.Writer) {
@@ -100,7 +116,9 @@ func usage(w io.Writer) {
 		"sqlite:PATH or dynamodb://TABLE (with -aws-region and, for a local server, -aws-endpoint).\n"+
 		"Every flag may be set by an environment variable: %s and the flag in upper case, '-' as '_'.\n"+
 		"Run \"outboxctl COMMAND -help\" for a command's flags.\n\n"+
-		"Exit codes: 0 done, 1 the store failed, 2 bad usage, 3 not found, 4 interrupted (run it again to finish).\n", envPrefix)
+		"Exit codes: 0 done (also when nothing matched), 1 the store failed or refused,\n"+
+		"2 bad usage or input (an unknown command or flag, or a flag or argument the command cannot use:\n"+
+		"  the message names it, and nothing was changed), 3 not found, 4 interrupted (run it again to finish).\n", envPrefix)
 }
 
 // run is the whole program; it returns the exit code.

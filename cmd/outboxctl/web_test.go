@@ -27,9 +27,9 @@ import (
 // chromiumPath is Debian's chromium package; tests never download a browser.
 const chromiumPath = "/usr/bin/chromium"
 
-// browser starts a headless Chromium for one test. On failure the test saves a
-// screenshot of the page and logs where.
-func browser(t *testing.T) context.Context {
+// browser starts a headless Chromium for one test, with the extra options given. On
+// failure the test saves a screenshot of the page and logs where.
+func browser(t *testing.T, extra ...chromedp.ExecAllocatorOption) context.Context {
 	t.Helper()
 	if _, err := os.Stat(chromiumPath); err != nil {
 		testenv.Unavailable(t, "Chromium ("+chromiumPath+", Debian's chromium package)", err)
@@ -48,6 +48,7 @@ func browser(t *testing.T) context.Context {
 		chromedp.UserDataDir(t.TempDir()),
 		chromedp.WindowSize(1280, 1000),
 	}
+	opts = append(opts, extra...)
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	bctx, cancelCtx := chromedp.NewContext(actx)
 	// The first call starts the browser and must not carry a timeout; the test's
@@ -157,6 +158,26 @@ func waitText(t *testing.T, ctx context.Context, sel, want string) {
 	t.Fatalf("text of %s: %q (error %v), want %q", sel, last, lastErr, want)
 }
 
+// waitFor waits until the page in the browser has loaded and the script cond holds.
+// While a click's navigation is under way, reads fail or still see the old page, so
+// they are retried until a minute has passed.
+func waitFor(t *testing.T, ctx context.Context, what, cond string) {
+	t.Helper()
+	js := `document.readyState === "complete" && !!(` + cond + `)`
+	var lastErr error
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		ok, err := chromedp.Run(rctx, chromedp.Evaluate[bool](js))
+		cancel()
+		if err == nil && ok {
+			return
+		}
+		lastErr = err
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s never came (%s): %v", what, cond, lastErr)
+}
+
 func eval[T any](t *testing.T, ctx context.Context, js string) T {
 	t.Helper()
 	v, err := chromedp.Run(ctx, chromedp.Evaluate[T](js))
@@ -206,10 +227,12 @@ func TestAdminPageInChromium(t *testing.T) {
 	require.Contains(t, pageText(t, ctx, "tr.parked .error-text"), "kafka: ")
 
 	if dir := os.Getenv("OUTBOX_SCREENSHOT_DIR"); dir != "" {
-		// The screenshots in the docs come from here: OUTBOX_SCREENSHOT_DIR=docs/images.
+		// The screenshots in the docs come from here: OUTBOX_SCREENSHOT_DIR=docs/images,
+		// in a window wide enough for the message list.
+		require.NoError(t, chromedp.Do(ctx, chromedp.EmulateViewport(1440, 1000)))
 		chart, err := chromedp.Run(ctx, chromedp.Screenshot(chromedp.CSS("#backlog-chart"), chromedp.NodeVisible))
 		require.NoError(t, err)
-		parked, err := chromedp.Run(ctx, chromedp.Screenshot(chromedp.CSS("#parked-section"), chromedp.NodeVisible))
+		parked, err := chromedp.Run(ctx, chromedp.Screenshot(chromedp.CSS("#messages-section"), chromedp.NodeVisible))
 		require.NoError(t, err)
 		require.NoError(t, os.WriteFile(filepath.Join(dir, "admin-backlog.png"), chart, 0o644))
 		require.NoError(t, os.WriteFile(filepath.Join(dir, "admin-parked.png"), parked, 0o644))
@@ -264,8 +287,8 @@ func TestAdminPageReadOnly(t *testing.T) {
 	st := seedPage(t)
 	srv := serveStore(t, st, adminOptions{})
 
-	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible(chromedp.CSS("#parked"))))
-	require.Zero(t, eval[int](t, ctx, `document.querySelectorAll("button").length`), "a read-only page offers no writes")
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible(chromedp.CSS("#messages"))))
+	require.Zero(t, eval[int](t, ctx, `document.querySelectorAll("form[method=post], button.requeue, button.purge").length`), "a read-only page offers no writes")
 	require.Equal(t, "read-only", pageText(t, ctx, ".mode"))
 	require.Len(t, eval[[]string](t, ctx, `[...document.querySelectorAll("tr.parked")].map(tr => tr.dataset.id)`), 6)
 

@@ -1,5 +1,12 @@
 // Package storeconn opens the store a DSN names, for the project's programs
-// (outboxctl and outbox-relay): both connect to a store the same way.
+// (outboxctl and outbox-relay): both connect to a store the same way, and both
+// refuse settings they cannot use the same way, with an error wrapping [ErrUsage]
+// that names the flag the operator typed (-store, -table, -buckets, -aws-endpoint).
+//
+// An open store also reads what its tables record: the bucket count they were
+// migrated for ([Store.RecordedBucketCount]) and, for SQL stores, the schema versions
+// applied ([Store.Migrations]), so that a tool can take the store's count instead of
+// a guess and say which migrations ran.
 package storeconn
 
 import (
@@ -8,27 +15,32 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"regexp"
 	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
-	_ "github.com/glebarez/go-sqlite"  // the pure-Go "sqlite" driver
-	_ "github.com/go-sql-driver/mysql" // the "mysql" driver
+	_ "github.com/glebarez/go-sqlite" // the pure-Go "sqlite" driver
+	"github.com/go-sql-driver/mysql"  // also registers the "mysql" driver
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/store/dynamostore"
 	"github.com/outboxkit/outbox/store/sqlstore"
 )
 
-// Options say which store to open.
+// Options say which store to open. Each field is one flag of the programs that take
+// it, and the errors about a field name its flag: -store, -table, -buckets,
+// -aws-region and -aws-endpoint.
 type Options struct {
 	// DSN names the store: postgres://… or postgresql://… (pgx), mysql://DSN (a
 	// go-sql-driver DSN after the scheme), sqlite:PATH or file:PATH (a SQLite file),
 	// dynamodb://TABLE.
 	DSN string
-	// Table is the SQL messages table ("" = the store's default).
+	// Table is the SQL messages table ("" = the store's default). DynamoDB stores
+	// refuse it: their table is named in DSN.
 	Table string
 	// Buckets is the bucket count (0 = the store's default).
 	Buckets int
@@ -49,6 +61,10 @@ type Store struct {
 	DDB       *dynamodb.Client
 	DDBConfig dynamostore.Config
 	closeAll  func() error
+	// query runs a SELECT of integer columns on a SQL store's database; missing
+	// reports whether its error says that a table does not exist.
+	query   func(ctx context.Context, stmt string) ([][]int64, error)
+	missing func(error) bool
 }
 
 var _ driver.Handle = (*Store)(nil)
@@ -59,20 +75,92 @@ func (s *Store) Driver() driver.Store { return s.Store }
 // Close closes the store and the client it was opened on.
 func (s *Store) Close() error { return s.closeAll() }
 
-// ErrUsage marks an error in what the user asked for.
+// ErrUsage marks an error in what the user asked for: a flag that is missing, cannot
+// be parsed or names something that cannot be. The message names the flag.
 var ErrUsage = errors.New("usage")
 
-// Open connects to the store opts names. It checks the connection.
+// sqlName is one part of a SQL table name, as the SQL store accepts it.
+var sqlName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// longestSuffix is the longest suffix the SQL store appends to the messages table's
+// name for its other tables ("_migrations"); a name part is at most 63 characters.
+const longestSuffix = len("_migrations")
+
+// checkTable validates -table as the SQL store would, in the flag's terms.
+func checkTable(table string) error {
+	if table == "" {
+		return nil
+	}
+	parts := strings.Split(table, ".")
+	bad := func(why string) error {
+		return fmt.Errorf("%w: -table %q: %s", ErrUsage, table, why)
+	}
+	if len(parts) > 2 {
+		return bad("at most one schema qualifier (SCHEMA.TABLE)")
+	}
+	for _, p := range parts {
+		if !sqlName.MatchString(p) {
+			return bad("each part must be a letter or underscore, then letters, digits or underscores")
+		}
+		if len(p) > 63 {
+			return bad(fmt.Sprintf("a part is at most 63 characters; %q has %d", p, len(p)))
+		}
+	}
+	if n := len(parts[len(parts)-1]); n > 63-longestSuffix {
+		return bad(fmt.Sprintf("the table is at most %d characters (the store names its other tables after it, up to TABLE_migrations); it has %d", 63-longestSuffix, n))
+	}
+	return nil
+}
+
+// checkOptions validates what does not need the store's kind.
+func checkOptions(opts Options) error {
+	if opts.Buckets < 0 {
+		return fmt.Errorf("%w: -buckets %d: a bucket count is 1 or more (leave it unset for the store's)", ErrUsage, opts.Buckets)
+	}
+	if opts.Endpoint != "" {
+		u, err := url.Parse(opts.Endpoint)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("%w: -aws-endpoint %q: give a URL, http://HOST:PORT or https://HOST", ErrUsage, opts.Endpoint)
+		}
+	}
+	return nil
+}
+
+// misconfigured turns an error a store's constructor returned about the settings this
+// package passed it into a usage error naming the flags they came from.
+func misconfigured(err error, flags string) error {
+	if errors.Is(err, outbox.ErrMisconfigured) {
+		return fmt.Errorf("%w: %s: %w", ErrUsage, flags, err)
+	}
+	return err
+}
+
+// Open connects to the store opts names. It checks the connection. Settings it cannot
+// use fail it with an error wrapping [ErrUsage] that names the flag; a store it
+// cannot reach fails it with another error.
 func Open(ctx context.Context, opts Options) (*Store, error) {
 	dsn := opts.DSN
 	if dsn == "" {
 		return nil, fmt.Errorf("%w: no store: pass -store (or set OUTBOX_STORE) to postgres://…, mysql://…, sqlite:PATH or dynamodb://TABLE", ErrUsage)
 	}
+	if err := checkOptions(opts); err != nil {
+		return nil, err
+	}
 	sqlCfg := sqlstore.Config{Table: opts.Table, BucketCount: opts.Buckets}
 	scheme, rest, _ := strings.Cut(dsn, ":")
 	switch strings.ToLower(scheme) {
+	case "postgres", "postgresql", "mysql", "mariadb", "sqlite", "file":
+		if err := checkTable(opts.Table); err != nil {
+			return nil, err
+		}
+	}
+	switch strings.ToLower(scheme) {
 	case "postgres", "postgresql":
-		pool, err := pgxpool.New(ctx, dsn)
+		cfg, err := pgxpool.ParseConfig(dsn)
+		if err != nil {
+			return nil, fmt.Errorf("%w: -store: not a PostgreSQL URL (postgres://USER:PASSWORD@HOST:5432/DB?sslmode=…): %v", ErrUsage, err)
+		}
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
 		if err != nil {
 			return nil, fmt.Errorf("postgres: %w", err)
 		}
@@ -83,15 +171,19 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		st, err := sqlstore.NewPgx(pool, sqlCfg)
 		if err != nil {
 			pool.Close()
-			return nil, err
+			return nil, misconfigured(err, "-table or -buckets")
 		}
 		return &Store{Store: st.Driver(), Kind: "postgres", SQL: st, closeAll: func() error {
 			err := st.Close()
 			pool.Close()
 			return err
-		}}, nil
+		}, query: pgxQuery(pool), missing: pgMissingTable}, nil
 	case "mysql", "mariadb":
-		return openSQL(ctx, "mysql", sqlstore.MySQL, strings.TrimPrefix(rest, "//"), sqlCfg)
+		mdsn := strings.TrimPrefix(rest, "//")
+		if _, err := mysql.ParseDSN(mdsn); err != nil {
+			return nil, fmt.Errorf("%w: -store: after mysql:// comes a go-sql-driver DSN (USER:PASSWORD@tcp(HOST:3306)/DB?parseTime=true): %v", ErrUsage, err)
+		}
+		return openSQL(ctx, "mysql", sqlstore.MySQL, mdsn, sqlCfg)
 	case "sqlite", "file":
 		path := rest
 		if scheme == "file" {
@@ -108,17 +200,26 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		return openSQL(ctx, "sqlite", sqlstore.SQLite, path, sqlCfg)
 	case "dynamodb":
 		u, err := url.Parse(dsn)
-		if err != nil || u.Host == "" {
-			return nil, fmt.Errorf("%w: dynamodb: name the table: dynamodb://TABLE", ErrUsage)
+		if err != nil || u.Host == "" || (u.Path != "" && u.Path != "/") {
+			return nil, fmt.Errorf("%w: -store %q: name the table: dynamodb://TABLE", ErrUsage, dsn)
+		}
+		if opts.Table != "" {
+			return nil, fmt.Errorf("%w: -table is for SQL stores; a DynamoDB store's table is named in -store dynamodb://TABLE", ErrUsage)
+		}
+		if n := len(u.Host); n < 3 || n > 255 || strings.Trim(u.Host, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.") != "" {
+			return nil, fmt.Errorf("%w: -store %q: a DynamoDB table name is 3 to 255 letters, digits, '_', '-' and '.'", ErrUsage, dsn)
+		}
+		cfg := dynamostore.Config{TableName: u.Host, BucketCount: opts.Buckets}
+		if err := cfg.Validate(); err != nil {
+			return nil, misconfigured(err, fmt.Sprintf("-store %q", dsn))
 		}
 		client, err := DynamoClient(ctx, opts.Region, opts.Endpoint)
 		if err != nil {
 			return nil, err
 		}
-		cfg := dynamostore.Config{TableName: u.Host, BucketCount: opts.Buckets}
 		st, err := dynamostore.New(client, cfg)
 		if err != nil {
-			return nil, err
+			return nil, misconfigured(err, "-store or -buckets")
 		}
 		return &Store{Store: st.Driver(), Kind: "dynamodb", Dynamo: st, DDB: client, DDBConfig: cfg, closeAll: st.Close}, nil
 	}
@@ -142,15 +243,15 @@ func openSQL(ctx context.Context, driver string, dialect sqlstore.Dialect, dsn s
 	st, err := sqlstore.NewDB(db, dialect, cfg)
 	if err != nil {
 		_ = db.Close()
-		return nil, err
+		return nil, misconfigured(err, "-table or -buckets")
 	}
-	kind := "mysql"
+	kind, missing := "mysql", mysqlMissingTable
 	if dialect == sqlstore.SQLite {
-		kind = "sqlite"
+		kind, missing = "sqlite", sqliteMissingTable
 	}
 	return &Store{Store: st.Driver(), Kind: kind, SQL: st, closeAll: func() error {
 		return errors.Join(st.Close(), db.Close())
-	}}, nil
+	}, query: sqlQuery(db), missing: missing}, nil
 }
 
 // AWSConfig loads the SDK's configuration (environment, shared files, instance
@@ -170,6 +271,8 @@ func AWSConfig(ctx context.Context, region string) (aws.Config, error) {
 	return cfg, nil
 }
 
+// DynamoClient builds a DynamoDB client for region (default the SDK's) and, when set,
+// an endpoint URL instead of AWS's.
 func DynamoClient(ctx context.Context, region, endpoint string) (*dynamodb.Client, error) {
 	cfg, err := AWSConfig(ctx, region)
 	if err != nil {
