@@ -758,10 +758,7 @@ func (c *cli) migrationStatus(ctx context.Context, st *openedStore) error {
 	if err != nil {
 		return err
 	}
-	known, err := knownMigrations(ctx)
-	if err != nil {
-		return err
-	}
+	known := st.SQL.MigrationVersions()
 	done := map[int]bool{}
 	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "VERSION\tAPPLIED")
@@ -788,29 +785,6 @@ func (c *cli) migrationStatus(ctx context.Context, st *openedStore) error {
 		fmt.Fprintln(c.stdout, "up to date")
 	}
 	return nil
-}
-
-// knownMigrations lists the schema versions this program's SQL store applies, read
-// from a throwaway in-memory SQLite database it migrates (every dialect has the same
-// versions).
-func knownMigrations(ctx context.Context) ([]int, error) {
-	st, err := openStore(ctx, storeOptions{DSN: "file:outboxctl-versions-" + uuid.NewString() + "?mode=memory&cache=shared"})
-	if err != nil {
-		return nil, fmt.Errorf("list the known migrations: %w", err)
-	}
-	defer st.Close()
-	if err := st.SQL.Migrate(ctx); err != nil {
-		return nil, fmt.Errorf("list the known migrations: %w", err)
-	}
-	ms, err := st.Migrations(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("list the known migrations: %w", err)
-	}
-	out := make([]int, 0, len(ms))
-	for _, m := range ms {
-		out = append(out, m.Version)
-	}
-	return out, nil
 }
 
 // sqlOnly refuses a store that is not a SQL store, for the command name.

@@ -136,6 +136,21 @@ func (s *Store) DDL() []string {
 	return append(out, record)
 }
 
+// MigrationVersions lists the schema versions [Store.Migrate] applies, oldest first:
+// a tool compares them with the versions recorded in Table+"_migrations" to tell
+// whether the tables are behind.
+func (s *Store) MigrationVersions() []int {
+	ms, err := loadMigrations(s.dialect, s.cfg)
+	if err != nil {
+		return nil
+	}
+	out := make([]int, len(ms))
+	for i, m := range ms {
+		out[i] = m.version
+	}
+	return out
+}
+
 // Migrate creates or upgrades the store's tables from the embedded migrations, and
 // records the store's bucket count in them; tables migrated for another count fail it
 // with [outbox.ErrMisconfigured] (so do writes and a relay's Start). It is
