@@ -38,7 +38,8 @@ type Config struct {
 	// the warnings about failed publishes: at most one per bucket per interval.
 	// Defaults to 10 s.
 	LeaseRenewInterval time.Duration
-	// StoreTimeout bounds every store call the relay makes, so a connection that hangs
+	// StoreTimeout bounds every store call the relay makes (but the check at Start,
+	// which LeaseDuration bounds), so a connection that hangs
 	// (a black-holed network path) fails the call instead of wedging the relay. Raise
 	// it for a store behind a slow link whose lease writes take longer than
 	// LeaseRenewInterval; it must be at most LeaseDuration. Defaults to

@@ -31,7 +31,14 @@ var ErrRunning = errors.New("relay: the worker is running")
 // [Relay.Run] is Start, a wait and a graceful stop in one call.
 func (d *Relay) Start(ctx context.Context) error {
 	check := func() error {
-		if err := d.coord.store.Check(ctx); err != nil {
+		// Start's check is a one-off, not a lease write: it may take a lease's time
+		// (it may record the bucket count) before it counts as a failure.
+		store := d.coord.store
+		if b, ok := store.(deadlined); ok {
+			b.timeout = max(b.timeout, d.cfg.LeaseDuration)
+			store = b
+		}
+		if err := store.Check(ctx); err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}

@@ -15,28 +15,33 @@ import (
 	"github.com/outboxkit/outbox/transport/rabbitmqtransport"
 )
 
-// A confirm window too short to wait out abandons the channel in the background: the
-// unconfirmed messages are reported failed, transient, and after Close no goroutine
-// of the transport or its connections is left. (Not parallel: it counts goroutines.)
+// A confirm window shorter than the broker takes to confirm abandons the channel in
+// the background: the unconfirmed messages are reported failed, transient, and after
+// Close no goroutine of the transport or its connections is left. The broker is
+// reached through a proxy that delays everything by a second while the batch is
+// published, so no confirm can arrive inside the window however busy the machine.
+// (Not parallel: it counts goroutines.)
 func TestConfirmTimeoutAndCloseLeaveNothingBehind(t *testing.T) {
 	needBroker(t)
 	a := newAdmin(t)
 	topic := uniqueName("timeout")
 	a.exchange(t, topic, amqp.ExchangeFanout)
 	a.queue(t, topic, topic, "", nil)
+	p := newProxy(t)
 	runtime.GC()
 	before := runtime.NumGoroutine()
 
-	tr, err := rabbitmqtransport.New(dialer(""), rabbitmqtransport.Config{ConfirmTimeout: time.Nanosecond})
+	tr, err := rabbitmqtransport.New(dialer(p.Addr()), rabbitmqtransport.Config{ConfirmTimeout: 200 * time.Millisecond})
 	require.NoError(t, err)
+	require.NoError(t, tr.Ping(context.Background()), "connected before the delay")
 	var batch []*driver.Envelope
 	for range 50 {
 		batch = append(batch, envelope(t, topic, []byte("k"), make([]byte, 1024)))
 	}
-	// The timer has fired before the first confirm can arrive; should confirms
-	// arrive first anyway, each wait picks at random, and all 50 would have to win.
+	p.SetLatency(time.Second)
 	failed := failures(t, tr.Publish(context.Background(), batch))
-	require.NotEmpty(t, failed, "a nanosecond confirm window fails the batch")
+	p.SetLatency(0)
+	require.Len(t, failed, len(batch), "no confirm arrives within the window")
 	for id, cause := range failed {
 		assert.False(t, driver.IsPermanent(cause), "%s: %v", id, cause)
 		assert.ErrorContains(t, cause, "Config.ConfirmTimeout")
