@@ -40,10 +40,13 @@ type Store interface {
 // Queue is the store side of draining a bucket: fetch its head, then complete,
 // reschedule or park what was published.
 type Queue interface {
-	// Fetch returns up to limit pending envelopes of one bucket in Seq order, including
-	// envelopes that are not yet due (the relay needs them to hold back later
-	// messages of a blocked key). Parked and dispatched envelopes are not returned.
-	Fetch(ctx context.Context, bucket, limit int) ([]*Envelope, error)
+	// Fetch reads the head of one bucket: up to limit pending envelopes in Seq order,
+	// including envelopes that are not yet due (the relay needs them to hold back
+	// later messages of a blocked key). Parked and dispatched envelopes are not
+	// returned. The batch says whether the bucket goes on past it ([Batch.More]): a
+	// store may stop short of limit (DynamoDB stops before a sequence gap it did not
+	// look into), so a short batch alone does not mean the bucket was drained.
+	Fetch(ctx context.Context, bucket, limit int) (Batch, error)
 	// Complete forgets envelopes the broker acknowledged: it deletes them. It is
 	// idempotent: completing an envelope that is gone is not an error.
 	Complete(ctx context.Context, envs []*Envelope) error
@@ -51,6 +54,26 @@ type Queue interface {
 	Reschedule(ctx context.Context, env *Envelope, next time.Time, cause string) error
 	// Park records a failure and parks the envelope; it is never retried automatically.
 	Park(ctx context.Context, env *Envelope, cause string) error
+}
+
+// Batch is what [Queue.Fetch] read of a bucket's head.
+type Batch struct {
+	// Envelopes are the bucket's first pending envelopes in Seq order, at most the
+	// limit asked for.
+	Envelopes []*Envelope
+	// More reports that the bucket may hold pending envelopes past the last one
+	// returned: the batch filled its limit, or the store cut it short (it stopped
+	// before a part of the bucket it could not yet vouch for, such as a sequence gap
+	// it did not probe; the next fetch goes on from there). A store that knows nothing
+	// follows a full batch may leave More false. More false means the bucket held no
+	// other pending envelope as of the read: the caller may take it for drained.
+	//
+	// A cut batch may hold no envelope at all (the store stopped before the first);
+	// a store cuts only where fetching again makes progress, so a caller fetches again
+	// at once. A caller that finds nothing to publish in a non-empty batch (every
+	// envelope waits behind a backed-off one of its key) need not fetch again before
+	// something changes, whatever More says.
+	More bool
 }
 
 // Lease is one bucket's lease as read from the store. Owner is empty for a free

@@ -171,9 +171,9 @@ func msg(t *testing.T, st driver.Store, bucket int, payload string) *driver.Enve
 
 func fetch(t *testing.T, st driver.Store, bucket int) []*driver.Envelope {
 	t.Helper()
-	envs, err := st.Fetch(testContext(t), bucket, 1000)
+	batch, err := st.Fetch(testContext(t), bucket, 1000)
 	require.NoError(t, err)
-	return envs
+	return batch.Envelopes
 }
 
 func ids(envs []*driver.Envelope) []uuid.UUID {
@@ -302,13 +302,26 @@ func (s storeSuite) fetchLimit(t *testing.T) {
 	require.NoError(t, st.Enqueue(ctx, envs...))
 	got, err := st.Fetch(ctx, 1, 2)
 	require.NoError(t, err)
-	require.Equal(t, []string{"0", "1"}, payloads(got), "the head of the bucket")
+	require.Equal(t, []string{"0", "1"}, payloads(got.Envelopes), "the head of the bucket")
+	require.True(t, got.More, "a batch that stops before pending envelopes must say the bucket has more (Batch.More)")
 	got, err = st.Fetch(ctx, 1, 10)
 	require.NoError(t, err)
-	require.Len(t, got, 5)
+	require.Len(t, got.Envelopes, 5)
+	require.False(t, got.More, "a batch that holds every pending envelope of its bucket must not claim more")
 	got, err = st.Fetch(ctx, 0, 10)
 	require.NoError(t, err)
-	require.Empty(t, got, "other buckets are not returned")
+	require.Empty(t, got.Envelopes, "other buckets are not returned")
+	require.False(t, got.More, "an empty bucket has no more")
+
+	// Once the head is completed, the rest is the whole bucket.
+	require.NoError(t, st.Complete(ctx, envs[:2]))
+	got, err = st.Fetch(ctx, 1, 3)
+	require.NoError(t, err)
+	require.Equal(t, []string{"2", "3", "4"}, payloads(got.Envelopes))
+	got, err = st.Fetch(ctx, 1, 4)
+	require.NoError(t, err)
+	require.Equal(t, []string{"2", "3", "4"}, payloads(got.Envelopes))
+	require.False(t, got.More, "a short batch of a drained bucket must not claim more")
 }
 
 func (s storeSuite) concurrentWriters(t *testing.T) {

@@ -51,8 +51,8 @@ func (s deadlined) Check(ctx context.Context) error {
 	return call0(s, ctx, s.Store.Check)
 }
 
-func (s deadlined) Fetch(ctx context.Context, bucket, limit int) ([]*driver.Envelope, error) {
-	return call(s, ctx, func(ctx context.Context) ([]*driver.Envelope, error) {
+func (s deadlined) Fetch(ctx context.Context, bucket, limit int) (driver.Batch, error) {
+	return call(s, ctx, func(ctx context.Context) (driver.Batch, error) {
 		return s.Store.Fetch(ctx, bucket, limit)
 	})
 }

@@ -110,7 +110,7 @@ func seed(t *testing.T, st *openedStore, topic string, n, park int) []*driver.En
 	for _, e := range envs[:park] {
 		fetched, err := st.Fetch(ctx, e.Bucket, 1000)
 		require.NoError(t, err)
-		for _, f := range fetched {
+		for _, f := range fetched.Envelopes {
 			if f.ID == e.ID {
 				require.NoError(t, st.Park(ctx, f, fmt.Sprintf("broker refused %s: message too large", f.ID)))
 				parked = append(parked, f)

@@ -100,7 +100,7 @@ func seedPage(t *testing.T) *openedStore {
 	for i, e := range envs[:6] {
 		fetched, err := st.Fetch(ctx, e.Bucket, 1000)
 		require.NoError(t, err)
-		for _, f := range fetched {
+		for _, f := range fetched.Envelopes {
 			if f.ID == e.ID {
 				require.NoError(t, st.Park(ctx, f, causes[i%len(causes)]))
 			}

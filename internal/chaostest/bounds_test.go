@@ -45,9 +45,9 @@ func (f *faultyStore) enter() error {
 	return nil
 }
 
-func (f *faultyStore) Fetch(ctx context.Context, bucket, limit int) ([]*driver.Envelope, error) {
+func (f *faultyStore) Fetch(ctx context.Context, bucket, limit int) (driver.Batch, error) {
 	if err := f.enter(); err != nil {
-		return nil, err
+		return driver.Batch{}, err
 	}
 	return f.Store.Fetch(ctx, bucket, limit)
 }

@@ -409,9 +409,9 @@ func (h *hanging) hang(ctx context.Context) error {
 	return ctx.Err()
 }
 
-func (h *hanging) Fetch(ctx context.Context, bucket, limit int) ([]*driver.Envelope, error) {
+func (h *hanging) Fetch(ctx context.Context, bucket, limit int) (driver.Batch, error) {
 	if err := h.hang(ctx); err != nil {
-		return nil, err
+		return driver.Batch{}, err
 	}
 	return h.Store.Fetch(ctx, bucket, limit)
 }

@@ -65,7 +65,7 @@ func TestMalformedItemsAreParkedAtOnce(t *testing.T) {
 	assert.Contains(t, causes[3], "CreatedAtUtc")
 	assert.Contains(t, causes[4], "MessageId")
 	assert.Equal(t, uuid.Nil, parked[2].ID, "an item without an ID is listed with a nil ID")
-	left, err := s.Driver().Fetch(ctx, 0, 10)
+	left, err := envelopesOf(s.Driver().Fetch(ctx, 0, 10))
 	require.NoError(t, err)
 	assert.Empty(t, left)
 }

@@ -130,7 +130,7 @@ func TestWritesLeaveRoomToFail(t *testing.T) {
 	assert.Contains(t, err.Error(), "a failed publish may add")
 	reqs, _ := d.proxy.take()
 	assert.Zero(t, reqs["UpdateItem"], "refused before any reservation")
-	left, err := s.Driver().Fetch(ctx, 0, 10)
+	left, err := envelopesOf(s.Driver().Fetch(ctx, 0, 10))
 	require.NoError(t, err)
 	assert.Empty(t, left)
 }
@@ -150,7 +150,7 @@ func TestKeysAtDynamoDBsLimits(t *testing.T) {
 	key := []byte("k")
 	env := envelope(t, 8, "t", key, []byte("x"))
 	require.NoError(t, s.Driver().Enqueue(ctx, env))
-	got, err := s.Driver().Fetch(ctx, env.Bucket, 1)
+	got, err := envelopesOf(s.Driver().Fetch(ctx, env.Bucket, 1))
 	require.NoError(t, err)
 	require.Len(t, got, 1)
 	// A message at the limit still fits with the longest prefix, and can fail safely.

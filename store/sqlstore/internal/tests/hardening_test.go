@@ -110,7 +110,7 @@ func TestEnqueueTxOnAnotherPoolOfTheServer(t *testing.T) {
 	fetched, err := drv(s).Fetch(ctx, 0, 1000)
 	require.NoError(t, err)
 	var got []string
-	for _, env := range fetched {
+	for _, env := range fetched.Envelopes {
 		got = append(got, string(env.Payload))
 	}
 	require.Equal(t, want, got, "every write landed, in Seq order")
