@@ -2,6 +2,7 @@ package driver
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/google/uuid"
@@ -100,6 +101,39 @@ type RelayRecord struct {
 	// 0 when unknown. Relays that see a peer with another count stop with
 	// [outbox.ErrMisconfigured].
 	BucketCount int
+	// Instance is the process that wrote the last heartbeat; zero when unknown (a
+	// record written by an older version, or only stamped stopped). A relay that finds
+	// its own ID's record written by another live instance reports two processes
+	// sharing one relay ID.
+	Instance Instance
+}
+
+// Instance identifies one running relay process: its host, its process ID and a
+// random nonce the relay draws each time it starts, so a restart on the same host
+// (even with the same PID) is a new instance. Stores keep it as written, bounded by
+// [MaxInstanceHost] and [MaxInstanceNonce].
+type Instance struct {
+	Host  string
+	PID   int
+	Nonce string
+}
+
+// Bounds of an [Instance]'s fields, in bytes, that every store must keep whole. A
+// relay cuts a longer host name to MaxInstanceHost.
+const (
+	MaxInstanceHost  = 255
+	MaxInstanceNonce = 64
+)
+
+// IsZero reports whether the instance is unknown.
+func (i Instance) IsZero() bool { return i == Instance{} }
+
+// String formats the instance as host/pid/nonce, as logs and tools show it.
+func (i Instance) String() string {
+	if i.IsZero() {
+		return "unknown"
+	}
+	return fmt.Sprintf("%s/%d/%s", i.Host, i.PID, i.Nonce)
 }
 
 // Stopped reports whether the relay stamped itself stopped.
@@ -126,10 +160,10 @@ type Leaser interface {
 	// relays call it between rounds, every half PollInterval, to notice a peer joining
 	// or stopping, and confirm with ReadCoordination.
 	ReadRelays(ctx context.Context) ([]RelayRecord, error)
-	// Heartbeat sets relay's LastSeen to at and its BucketCount to bucketCount,
-	// creating the record if needed, only if the stored LastSeen is earlier than at.
-	// It clears StoppedAt (a restart under the same ID).
-	Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int) (bool, error)
+	// Heartbeat sets relay's LastSeen to at, its BucketCount to bucketCount and its
+	// Instance to instance, creating the record if needed, only if the stored LastSeen
+	// is earlier than at. It clears StoppedAt (a restart under the same ID).
+	Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int, instance Instance) (bool, error)
 	// StopRelay stamps the relay's record StoppedAt=at (and LastSeen=at if later), so a
 	// heartbeat the relay abandoned cannot revive it.
 	StopRelay(ctx context.Context, relay string, at time.Time) error

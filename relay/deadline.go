@@ -77,9 +77,9 @@ func (s deadlined) ReadRelays(ctx context.Context) ([]driver.RelayRecord, error)
 	return call(s, ctx, s.Store.ReadRelays)
 }
 
-func (s deadlined) Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int) (bool, error) {
+func (s deadlined) Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int, instance driver.Instance) (bool, error) {
 	return call(s, ctx, func(ctx context.Context) (bool, error) {
-		return s.Store.Heartbeat(ctx, relay, at, bucketCount)
+		return s.Store.Heartbeat(ctx, relay, at, bucketCount, instance)
 	})
 }
 

@@ -31,6 +31,7 @@ var ErrRunning = errors.New("relay: the worker is running")
 // [Relay.Run] is Start, a wait and a graceful stop in one call.
 func (d *Relay) Start(ctx context.Context) error {
 	check := func() error {
+		d.coord.clash.started(d.cfg.now()) // heartbeats dated before are a predecessor's
 		if err := d.coord.store.Check(ctx); err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()

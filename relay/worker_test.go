@@ -182,11 +182,11 @@ func (s *flakyStore) StopRelay(ctx context.Context, relay string, at time.Time) 
 	return s.memDriver.StopRelay(ctx, relay, at)
 }
 
-func (s *flakyStore) Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int) (bool, error) {
+func (s *flakyStore) Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int, instance driver.Instance) (bool, error) {
 	if err := s.fail(); err != nil {
 		return false, err
 	}
-	return s.memDriver.Heartbeat(ctx, relay, at, bucketCount)
+	return s.memDriver.Heartbeat(ctx, relay, at, bucketCount, instance)
 }
 
 func TestWorkerBacksOffOnStoreErrorsAndRecovers(t *testing.T) {

@@ -87,11 +87,11 @@ func (f *faultyStore) ReadRelays(ctx context.Context) ([]driver.RelayRecord, err
 	return f.Store.ReadRelays(ctx)
 }
 
-func (f *faultyStore) Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int) (bool, error) {
+func (f *faultyStore) Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int, instance driver.Instance) (bool, error) {
 	if err := f.enter(); err != nil {
 		return false, err
 	}
-	return f.Store.Heartbeat(ctx, relay, at, bucketCount)
+	return f.Store.Heartbeat(ctx, relay, at, bucketCount, instance)
 }
 
 func (f *faultyStore) Claim(ctx context.Context, bucket int, owner string, now, expiresAt time.Time) (bool, error) {

@@ -751,8 +751,8 @@ func (s *Store) sortedRelays() []driver.RelayRecord {
 var errNoRelayID = errors.New("memstore: relay id is empty")
 
 // Heartbeat moves the relay's LastSeen forward to at, records its bucket count and
-// clears StoppedAt.
-func (s driverStore) Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int) (bool, error) {
+// instance, and clears StoppedAt.
+func (s driverStore) Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int, instance driver.Instance) (bool, error) {
 	if relay == "" {
 		return false, errNoRelayID
 	}
@@ -763,7 +763,7 @@ func (s driverStore) Heartbeat(ctx context.Context, relay string, at time.Time, 
 	if r, ok := s.relays[relay]; ok && !r.LastSeen.Before(at) {
 		return false, nil
 	}
-	s.relays[relay] = driver.RelayRecord{ID: relay, LastSeen: at.UTC(), BucketCount: bucketCount}
+	s.relays[relay] = driver.RelayRecord{ID: relay, LastSeen: at.UTC(), BucketCount: bucketCount, Instance: instance}
 	return true, nil
 }
 

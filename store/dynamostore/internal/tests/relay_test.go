@@ -155,7 +155,7 @@ func TestLeaseItems(t *testing.T) {
 	lease := rawItem(t, d, table, "OUTBOX#COORDINATION", "LEASE#0000000003")
 	require.NotNil(t, lease)
 	assert.Equal(t, "relay-a", lease["Owner"].(*types.AttributeValueMemberS).Value)
-	ok, err = s.Driver().Heartbeat(ctx, "relay-a", now, 4)
+	ok, err = s.Driver().Heartbeat(ctx, "relay-a", now, 4, driver.Instance{})
 	require.NoError(t, err)
 	require.True(t, ok)
 	rec := rawItem(t, d, table, "OUTBOX#COORDINATION", "RELAY#relay-a")
@@ -189,10 +189,10 @@ func TestLeaseItems(t *testing.T) {
 	require.NotNil(t, rec)
 	assert.Contains(t, rec, "StoppedAtUtc")
 	assert.Equal(t, &types.AttributeValueMemberN{Value: "4"}, rec["BucketCount"], "the stop stamp keeps the bucket count")
-	ok, err = s.Driver().Heartbeat(ctx, "relay-a", now.Add(500*time.Millisecond), 8)
+	ok, err = s.Driver().Heartbeat(ctx, "relay-a", now.Add(500*time.Millisecond), 8, driver.Instance{})
 	require.NoError(t, err)
 	assert.False(t, ok, "an abandoned heartbeat cannot revive a stopped relay")
-	ok, err = s.Driver().Heartbeat(ctx, "relay-a", now.Add(2*time.Second), 8)
+	ok, err = s.Driver().Heartbeat(ctx, "relay-a", now.Add(2*time.Second), 8, driver.Instance{})
 	require.NoError(t, err)
 	assert.True(t, ok)
 	rec = rawItem(t, d, table, "OUTBOX#COORDINATION", "RELAY#relay-a")
@@ -218,7 +218,7 @@ func TestReadRelaysQueriesRelayItemsOnly(t *testing.T) {
 		require.True(t, ok)
 	}
 	for i, id := range []string{"relay-b", "relay-a"} {
-		ok, err := s.Driver().Heartbeat(ctx, id, now.Add(time.Duration(i)*time.Second), 8*(i+1))
+		ok, err := s.Driver().Heartbeat(ctx, id, now.Add(time.Duration(i)*time.Second), 8*(i+1), driver.Instance{})
 		require.NoError(t, err)
 		require.True(t, ok)
 	}

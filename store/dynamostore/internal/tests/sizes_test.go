@@ -163,7 +163,7 @@ func TestKeysAtDynamoDBsLimits(t *testing.T) {
 	require.NoError(t, s.Driver().Park(ctx, atLimit, strings.Repeat("e", 5000)))
 
 	relay := strings.Repeat("r", 1018)
-	ok, err := s.Driver().Heartbeat(ctx, relay, time.Now(), 8)
+	ok, err := s.Driver().Heartbeat(ctx, relay, time.Now(), 8, driver.Instance{})
 	require.NoError(t, err)
 	assert.True(t, ok)
 	ok, err = s.Driver().Claim(ctx, 0, relay, time.Now(), time.Now().Add(time.Minute))
@@ -172,7 +172,7 @@ func TestKeysAtDynamoDBsLimits(t *testing.T) {
 	require.NoError(t, s.Driver().StopRelay(ctx, relay, time.Now()))
 
 	tooLong := relay + "r"
-	_, err = s.Driver().Heartbeat(ctx, tooLong, time.Now(), 8)
+	_, err = s.Driver().Heartbeat(ctx, tooLong, time.Now(), 8, driver.Instance{})
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
 	assert.Contains(t, err.Error(), "RelayID")
 	_, err = s.Driver().Claim(ctx, 1, tooLong, time.Now(), time.Now().Add(time.Minute))

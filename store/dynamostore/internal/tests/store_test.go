@@ -246,7 +246,7 @@ func TestKeyPrefixIsolation(t *testing.T) {
 	ok, err = b.Driver().Claim(ctx, 0, "relay-b", now, now.Add(time.Minute))
 	require.NoError(t, err)
 	require.True(t, ok, "the other outbox's lease is not this one's")
-	_, err = a.Driver().Heartbeat(ctx, "relay-a", now, 2)
+	_, err = a.Driver().Heartbeat(ctx, "relay-a", now, 2, driver.Instance{})
 	require.NoError(t, err)
 
 	for bucket := range 2 {
