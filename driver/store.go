@@ -2,6 +2,7 @@ package driver
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/google/uuid"
@@ -40,10 +41,13 @@ type Store interface {
 // Queue is the store side of draining a bucket: fetch its head, then complete,
 // reschedule or park what was published.
 type Queue interface {
-	// Fetch returns up to limit pending envelopes of one bucket in Seq order, including
-	// envelopes that are not yet due (the relay needs them to hold back later
-	// messages of a blocked key). Parked and dispatched envelopes are not returned.
-	Fetch(ctx context.Context, bucket, limit int) ([]*Envelope, error)
+	// Fetch reads the head of one bucket: up to limit pending envelopes in Seq order,
+	// including envelopes that are not yet due (the relay needs them to hold back
+	// later messages of a blocked key). Parked and dispatched envelopes are not
+	// returned. The batch says whether the bucket goes on past it ([Batch.More]): a
+	// store may stop short of limit (DynamoDB stops before a sequence gap it did not
+	// look into), so a short batch alone does not mean the bucket was drained.
+	Fetch(ctx context.Context, bucket, limit int) (Batch, error)
 	// Complete forgets envelopes the broker acknowledged: it deletes them. It is
 	// idempotent: completing an envelope that is gone is not an error.
 	Complete(ctx context.Context, envs []*Envelope) error
@@ -51,6 +55,26 @@ type Queue interface {
 	Reschedule(ctx context.Context, env *Envelope, next time.Time, cause string) error
 	// Park records a failure and parks the envelope; it is never retried automatically.
 	Park(ctx context.Context, env *Envelope, cause string) error
+}
+
+// Batch is what [Queue.Fetch] read of a bucket's head.
+type Batch struct {
+	// Envelopes are the bucket's first pending envelopes in Seq order, at most the
+	// limit asked for.
+	Envelopes []*Envelope
+	// More reports that the bucket may hold pending envelopes past the last one
+	// returned: the batch filled its limit, or the store cut it short (it stopped
+	// before a part of the bucket it could not yet vouch for, such as a sequence gap
+	// it did not probe; the next fetch goes on from there). A store that knows nothing
+	// follows a full batch may leave More false. More false means the bucket held no
+	// other pending envelope as of the read: the caller may take it for drained.
+	//
+	// A cut batch may hold no envelope at all (the store stopped before the first);
+	// a store cuts only where fetching again makes progress, so a caller fetches again
+	// at once. A caller that finds nothing to publish in a non-empty batch (every
+	// envelope waits behind a backed-off one of its key) need not fetch again before
+	// something changes, whatever More says.
+	More bool
 }
 
 // Lease is one bucket's lease as read from the store. Owner is empty for a free
@@ -77,6 +101,39 @@ type RelayRecord struct {
 	// 0 when unknown. Relays that see a peer with another count stop with
 	// [outbox.ErrMisconfigured].
 	BucketCount int
+	// Instance is the process that wrote the last heartbeat; zero when unknown (a
+	// record written by an older version, or only stamped stopped). A relay that finds
+	// its own ID's record written by another live instance reports two processes
+	// sharing one relay ID.
+	Instance Instance
+}
+
+// Instance identifies one running relay process: its host, its process ID and a
+// random nonce the relay draws each time it starts, so a restart on the same host
+// (even with the same PID) is a new instance. Stores keep it as written, bounded by
+// [MaxInstanceHost] and [MaxInstanceNonce].
+type Instance struct {
+	Host  string
+	PID   int
+	Nonce string
+}
+
+// Bounds of an [Instance]'s fields, in bytes, that every store must keep whole. A
+// relay cuts a longer host name to MaxInstanceHost.
+const (
+	MaxInstanceHost  = 255
+	MaxInstanceNonce = 64
+)
+
+// IsZero reports whether the instance is unknown.
+func (i Instance) IsZero() bool { return i == Instance{} }
+
+// String formats the instance as host/pid/nonce, as logs and tools show it.
+func (i Instance) String() string {
+	if i.IsZero() {
+		return "unknown"
+	}
+	return fmt.Sprintf("%s/%d/%s", i.Host, i.PID, i.Nonce)
 }
 
 // Stopped reports whether the relay stamped itself stopped.
@@ -103,10 +160,10 @@ type Leaser interface {
 	// relays call it between rounds, every half PollInterval, to notice a peer joining
 	// or stopping, and confirm with ReadCoordination.
 	ReadRelays(ctx context.Context) ([]RelayRecord, error)
-	// Heartbeat sets relay's LastSeen to at and its BucketCount to bucketCount,
-	// creating the record if needed, only if the stored LastSeen is earlier than at.
-	// It clears StoppedAt (a restart under the same ID).
-	Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int) (bool, error)
+	// Heartbeat sets relay's LastSeen to at, its BucketCount to bucketCount and its
+	// Instance to instance, creating the record if needed, only if the stored LastSeen
+	// is earlier than at. It clears StoppedAt (a restart under the same ID).
+	Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int, instance Instance) (bool, error)
 	// StopRelay stamps the relay's record StoppedAt=at (and LastSeen=at if later), so a
 	// heartbeat the relay abandoned cannot revive it.
 	StopRelay(ctx context.Context, relay string, at time.Time) error

@@ -35,7 +35,7 @@ func ExampleInbox_Process() {
 		fmt.Println(res.Key, "duplicate:", res.Duplicate, "error:", err)
 	}
 	receipts, _ := store.Driver().Fetch(ctx, 0, 10)
-	fmt.Println("balance:", balance, "receipts:", len(receipts))
+	fmt.Println("balance:", balance, "receipts:", len(receipts.Envelopes))
 	// Output:
 	// payment-1 duplicate: false error: <nil>
 	// payment-1 duplicate: true error: <nil>
@@ -96,7 +96,7 @@ func ExampleConsumer() {
 		panic(err)
 	}
 	receipts, _ := store.Driver().Fetch(context.Background(), 0, 10)
-	fmt.Println("acknowledged:", src.acked, "receipts:", len(receipts))
+	fmt.Println("acknowledged:", src.acked, "receipts:", len(receipts.Envelopes))
 	// Output:
 	// payment-1 redelivered: false duplicate: false
 	// payment-1 redelivered: true duplicate: true

@@ -33,6 +33,8 @@
 //	outbox.lease.refused_writes          counter    {write}    conditional writes the store refused, by outbox.lease.operation
 //	                                                             (each at 0 from the start)
 //	outbox.coordination.rounds           counter    {round}    worker rounds, error.type on failed ones
+//	outbox.relay.instance_clashes        counter    {heartbeat} heartbeats of another live process under this
+//	                                                             relay's ID: two processes share it (0 from the start)
 //	outbox.relay.owned_buckets           gauge      {bucket}   buckets this relay may publish from
 //	outbox.backlog.pending               gauge      {message}  pending messages per outbox.bucket (capped per bucket by the store)
 //	outbox.backlog.oldest_age            gauge      s          age of the oldest pending message at the last sample

@@ -108,9 +108,9 @@ type Observer struct {
 	cfg   Config
 	trace *tracing // nil: no spans
 
-	sent, completed, retried, parked, deleted, refused, rounds metric.Int64Counter
-	duration, lag                                              metric.Float64Histogram
-	reg                                                        metric.Registration
+	sent, completed, retried, parked, deleted, refused, rounds, clashes metric.Int64Counter
+	duration, lag                                                       metric.Float64Histogram
+	reg                                                                 metric.Registration
 
 	base   attribute.Set // messaging.system, if set
 	topics sync.Map      // topic -> *topicAttrs
@@ -185,6 +185,7 @@ func New(cfg Config) (*Observer, error) {
 	o.deleted = counter(p+"messages.deleted", "{message}", "Dispatched messages deleted by retention cleanup.")
 	o.refused = counter(p+"lease.refused_writes", "{write}", "Conditional lease and heartbeat writes the store refused; a healthy fleet in steady state refuses none.")
 	o.rounds = counter(p+"coordination.rounds", "{round}", "Coordination rounds of the worker; error.type is set on failed ones.")
+	o.clashes = counter(p+"relay.instance_clashes", "{heartbeat}", "Heartbeats of another live process found under this relay's ID: two processes share one relay ID; a healthy fleet has none.")
 	if err != nil {
 		return nil, fmt.Errorf("%w: outboxotel: %w", outbox.ErrMisconfigured, err)
 	}
@@ -243,6 +244,7 @@ func New(cfg Config) (*Observer, error) {
 	// against them before the first event.
 	ctx := context.Background()
 	o.deleted.Add(ctx, 0, metric.WithAttributeSet(o.base))
+	o.clashes.Add(ctx, 0, metric.WithAttributeSet(o.base))
 	for _, op := range refusableWrites {
 		o.refused.Add(ctx, 0, metric.WithAttributeSet(o.base), metric.WithAttributes(attribute.String("outbox.lease.operation", op)))
 	}
@@ -427,6 +429,12 @@ func (o *Observer) RetentionDeleted(ctx context.Context, n int) {
 // RefusedWrite implements [relay.Observer].
 func (o *Observer) RefusedWrite(ctx context.Context, op string) {
 	o.refused.Add(ctx, 1, metric.WithAttributeSet(o.base), metric.WithAttributes(attribute.String("outbox.lease.operation", op)))
+}
+
+// InstanceClash implements [relay.Observer]. The instances are not attributes: their
+// nonces would make a new series per process.
+func (o *Observer) InstanceClash(ctx context.Context, _, _ driver.Instance) {
+	o.clashes.Add(ctx, 1, metric.WithAttributeSet(o.base))
 }
 
 // Round implements [relay.Observer].

@@ -299,7 +299,7 @@ func TestRareCountersStartAtZero(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = obs.Close() })
 	ms := collect(t, reader)
-	for _, name := range []string{"outbox.messages.deleted", "outbox.lease.refused_writes"} {
+	for _, name := range []string{"outbox.messages.deleted", "outbox.lease.refused_writes", "outbox.relay.instance_clashes"} {
 		m, ok := ms[name]
 		require.True(t, ok, "%s exists before its first event", name)
 		s := m.Data.(metricdata.Sum[int64])
@@ -310,4 +310,24 @@ func TestRareCountersStartAtZero(t *testing.T) {
 	}
 	refused := ms["outbox.lease.refused_writes"].Data.(metricdata.Sum[int64])
 	require.Len(t, refused.DataPoints, 5, "one series per conditional write")
+}
+
+// A clash of relay instances (two processes under one relay ID) counts once per
+// report, with no attribute per instance.
+func TestInstanceClashesAreCounted(t *testing.T) {
+	ctx := context.Background()
+	reader := sdkmetric.NewManualReader()
+	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = provider.Shutdown(ctx) })
+	obs, err := outboxotel.New(outboxotel.Config{MeterProvider: provider})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = obs.Close() })
+	self := driver.Instance{Host: "a", PID: 1, Nonce: "1"}
+	for _, other := range []driver.Instance{{Host: "b", PID: 2, Nonce: "2"}, {Host: "c", PID: 3, Nonce: "3"}} {
+		obs.InstanceClash(ctx, self, other)
+	}
+	ms := collect(t, reader)
+	s := ms["outbox.relay.instance_clashes"].Data.(metricdata.Sum[int64])
+	require.Len(t, s.DataPoints, 1, "one series, whatever the instances")
+	require.Equal(t, int64(2), s.DataPoints[0].Value)
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -79,6 +80,7 @@ func RunStoreTests(t *testing.T, h StoreHarness) {
 			{"Release", s.leaseRelease},
 			{"HeartbeatOnlyMovesForward", s.heartbeat},
 			{"HeartbeatRecordsBucketCount", s.heartbeatBucketCount},
+			{"HeartbeatRecordsInstance", s.heartbeatInstance},
 			{"StopRelay", s.stopRelay},
 			{"DeleteRelay", s.deleteRelay},
 			{"ReadCoordinationSorted", s.coordinationSorted},
@@ -171,9 +173,9 @@ func msg(t *testing.T, st driver.Store, bucket int, payload string) *driver.Enve
 
 func fetch(t *testing.T, st driver.Store, bucket int) []*driver.Envelope {
 	t.Helper()
-	envs, err := st.Fetch(testContext(t), bucket, 1000)
+	batch, err := st.Fetch(testContext(t), bucket, 1000)
 	require.NoError(t, err)
-	return envs
+	return batch.Envelopes
 }
 
 func ids(envs []*driver.Envelope) []uuid.UUID {
@@ -302,13 +304,26 @@ func (s storeSuite) fetchLimit(t *testing.T) {
 	require.NoError(t, st.Enqueue(ctx, envs...))
 	got, err := st.Fetch(ctx, 1, 2)
 	require.NoError(t, err)
-	require.Equal(t, []string{"0", "1"}, payloads(got), "the head of the bucket")
+	require.Equal(t, []string{"0", "1"}, payloads(got.Envelopes), "the head of the bucket")
+	require.True(t, got.More, "a batch that stops before pending envelopes must say the bucket has more (Batch.More)")
 	got, err = st.Fetch(ctx, 1, 10)
 	require.NoError(t, err)
-	require.Len(t, got, 5)
+	require.Len(t, got.Envelopes, 5)
+	require.False(t, got.More, "a batch that holds every pending envelope of its bucket must not claim more")
 	got, err = st.Fetch(ctx, 0, 10)
 	require.NoError(t, err)
-	require.Empty(t, got, "other buckets are not returned")
+	require.Empty(t, got.Envelopes, "other buckets are not returned")
+	require.False(t, got.More, "an empty bucket has no more")
+
+	// Once the head is completed, the rest is the whole bucket.
+	require.NoError(t, st.Complete(ctx, envs[:2]))
+	got, err = st.Fetch(ctx, 1, 3)
+	require.NoError(t, err)
+	require.Equal(t, []string{"2", "3", "4"}, payloads(got.Envelopes))
+	got, err = st.Fetch(ctx, 1, 4)
+	require.NoError(t, err)
+	require.Equal(t, []string{"2", "3", "4"}, payloads(got.Envelopes))
+	require.False(t, got.More, "a short batch of a drained bucket must not claim more")
 }
 
 func (s storeSuite) concurrentWriters(t *testing.T) {
@@ -1069,11 +1084,43 @@ func (s storeSuite) leaseRelease(t *testing.T) {
 	require.True(t, ok, "a released lease is claimable before its old expiry")
 }
 
+func (s storeSuite) heartbeatInstance(t *testing.T) {
+	ctx := testContext(t)
+	st := s.store(t, 1)
+	first := driver.Instance{Host: "host-1.example", PID: 4242, Nonce: "0123456789abcdef"}
+	// The longest host and nonce every store keeps whole.
+	second := driver.Instance{Host: strings.Repeat("h", driver.MaxInstanceHost), PID: 1 << 30, Nonce: strings.Repeat("n", driver.MaxInstanceNonce)}
+	for i, want := range []driver.Instance{first, second, {}} {
+		at := base.Add(time.Duration(i) * time.Second)
+		ok, err := st.Heartbeat(ctx, "relay-a", at, 8, want)
+		require.NoError(t, err)
+		require.True(t, ok)
+		coord, err := st.ReadCoordination(ctx)
+		require.NoError(t, err)
+		got := relayOf(t, coord, "relay-a").Instance
+		require.Equal(t, want, got, "the instance of the last heartbeat (zero: unknown), from ReadCoordination")
+		relays, err := st.ReadRelays(ctx)
+		require.NoError(t, err)
+		require.Len(t, relays, 1)
+		require.Equal(t, want, relays[0].Instance, "the instance of the last heartbeat, from ReadRelays")
+	}
+	// A stop stamp keeps the instance that wrote the last heartbeat.
+	ok, err := st.Heartbeat(ctx, "relay-a", base.Add(time.Minute), 8, first)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.NoError(t, st.StopRelay(ctx, "relay-a", base.Add(2*time.Minute)))
+	coord, err := st.ReadCoordination(ctx)
+	require.NoError(t, err)
+	r := relayOf(t, coord, "relay-a")
+	require.True(t, r.Stopped())
+	require.Equal(t, first, r.Instance)
+}
+
 func (s storeSuite) heartbeat(t *testing.T) {
 	ctx := testContext(t)
 	st := s.store(t, 1)
 	beat := func(at time.Time) bool {
-		ok, err := st.Heartbeat(ctx, "relay-a", at, 8)
+		ok, err := st.Heartbeat(ctx, "relay-a", at, 8, driver.Instance{})
 		require.NoError(t, err)
 		return ok
 	}
@@ -1094,7 +1141,7 @@ func (s storeSuite) heartbeat(t *testing.T) {
 func (s storeSuite) stopRelay(t *testing.T) {
 	ctx := testContext(t)
 	st := s.store(t, 1)
-	ok, err := st.Heartbeat(ctx, "a", base, 8)
+	ok, err := st.Heartbeat(ctx, "a", base, 8, driver.Instance{})
 	require.NoError(t, err)
 	require.True(t, ok)
 	stop := base.Add(5 * time.Second)
@@ -1108,7 +1155,7 @@ func (s storeSuite) stopRelay(t *testing.T) {
 	require.True(t, r.LastSeen.Equal(stop), "stopping moves LastSeen forward")
 	require.Equal(t, 8, r.BucketCount, "stopping keeps the bucket count")
 
-	ok, err = st.Heartbeat(ctx, "a", stop.Add(-time.Second), 16)
+	ok, err = st.Heartbeat(ctx, "a", stop.Add(-time.Second), 16, driver.Instance{})
 	require.NoError(t, err)
 	require.False(t, ok, "a heartbeat the relay abandoned cannot revive it")
 	coord, err = st.ReadCoordination(ctx)
@@ -1117,7 +1164,7 @@ func (s storeSuite) stopRelay(t *testing.T) {
 	require.Equal(t, 8, relayOf(t, coord, "a").BucketCount, "a refused heartbeat leaves the bucket count")
 
 	restart := stop.Add(time.Second)
-	ok, err = st.Heartbeat(ctx, "a", restart, 8)
+	ok, err = st.Heartbeat(ctx, "a", restart, 8, driver.Instance{})
 	require.NoError(t, err)
 	require.True(t, ok)
 	coord, err = st.ReadCoordination(ctx)
@@ -1139,10 +1186,10 @@ func (s storeSuite) stopRelay(t *testing.T) {
 func (s storeSuite) deleteRelay(t *testing.T) {
 	ctx := testContext(t)
 	st := s.store(t, 1)
-	ok, err := st.Heartbeat(ctx, "a", base, 1)
+	ok, err := st.Heartbeat(ctx, "a", base, 1, driver.Instance{})
 	require.NoError(t, err)
 	require.True(t, ok)
-	ok, err = st.Heartbeat(ctx, "b", base, 1)
+	ok, err = st.Heartbeat(ctx, "b", base, 1, driver.Instance{})
 	require.NoError(t, err)
 	require.True(t, ok)
 
@@ -1179,7 +1226,7 @@ func (s storeSuite) coordinationSorted(t *testing.T) {
 		require.True(t, ok)
 	}
 	for _, id := range []string{"relay-c", "relay-a", "relay-b"} {
-		ok, err := st.Heartbeat(ctx, id, base, 4)
+		ok, err := st.Heartbeat(ctx, id, base, 4, driver.Instance{})
 		require.NoError(t, err)
 		require.True(t, ok)
 	}
@@ -1203,7 +1250,7 @@ func (s storeSuite) heartbeatBucketCount(t *testing.T) {
 	ctx := testContext(t)
 	st := s.store(t, 4)
 	beat := func(at time.Time, buckets int) bool {
-		ok, err := st.Heartbeat(ctx, "a", at, buckets)
+		ok, err := st.Heartbeat(ctx, "a", at, buckets, driver.Instance{})
 		require.NoError(t, err)
 		return ok
 	}
@@ -1254,7 +1301,7 @@ func (s storeSuite) readRelays(t *testing.T) {
 		{"relay-b", base.Add(2 * time.Second), 8},
 	}
 	for _, b := range beats {
-		ok, err := st.Heartbeat(ctx, b.id, b.at, b.buckets)
+		ok, err := st.Heartbeat(ctx, b.id, b.at, b.buckets, driver.Instance{})
 		require.NoError(t, err)
 		require.True(t, ok)
 	}
@@ -1278,7 +1325,7 @@ func (s storeSuite) readRelays(t *testing.T) {
 	requireRelays(t, ctx, st, want)
 
 	// A later heartbeat shows in ReadRelays too (once a stale copy has caught up).
-	ok, err = st.Heartbeat(ctx, "relay-b", stop.Add(time.Second), 16)
+	ok, err = st.Heartbeat(ctx, "relay-b", stop.Add(time.Second), 16, driver.Instance{})
 	require.NoError(t, err)
 	require.True(t, ok)
 	want[2] = driver.RelayRecord{ID: "relay-b", LastSeen: stop.Add(time.Second), BucketCount: 16}
@@ -1333,9 +1380,12 @@ func storeCalls(st driver.Store, env *driver.Envelope) map[string]func(ctx conte
 		"Park":             func(ctx context.Context) error { return st.Park(ctx, env, "x") },
 		"ReadCoordination": func(ctx context.Context) error { _, err := st.ReadCoordination(ctx); return err },
 		"ReadRelays":       func(ctx context.Context) error { _, err := st.ReadRelays(ctx); return err },
-		"Heartbeat":        func(ctx context.Context) error { _, err := st.Heartbeat(ctx, "a", base, 1); return err },
-		"StopRelay":        func(ctx context.Context) error { return st.StopRelay(ctx, "a", base) },
-		"DeleteRelay":      func(ctx context.Context) error { _, err := st.DeleteRelay(ctx, "a", base); return err },
+		"Heartbeat": func(ctx context.Context) error {
+			_, err := st.Heartbeat(ctx, "a", base, 1, driver.Instance{})
+			return err
+		},
+		"StopRelay":   func(ctx context.Context) error { return st.StopRelay(ctx, "a", base) },
+		"DeleteRelay": func(ctx context.Context) error { _, err := st.DeleteRelay(ctx, "a", base); return err },
 		"Claim": func(ctx context.Context) error {
 			_, err := st.Claim(ctx, 0, "a", base, base.Add(time.Minute))
 			return err

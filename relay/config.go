@@ -15,8 +15,10 @@ import (
 // Config{} is a working configuration.
 type Config struct {
 	// RelayID names this relay in leases and heartbeats. It must be unique among live
-	// relays: two processes sharing one ID would both publish the same buckets.
-	// Defaults to the host name plus a random suffix.
+	// relays: two processes sharing one ID would both publish the same buckets. Each
+	// heartbeat carries the process's identity ([Relay.Instance]), so both relays
+	// notice such a clash: they log it at ERROR and count it in
+	// [Stats.InstanceClashes]. Defaults to the host name plus a random suffix.
 	RelayID string
 	// BucketCount is the number of buckets the relay divides with its peers. Defaults
 	// to the store's count (driver.Store.BucketCount), which is what it must

@@ -35,14 +35,16 @@ func storeErr(ctx context.Context, err error, format string, args ...any) error 
 // heartbeats, computes this relay's part with the pure planner (planRound) and carries
 // it out, and hands everything back when the relay resigns.
 type coordinator struct {
-	cfg   *Config
-	log   *slog.Logger
-	store driver.Store
+	cfg    *Config
+	log    *slog.Logger
+	store  driver.Store
+	leases *leaseTable
+	meter  *meter
+	health *brokerHealth
 	// metered reports that the store bills each request (driver.Metered).
 	metered bool
-	leases  *leaseTable
-	meter   *meter
-	health  *brokerHealth
+	// clash holds this relay's instance and notices another one under its ID.
+	clash *clashWatch
 
 	// mu serialises rounds and resignations, and guards the rest.
 	mu sync.Mutex
@@ -102,12 +104,13 @@ func (c *coordinator) coordinate(ctx context.Context) (leasePlan, error) {
 	if err != nil {
 		return leasePlan{}, storeErr(ctx, err, "read leases")
 	}
+	c.checkInstance(ctx, view.Relays, c.cfg.now())
 	plan := planRound(view, self, start, c.params())
 	c.lastPlan, c.lastView = plan, view
 	if m := plan.Mismatch; m != nil {
 		// Stop, but leave a heartbeat with this relay's count first, so the peer
 		// stops as well whichever of the two sorts first.
-		if _, err := c.store.Heartbeat(ctx, self, start, c.cfg.BucketCount); err != nil {
+		if _, err := c.store.Heartbeat(ctx, self, start, c.cfg.BucketCount, c.clash.self); err != nil {
 			c.log.Warn("relay: could not record this relay's bucket count for its peers", "error", err)
 		}
 		return plan, countMismatch{fmt.Errorf("%w: relay: relay %q runs with %d buckets and this relay %q with %d buckets; every writer, store and relay must use one count",
@@ -164,7 +167,7 @@ func (c *coordinator) coordinate(ctx context.Context) (leasePlan, error) {
 // heartbeat writes the relay's heartbeat, dated at, with its bucket count. The caller
 // holds coordMu.
 func (c *coordinator) heartbeat(ctx context.Context, at time.Time) error {
-	beat, err := c.store.Heartbeat(ctx, c.cfg.RelayID, at, c.cfg.BucketCount)
+	beat, err := c.store.Heartbeat(ctx, c.cfg.RelayID, at, c.cfg.BucketCount, c.clash.self)
 	if err != nil {
 		return storeErr(ctx, err, "heartbeat")
 	}
@@ -173,7 +176,7 @@ func (c *coordinator) heartbeat(ctx context.Context, at time.Time) error {
 		return nil
 	}
 	c.meter.refuse(ctx, "heartbeat")
-	c.log.Warn("relay: heartbeat refused: the stored heartbeat is later than this host's clock (clock set back?); claiming nothing until the clock catches up")
+	c.log.Warn("relay: heartbeat refused: the stored heartbeat is later than this host's clock (clock set back, or another process running under this relay ID?); claiming nothing until the clock catches up")
 	return nil
 }
 
@@ -449,6 +452,7 @@ func (c *coordinator) membershipChanged(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	now := c.cfg.now()
+	c.checkInstance(ctx, relays, now)
 	c.mu.Lock()
 	last := c.lastView.Relays
 	c.mu.Unlock()

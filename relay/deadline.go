@@ -51,8 +51,8 @@ func (s deadlined) Check(ctx context.Context) error {
 	return call0(s, ctx, s.Store.Check)
 }
 
-func (s deadlined) Fetch(ctx context.Context, bucket, limit int) ([]*driver.Envelope, error) {
-	return call(s, ctx, func(ctx context.Context) ([]*driver.Envelope, error) {
+func (s deadlined) Fetch(ctx context.Context, bucket, limit int) (driver.Batch, error) {
+	return call(s, ctx, func(ctx context.Context) (driver.Batch, error) {
 		return s.Store.Fetch(ctx, bucket, limit)
 	})
 }
@@ -77,9 +77,9 @@ func (s deadlined) ReadRelays(ctx context.Context) ([]driver.RelayRecord, error)
 	return call(s, ctx, s.Store.ReadRelays)
 }
 
-func (s deadlined) Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int) (bool, error) {
+func (s deadlined) Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int, instance driver.Instance) (bool, error) {
 	return call(s, ctx, func(ctx context.Context) (bool, error) {
-		return s.Store.Heartbeat(ctx, relay, at, bucketCount)
+		return s.Store.Heartbeat(ctx, relay, at, bucketCount, instance)
 	})
 }
 

@@ -82,7 +82,9 @@
 //     attempts, next attempt and cause; the failures in between are DEBUG, and the
 //     next WARN says how many there were (suppressed). A parked message is always a
 //     WARN. The worker stopping on its own (bucket count mismatch, closed store) is
-//     an ERROR; store errors, refused renewals, clock trouble and failed releases are
+//     an ERROR, as is another live process found running under this relay's ID
+//     (both processes log it, naming both instances; [Stats.InstanceClashes] counts
+//     it); store errors, refused renewals, clock trouble and failed releases are
 //     WARNs. Nothing is logged per successful publish.
 //
 // # Inside

@@ -175,7 +175,8 @@ func (w *wakeups) pause(wait time.Duration, wakeable bool) bool {
 // pass is the outcome of one batch of one bucket.
 type pass struct {
 	Result
-	// more: the bucket may hold more due envelopes.
+	// more: the bucket may hold more due envelopes: the store said the batch was
+	// full or cut (driver.Batch.More), and this pass made progress.
 	more bool
 	// reached: the envelope DispatchAt looks for was handled or is held back.
 	reached bool
@@ -235,13 +236,13 @@ func (d *drainer) bucket(ctx context.Context, b int, untilEmpty bool) (Result, b
 // stops at the envelope with that Seq. The caller holds the bucket's lock.
 func (d *drainer) once(ctx context.Context, b int, upTo int64) (pass, error) {
 	var p pass
-	envs, now, ok, err := d.fetch(ctx, b)
+	batch, now, ok, err := d.fetch(ctx, b)
 	if err != nil || !ok {
 		return p, err
 	}
-	fetched := len(envs)
+	envs := batch.Envelopes
 	if upTo >= 0 {
-		envs, p.reached = cutAt(envs, upTo, fetched < d.cfg.BatchSize)
+		envs, p.reached = cutAt(envs, upTo, !batch.More)
 	}
 	for _, e := range envs {
 		if err := checkEnvelope(e, d.cfg.BucketCount); err != nil {
@@ -253,8 +254,10 @@ func (d *drainer) once(ctx context.Context, b int, upTo int64) (pass, error) {
 	if finished, err := d.publishWaves(ctx, b, d.waves(due), blocked, &p); err != nil || !finished {
 		return p, err
 	}
+	// A batch that published nothing (every envelope held back behind a backed-off
+	// one of its key) would come back the same: wait for a change instead.
 	progressed := p.Published+p.Retried+p.Parked > 0
-	p.more = fetched == d.cfg.BatchSize && progressed
+	p.more = batch.More && progressed
 	if upTo >= 0 {
 		// A window held back entirely cannot reach the target: stop rather than spin.
 		p.more = !p.reached && progressed
@@ -262,18 +265,29 @@ func (d *drainer) once(ctx context.Context, b int, upTo int64) (pass, error) {
 	return p, nil
 }
 
+// emptyCutRefetches bounds how often one pass fetches again after the store cut a
+// batch before its first envelope (driver.Batch.More with no envelope: a DynamoDB
+// gap below the head filled during the read).
+const emptyCutRefetches = 3
+
 // fetch reads one batch of bucket b, if this relay may publish from it before and
-// after the read; ok is false if it may not.
-func (d *drainer) fetch(ctx context.Context, b int) (envs []*driver.Envelope, now time.Time, ok bool, err error) {
-	if !d.leases.publishable(b, d.cfg.now()) {
-		return nil, now, false, nil
-	}
-	envs, err = d.store.Fetch(ctx, b, d.cfg.BatchSize)
-	if err != nil {
-		return nil, now, false, err
+// after the read; ok is false if it may not. A batch the store cut before its first
+// envelope is fetched again at once, up to emptyCutRefetches times.
+func (d *drainer) fetch(ctx context.Context, b int) (batch driver.Batch, now time.Time, ok bool, err error) {
+	for try := 0; ; try++ {
+		if !d.leases.publishable(b, d.cfg.now()) {
+			return driver.Batch{}, now, false, nil
+		}
+		batch, err = d.store.Fetch(ctx, b, d.cfg.BatchSize)
+		if err != nil {
+			return driver.Batch{}, now, false, err
+		}
+		if len(batch.Envelopes) > 0 || !batch.More || try == emptyCutRefetches {
+			break
+		}
 	}
 	now = d.cfg.now()
-	return envs, now, d.leases.publishable(b, now), nil
+	return batch, now, d.leases.publishable(b, now), nil
 }
 
 // cutAt cuts a window of envelopes after the one with Seq upTo. The target is handled

@@ -90,11 +90,11 @@ func (c *crashAfter) write(owner string) error {
 	return nil
 }
 
-func (c *crashAfter) Heartbeat(ctx context.Context, relay string, at time.Time, n int) (bool, error) {
+func (c *crashAfter) Heartbeat(ctx context.Context, relay string, at time.Time, n int, instance driver.Instance) (bool, error) {
 	if err := c.write(relay); err != nil {
 		return false, err
 	}
-	return c.memDriver.Heartbeat(ctx, relay, at, n)
+	return c.memDriver.Heartbeat(ctx, relay, at, n, instance)
 }
 
 func (c *crashAfter) Renew(ctx context.Context, held driver.Lease, now, exp time.Time) (bool, error) {

@@ -51,6 +51,10 @@ type Observer interface {
 	// Backlog reports a backlog sample, taken by the relay that holds bucket 0 every
 	// [Config.BacklogInterval]: see [Stats.Backlog].
 	Backlog(ctx context.Context, sample driver.Backlog, at time.Time)
+	// InstanceClash reports a heartbeat of another live process found in this relay's
+	// own record: self is this relay's instance, other the one that wrote it. Two
+	// processes run under one relay ID; see [Stats.InstanceClashes].
+	InstanceClash(ctx context.Context, self, other driver.Instance)
 }
 
 // NopObserver implements [Observer] and does nothing. Embed it in an observer that
@@ -67,6 +71,8 @@ func (NopObserver) RefusedWrite(context.Context, string)                   {}
 func (NopObserver) Round(context.Context, int, bool, error)                {}
 func (NopObserver) Backlog(context.Context, driver.Backlog, time.Time)     {}
 
+func (NopObserver) InstanceClash(context.Context, driver.Instance, driver.Instance) {}
+
 var _ Observer = NopObserver{}
 
 // meter counts what the relay did, for [Relay.Stats], and reports each event to the
@@ -74,7 +80,7 @@ var _ Observer = NopObserver{}
 type meter struct {
 	obs Observer
 
-	rounds, refused, published, retried, parked, deleted, outOfOrder atomic.Int64
+	rounds, refused, published, retried, parked, deleted, outOfOrder, clashes atomic.Int64
 }
 
 func newMeter(obs Observer) *meter {
@@ -88,6 +94,12 @@ func newMeter(obs Observer) *meter {
 func (m *meter) refuse(ctx context.Context, op string) {
 	m.refused.Add(1)
 	m.obs.RefusedWrite(ctx, op)
+}
+
+// instanceClash counts another live instance seen under this relay's ID and reports it.
+func (m *meter) instanceClash(ctx context.Context, self, other driver.Instance) {
+	m.clashes.Add(1)
+	m.obs.InstanceClash(ctx, self, other)
 }
 
 // abandoned reports a publish abandoned because the relay stops or the bucket's lease
@@ -128,5 +140,7 @@ func (m *meter) stats() Stats {
 		Parked:        m.parked.Load(),
 		Deleted:       m.deleted.Load(),
 		OutOfOrder:    m.outOfOrder.Load(),
+
+		InstanceClashes: m.clashes.Load(),
 	}
 }

@@ -164,7 +164,7 @@ func TestBacklogNotSampledWithoutBucketZero(t *testing.T) {
 	ok, err := store.Driver().Claim(ctx, 0, "peer", now, now.Add(time.Hour))
 	require.NoError(t, err)
 	require.True(t, ok)
-	_, err = store.Driver().Heartbeat(ctx, "peer", now.Add(time.Hour), 2)
+	_, err = store.Driver().Heartbeat(ctx, "peer", now.Add(time.Hour), 2, driver.Instance{})
 	require.NoError(t, err)
 
 	obs := &countingObserver{}

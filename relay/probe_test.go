@@ -25,7 +25,7 @@ func (s *probingStore) HasPending(ctx context.Context, bucket int) (bool, error)
 	return s.pending.Load(), nil
 }
 
-func (s *probingStore) Fetch(ctx context.Context, bucket, limit int) ([]*driver.Envelope, error) {
+func (s *probingStore) Fetch(ctx context.Context, bucket, limit int) (driver.Batch, error) {
 	s.fetches.Add(1)
 	return s.Store.Fetch(ctx, bucket, limit)
 }

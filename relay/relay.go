@@ -60,6 +60,11 @@ type Stats struct {
 	Parked int64
 	// Deleted counts dispatched envelopes deleted by retention cleanup.
 	Deleted int64
+	// InstanceClashes counts heartbeats of another live process seen in this relay's
+	// own record: two processes run under one RelayID, and both publish the same
+	// buckets. Each is also logged at ERROR (at most once per LeaseRenewInterval) with
+	// both instances; give each process its own RelayID. A healthy fleet sees none.
+	InstanceClashes int64
 	// OutOfOrder counts envelopes a transport acknowledged although an earlier
 	// envelope of their key failed in the same Publish call; it can only be non-zero
 	// with a transport that claims to keep key order ([driver.KeyOrderKeeper]) and
@@ -180,7 +185,12 @@ func assemble(store driver.Store, transport driver.Transport, cfg Config) (*Rela
 		return nil, fmt.Errorf("%w: relay.Config.Retention is %s but the store does not implement driver.Retainer; set Retention to 0",
 			outbox.ErrMisconfigured, cfg.Retention)
 	}
-	d.coord = &coordinator{cfg: c, log: d.log, store: bounded, leases: d.leases, meter: d.meter, health: health}
+	self, err := newInstance()
+	if err != nil {
+		return nil, err
+	}
+	d.coord = &coordinator{cfg: c, log: d.log, store: bounded, leases: d.leases, meter: d.meter, health: health,
+		clash: &clashWatch{self: self}}
 	if m, ok := store.(driver.Metered); ok {
 		d.coord.metered = m.Metered()
 	}
@@ -201,6 +211,11 @@ func assemble(store driver.Store, transport driver.Transport, cfg Config) (*Rela
 
 // RelayID is the ID this relay uses in leases and heartbeats.
 func (d *Relay) RelayID() string { return d.cfg.RelayID }
+
+// Instance is this relay's process identity, written with every heartbeat: the host,
+// the process ID and a random nonce drawn by [New]. Peers and tools
+// (outboxctl leases) see it in the relay's record.
+func (d *Relay) Instance() driver.Instance { return d.coord.clash.self }
 
 // Stats returns the relay's counters.
 func (d *Relay) Stats() Stats {
@@ -250,6 +265,7 @@ func (d *Relay) RunOnce(ctx context.Context) (Result, error) {
 	d.sweepMu.Lock()
 	defer d.sweepMu.Unlock()
 	var res Result
+	d.coord.clash.started(d.cfg.now())
 	if _, err := d.coord.coordinate(ctx); err != nil {
 		// Hand back whatever the round took before it failed.
 		if rerr := d.coord.resignBounded(ctx); rerr != nil {

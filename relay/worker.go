@@ -31,6 +31,7 @@ var ErrRunning = errors.New("relay: the worker is running")
 // [Relay.Run] is Start, a wait and a graceful stop in one call.
 func (d *Relay) Start(ctx context.Context) error {
 	check := func() error {
+		d.coord.clash.started(d.cfg.now()) // heartbeats dated before are a predecessor's
 		// Start's check is a one-off, not a lease write: it may take a lease's time
 		// (it may record the bucket count) before it counts as a failure.
 		store := d.coord.store

@@ -109,12 +109,12 @@ func TestWorkerWakesUpOnCommit(t *testing.T) {
 // used another count.
 type mismatchedStore struct{ memDriver }
 
-func (s mismatchedStore) Fetch(ctx context.Context, bucket, limit int) ([]*driver.Envelope, error) {
-	envs, err := s.memDriver.Fetch(ctx, bucket, limit)
-	for _, e := range envs {
+func (s mismatchedStore) Fetch(ctx context.Context, bucket, limit int) (driver.Batch, error) {
+	batch, err := s.memDriver.Fetch(ctx, bucket, limit)
+	for _, e := range batch.Envelopes {
 		e.BucketCount = 16
 	}
-	return envs, err
+	return batch, err
 }
 
 func (s mismatchedStore) Driver() driver.Store { return s }
@@ -162,17 +162,17 @@ func (s *flakyStore) fail() error {
 
 func (s *flakyStore) Driver() driver.Store { return s }
 
-func (s *flakyStore) Fetch(ctx context.Context, bucket, limit int) ([]*driver.Envelope, error) {
+func (s *flakyStore) Fetch(ctx context.Context, bucket, limit int) (driver.Batch, error) {
 	if err := s.fail(); err != nil {
-		return nil, err
+		return driver.Batch{}, err
 	}
-	envs, err := s.memDriver.Fetch(ctx, bucket, limit)
+	batch, err := s.memDriver.Fetch(ctx, bucket, limit)
 	// A fetch that began before the store went down fails too if it ends after: it
 	// may have read what was written since.
 	if ferr := s.fail(); ferr != nil {
-		return nil, ferr
+		return driver.Batch{}, ferr
 	}
-	return envs, err
+	return batch, err
 }
 
 func (s *flakyStore) StopRelay(ctx context.Context, relay string, at time.Time) error {
@@ -182,11 +182,11 @@ func (s *flakyStore) StopRelay(ctx context.Context, relay string, at time.Time) 
 	return s.memDriver.StopRelay(ctx, relay, at)
 }
 
-func (s *flakyStore) Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int) (bool, error) {
+func (s *flakyStore) Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int, instance driver.Instance) (bool, error) {
 	if err := s.fail(); err != nil {
 		return false, err
 	}
-	return s.memDriver.Heartbeat(ctx, relay, at, bucketCount)
+	return s.memDriver.Heartbeat(ctx, relay, at, bucketCount, instance)
 }
 
 func TestWorkerBacksOffOnStoreErrorsAndRecovers(t *testing.T) {

@@ -673,6 +673,8 @@ type relayView struct {
 	StoppedAt   time.Time `json:"stopped_at,omitzero"`
 	BucketCount int       `json:"bucket_count"`
 	Owned       int       `json:"owned"`
+	// Instance is the process (host/pid/nonce) that wrote the last heartbeat.
+	Instance string `json:"instance,omitempty"`
 }
 
 func newLeasesView(view driver.Coordination, buckets int, now time.Time) leasesView {
@@ -691,7 +693,11 @@ func newLeasesView(view driver.Coordination, buckets int, now time.Time) leasesV
 		v.Leases = append(v.Leases, leaseView{Bucket: b, Owner: l.Owner, ExpiresAt: l.ExpiresAt, Free: free})
 	}
 	for _, r := range view.Relays {
-		v.Relays = append(v.Relays, relayView{ID: r.ID, LastSeen: r.LastSeen, StoppedAt: r.StoppedAt, BucketCount: r.BucketCount, Owned: owned[r.ID]})
+		rv := relayView{ID: r.ID, LastSeen: r.LastSeen, StoppedAt: r.StoppedAt, BucketCount: r.BucketCount, Owned: owned[r.ID]}
+		if !r.Instance.IsZero() {
+			rv.Instance = r.Instance.String()
+		}
+		v.Relays = append(v.Relays, rv)
 	}
 	return v
 }
@@ -720,7 +726,7 @@ func cmdLeases(ctx context.Context, c *cli, args []string) error {
 			}
 			fmt.Fprintf(tw, "%d\t%s\t%s\n", l.Bucket, owner, exp)
 		}
-		fmt.Fprintln(tw, "\nRELAY\tLAST SEEN\tSTATE\tBUCKETS")
+		fmt.Fprintln(tw, "\nRELAY\tLAST SEEN\tSTATE\tBUCKETS\tINSTANCE")
 		for _, r := range v.Relays {
 			state := "active"
 			switch {
@@ -729,7 +735,11 @@ func cmdLeases(ctx context.Context, c *cli, args []string) error {
 			case now.Sub(r.LastSeen) > time.Minute:
 				state = "silent"
 			}
-			fmt.Fprintf(tw, "%s\t%s (%s ago)\t%s\t%d\n", r.ID, r.LastSeen.UTC().Format(time.RFC3339), now.Sub(r.LastSeen).Round(time.Second), state, r.Owned)
+			instance := r.Instance
+			if instance == "" {
+				instance = "-" // written by an older version
+			}
+			fmt.Fprintf(tw, "%s\t%s (%s ago)\t%s\t%d\t%s\n", r.ID, r.LastSeen.UTC().Format(time.RFC3339), now.Sub(r.LastSeen).Round(time.Second), state, r.Owned, instance)
 		}
 		return tw.Flush()
 	})

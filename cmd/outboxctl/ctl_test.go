@@ -110,7 +110,7 @@ func seed(t *testing.T, st *openedStore, topic string, n, park int) []*driver.En
 	for _, e := range envs[:park] {
 		fetched, err := st.Fetch(ctx, e.Bucket, 1000)
 		require.NoError(t, err)
-		for _, f := range fetched {
+		for _, f := range fetched.Envelopes {
 			if f.ID == e.ID {
 				require.NoError(t, st.Park(ctx, f, fmt.Sprintf("broker refused %s: message too large", f.ID)))
 				parked = append(parked, f)
@@ -213,7 +213,8 @@ func TestCommandsAgainstEveryStore(t *testing.T) {
 
 			// leases: a relay's heartbeat and claim show up
 			now := time.Now()
-			_, err = st.Heartbeat(ctx, "relay-a", now, st.BucketCount())
+			inst := driver.Instance{Host: "relay-host", PID: 4242, Nonce: "9f3a5c7e1b2d4f60"}
+			_, err = st.Heartbeat(ctx, "relay-a", now, st.BucketCount(), inst)
 			require.NoError(t, err)
 			claimed, err := st.Claim(ctx, 3, "relay-a", now, now.Add(time.Minute))
 			require.NoError(t, err)
@@ -227,7 +228,10 @@ func TestCommandsAgainstEveryStore(t *testing.T) {
 			require.Equal(t, "relay-a", leases.Leases[3].Owner)
 			require.Len(t, leases.Relays, 1)
 			require.Equal(t, 1, leases.Relays[0].Owned)
-			require.Contains(t, ok(t, b, "leases"), "relay-a")
+			require.Equal(t, "relay-host/4242/9f3a5c7e1b2d4f60", leases.Relays[0].Instance, "the process that wrote the heartbeat")
+			listing := ok(t, b, "leases")
+			require.Contains(t, listing, "relay-a")
+			require.Contains(t, listing, "relay-host/4242/9f3a5c7e1b2d4f60", "the listing shows each relay's instance")
 
 			// usage errors
 			code, _, errOut = ctl(t, b, "requeue")

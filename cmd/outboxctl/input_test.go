@@ -124,7 +124,7 @@ func TestSixteenBucketStore(t *testing.T) {
 			})
 			if st.Dynamo != nil {
 				// Nothing is recorded yet: a relay's heartbeat says it.
-				_, err := st.Heartbeat(ctx, "relay-16", time.Now(), 16)
+				_, err := st.Heartbeat(ctx, "relay-16", time.Now(), 16, driver.Instance{})
 				require.NoError(t, err)
 				require.Contains(t, ok(t, b, "stats"), "buckets: 16 (from relay relay-16's heartbeat")
 				code, _, errOut := ctl(t, b, "stats", "-buckets", "8")

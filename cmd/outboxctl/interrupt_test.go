@@ -56,7 +56,7 @@ func TestRequeueShowsProgressAndSurvivesAnInterrupt(t *testing.T) {
 	for bucket := range st.BucketCount() {
 		fetched, err := st.Fetch(ctx, bucket, 1000)
 		require.NoError(t, err)
-		for _, e := range fetched {
+		for _, e := range fetched.Envelopes {
 			require.NoError(t, st.Park(ctx, e, "broker down"))
 		}
 	}

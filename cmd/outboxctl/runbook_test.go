@@ -210,7 +210,7 @@ func (e *runbookEnv) fail(t *testing.T, park bool, cause string, envs ...*driver
 		fetched, err := e.st.Fetch(ctx, want.Bucket, 1000)
 		require.NoError(t, err)
 		found := false
-		for _, f := range fetched {
+		for _, f := range fetched.Envelopes {
 			if f.ID != want.ID {
 				continue
 			}
@@ -389,7 +389,7 @@ func stuckBucketRunbook(t *testing.T, e *runbookEnv, cmds []string) {
 	head := stuck[0]
 	e.fail(t, false, "kafkatransport: produce: context deadline exceeded", head)
 	now := time.Now()
-	_, err := e.st.Heartbeat(ctx, "relay-a", now, e.st.BucketCount())
+	_, err := e.st.Heartbeat(ctx, "relay-a", now, e.st.BucketCount(), driver.Instance{})
 	require.NoError(t, err)
 	for b := range e.st.BucketCount() {
 		if b != 3 {
@@ -428,7 +428,7 @@ func clockSkewRunbook(t *testing.T, e *runbookEnv, cmds []string) {
 	ctx := context.Background()
 	// A relay whose clock runs two hours ahead wrote its heartbeat and lease.
 	ahead := time.Now().Add(2 * time.Hour)
-	_, err := e.st.Heartbeat(ctx, "relay-ahead", ahead, e.st.BucketCount())
+	_, err := e.st.Heartbeat(ctx, "relay-ahead", ahead, e.st.BucketCount(), driver.Instance{})
 	require.NoError(t, err)
 	claimed, err := e.st.Claim(ctx, 5, "relay-ahead", ahead, ahead.Add(30*time.Second))
 	require.NoError(t, err)
@@ -451,7 +451,7 @@ func clockSkewRunbook(t *testing.T, e *runbookEnv, cmds []string) {
 func refusedWritesRunbook(t *testing.T, e *runbookEnv, cmds []string) {
 	ctx := context.Background()
 	now := time.Now()
-	_, err := e.st.Heartbeat(ctx, "relay-shared", now, e.st.BucketCount())
+	_, err := e.st.Heartbeat(ctx, "relay-shared", now, e.st.BucketCount(), driver.Instance{})
 	require.NoError(t, err)
 	for _, b := range []int{0, 1} {
 		claimed, err := e.st.Claim(ctx, b, "relay-shared", now, now.Add(30*time.Second))

@@ -101,7 +101,7 @@ func seedPage(t *testing.T) *openedStore {
 	for i, e := range envs[:6] {
 		fetched, err := st.Fetch(ctx, e.Bucket, 1000)
 		require.NoError(t, err)
-		for _, f := range fetched {
+		for _, f := range fetched.Envelopes {
 			if f.ID == e.ID {
 				require.NoError(t, st.Park(ctx, f, causes[i%len(causes)]))
 			}
@@ -109,7 +109,7 @@ func seedPage(t *testing.T) *openedStore {
 	}
 	now := time.Now()
 	for i, relay := range []string{"relay-7f3a", "relay-c21e"} {
-		_, err := st.Heartbeat(ctx, relay, now, st.BucketCount())
+		_, err := st.Heartbeat(ctx, relay, now, st.BucketCount(), driver.Instance{})
 		require.NoError(t, err)
 		for b := i * 4; b < i*4+4; b++ {
 			claimed, err := st.Claim(ctx, b, relay, now, now.Add(30*time.Second))

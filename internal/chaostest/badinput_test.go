@@ -43,9 +43,9 @@ func stored(t *testing.T, h driver.Handle) []*driver.Envelope {
 	s := h.Driver()
 	var all []*driver.Envelope
 	for b := range s.BucketCount() {
-		envs, err := s.Fetch(context.Background(), b, 100_000)
+		head, err := s.Fetch(context.Background(), b, 100_000)
 		require.NoError(t, err)
-		all = append(all, envs...)
+		all = append(all, head.Envelopes...)
 	}
 	if admin, ok := s.(driver.Admin); ok {
 		parked, err := admin.List(context.Background(), driver.Parked, driver.Cursor{}, 100_000)

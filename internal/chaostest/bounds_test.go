@@ -45,9 +45,9 @@ func (f *faultyStore) enter() error {
 	return nil
 }
 
-func (f *faultyStore) Fetch(ctx context.Context, bucket, limit int) ([]*driver.Envelope, error) {
+func (f *faultyStore) Fetch(ctx context.Context, bucket, limit int) (driver.Batch, error) {
 	if err := f.enter(); err != nil {
-		return nil, err
+		return driver.Batch{}, err
 	}
 	return f.Store.Fetch(ctx, bucket, limit)
 }
@@ -87,11 +87,11 @@ func (f *faultyStore) ReadRelays(ctx context.Context) ([]driver.RelayRecord, err
 	return f.Store.ReadRelays(ctx)
 }
 
-func (f *faultyStore) Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int) (bool, error) {
+func (f *faultyStore) Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int, instance driver.Instance) (bool, error) {
 	if err := f.enter(); err != nil {
 		return false, err
 	}
-	return f.Store.Heartbeat(ctx, relay, at, bucketCount)
+	return f.Store.Heartbeat(ctx, relay, at, bucketCount, instance)
 }
 
 func (f *faultyStore) Claim(ctx context.Context, bucket int, owner string, now, expiresAt time.Time) (bool, error) {

@@ -409,8 +409,8 @@ func TestKilledRelayProcessLosesNothing(t *testing.T) {
 	// survivors stop gracefully.
 	require.Eventually(t, func() bool {
 		for b := range killBuckets {
-			envs, err := store.Driver().Fetch(ctx, b, 10)
-			if err != nil || len(envs) > 0 {
+			head, err := store.Driver().Fetch(ctx, b, 10)
+			if err != nil || len(head.Envelopes) > 0 {
 				return false
 			}
 		}

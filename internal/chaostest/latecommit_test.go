@@ -59,7 +59,7 @@ func TestLateCommitKeepsKeyOrderAcrossProcesses(t *testing.T) {
 	head, err := relayStore.Driver().Fetch(ctx, 0, 10)
 	require.NoError(t, err)
 	var got []string
-	for _, e := range head {
+	for _, e := range head.Envelopes {
 		got = append(got, string(e.Payload))
 	}
 	require.Equal(t, []string{"K1", "K2"}, got, "Fetch must return every pending message in Seq order")

@@ -128,12 +128,12 @@ func (r *runner) check(ctx context.Context, rep *Report) {
 	// Nothing may stay behind: every bucket empty, nothing parked.
 	store := r.store.Driver()
 	for b := range r.cfg.BucketCount {
-		envs, err := store.Fetch(ctx, b, 100)
+		batch, err := store.Fetch(ctx, b, 100)
 		if err != nil {
 			r.problem("fetch bucket %d after the drain: %v", b, err)
 			continue
 		}
-		rep.Leftover += len(envs)
+		rep.Leftover += len(batch.Envelopes)
 	}
 	if admin, ok := store.(driver.Admin); ok {
 		parked, err := admin.List(ctx, driver.Parked, driver.Cursor{}, 100)

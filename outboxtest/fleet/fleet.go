@@ -43,7 +43,10 @@ const callTimeout = 30 * time.Second
 //     [outbox.ErrMisconfigured], whatever the order of their ids;
 //   - store calls that hang hit their deadline and the relay recovers by itself;
 //   - a relay cut off from its broker (an [driver.Pinger] that fails) hands its buckets
-//     to a peer, parks nothing, and takes its share back once the broker answers.
+//     to a peer, parks nothing, and takes its share back once the broker answers;
+//   - two relays started under one relay ID both count the clash
+//     (relay.Stats.InstanceClashes) and log an ERROR naming both instances, while a
+//     relay restarted under its own ID, after a stop or a crash, reports none.
 //
 // Every subtest gets its own store from h.New. The suite takes about a minute; its
 // subtests run in parallel unless h.Sequential is set.
@@ -64,6 +67,8 @@ func Run(t *testing.T, h outboxtest.StoreHarness) {
 		{"MixedBucketCountsStopEveryRelay", f.mixedCounts},
 		{"HungStoreCallsHitTheirDeadline", f.hungStore},
 		{"RelayCutOffFromItsBrokerHandsOver", f.cutOffBroker},
+		{"SharedRelayIDIsReportedByBothProcesses", f.sharedID},
+		{"RestartUnderItsOwnIDIsNoClash", f.restart},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if !h.Sequential {
@@ -409,9 +414,9 @@ func (h *hanging) hang(ctx context.Context) error {
 	return ctx.Err()
 }
 
-func (h *hanging) Fetch(ctx context.Context, bucket, limit int) ([]*driver.Envelope, error) {
+func (h *hanging) Fetch(ctx context.Context, bucket, limit int) (driver.Batch, error) {
 	if err := h.hang(ctx); err != nil {
-		return nil, err
+		return driver.Batch{}, err
 	}
 	return h.Store.Fetch(ctx, bucket, limit)
 }

@@ -150,7 +150,42 @@ func decodeRelay(sk string, item map[string]types.AttributeValue) (driver.RelayR
 		return r, fmt.Errorf("dynamostore: relay item %q: %w", sk, err)
 	}
 	r.BucketCount = int(n)
+	if r.Instance, err = decodeInstance(item); err != nil {
+		return r, fmt.Errorf("dynamostore: relay item %q: %w", sk, err)
+	}
 	return r, nil
+}
+
+// instanceAttr is the Instance map of a relay record.
+func instanceAttr(i driver.Instance) types.AttributeValue {
+	return &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{
+		instanceHostKey:  &types.AttributeValueMemberS{Value: i.Host},
+		instancePIDKey:   numberAttr(int64(i.PID)),
+		instanceNonceKey: &types.AttributeValueMemberS{Value: i.Nonce},
+	}}
+}
+
+// decodeInstance reads a relay record's optional Instance map: the zero instance
+// (unknown) when absent, as on records written before relays stored it.
+func decodeInstance(item map[string]types.AttributeValue) (driver.Instance, error) {
+	v, ok := item[attrInstance]
+	if !ok {
+		return driver.Instance{}, nil
+	}
+	m, ok := v.(*types.AttributeValueMemberM)
+	if !ok {
+		return driver.Instance{}, fmt.Errorf("attribute %s is not a map", attrInstance)
+	}
+	host, okHost := m.Value[instanceHostKey].(*types.AttributeValueMemberS)
+	nonce, okNonce := m.Value[instanceNonceKey].(*types.AttributeValueMemberS)
+	if !okHost || !okNonce {
+		return driver.Instance{}, fmt.Errorf("attribute %s lacks the string %s or %s", attrInstance, instanceHostKey, instanceNonceKey)
+	}
+	pid, err := number(m.Value, instancePIDKey)
+	if err != nil {
+		return driver.Instance{}, fmt.Errorf("attribute %s: %w", attrInstance, err)
+	}
+	return driver.Instance{Host: host.Value, PID: int(pid), Nonce: nonce.Value}, nil
 }
 
 // number reads an optional number attribute: 0 when absent, an error when it holds
@@ -209,8 +244,8 @@ func (s *Store) skipMalformed(sk string, err error) {
 // with RELAY#, so no lease item is read or paid for; the projection trims the
 // response, not the charge. A Query is charged for the size of the items it reads,
 // rounded up to 4 KB, at half a read unit per 4 KB when eventually consistent. A
-// relay item is about 65 bytes plus its ID, so a fleet of up to about 30 relays
-// costs 0.5 read units a call. Relay items that cannot be read are left out and
+// relay item is about 135 bytes plus its ID and host name, so a fleet of up to about
+// 20 relays costs 0.5 read units a call. Relay items that cannot be read are left out and
 // reported, as by ReadCoordination.
 func (s driverStore) ReadRelays(ctx context.Context) ([]driver.RelayRecord, error) {
 	if err := s.enter(ctx); err != nil {
@@ -224,10 +259,10 @@ func (s driverStore) ReadRelays(ctx context.Context) ([]driver.RelayRecord, erro
 		q, err := s.client.Query(ctx, &ddb.QueryInput{
 			TableName:              aws.String(s.cfg.TableName),
 			KeyConditionExpression: aws.String("#pk = :pk AND begins_with(#sk, :relay)"),
-			ProjectionExpression:   aws.String("#sk, #seen, #stopped, #count"),
+			ProjectionExpression:   aws.String("#sk, #seen, #stopped, #count, #inst"),
 			ExpressionAttributeNames: map[string]string{
 				"#pk": s.keys.pk, "#sk": s.keys.sk,
-				"#seen": attrLastSeen, "#stopped": attrStoppedAt, "#count": attrBucketCount,
+				"#seen": attrLastSeen, "#stopped": attrStoppedAt, "#count": attrBucketCount, "#inst": attrInstance,
 			},
 			ExpressionAttributeValues: map[string]types.AttributeValue{
 				":pk":    &types.AttributeValueMemberS{Value: s.keys.coordination()},
@@ -271,15 +306,20 @@ func (s *Store) conditional(ctx context.Context, op string, in *ddb.UpdateItemIn
 	return false, s.translate(ctx, op, err)
 }
 
-// Heartbeat writes the relay's record with LastSeenUtc=at, BucketCount=bucketCount and
-// no StoppedAtUtc, only if the stored LastSeenUtc is earlier: a heartbeat the relay
+// Heartbeat writes the relay's record with LastSeenUtc=at, BucketCount=bucketCount,
+// the Instance map (unless instance is zero) and no StoppedAtUtc, only if the stored
+// LastSeenUtc is earlier: a heartbeat the relay
 // gave up on cannot land later and put an older round back. The record is written
 // whole (a conditional PutItem), which is how the stop stamp goes away when the relay
 // runs again under the same ID (see StopRelay for when that can be). The store
 // remembers the latest at it sent for the relay, landed or not, for StopRelay.
-func (s driverStore) Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int) (bool, error) {
+func (s driverStore) Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int, instance driver.Instance) (bool, error) {
 	if err := checkRelayID(relay); err != nil {
 		return false, err
+	}
+	if len(instance.Host) > driver.MaxInstanceHost || len(instance.Nonce) > driver.MaxInstanceNonce {
+		return false, fmt.Errorf("%w: dynamostore: relay instance host (%d bytes) or nonce (%d bytes) is longer than %d or %d bytes",
+			outbox.ErrMisconfigured, len(instance.Host), len(instance.Nonce), driver.MaxInstanceHost, driver.MaxInstanceNonce)
 	}
 	if err := s.enter(ctx); err != nil {
 		return false, err
@@ -292,6 +332,9 @@ func (s driverStore) Heartbeat(ctx context.Context, relay string, at time.Time, 
 	item := s.keys.key(s.keys.coordination(), relaySortKey(relay))
 	item[attrLastSeen] = ticksAttr(at)
 	item[attrBucketCount] = numberAttr(int64(bucketCount))
+	if !instance.IsZero() {
+		item[attrInstance] = instanceAttr(instance)
+	}
 	return s.conditionalPut(ctx, "heartbeat", &ddb.PutItemInput{
 		Item:                      item,
 		ConditionExpression:       aws.String("attribute_not_exists(#seen) OR #seen < :at"),

@@ -41,9 +41,11 @@ const (
 // strongly consistent Query each, and cuts the batch before the first gap it left
 // unprobed: what it returns has no hole it did not look into. If a probe finds a
 // message, Fetch reads the head again, at most three reads in all; after the last
-// read the batch is cut before the first gap a probe found filled. A cut batch is
-// shorter than limit; the rest comes with the next fetch. Every call probes anew, so a
-// batch that is fetched again after a failed publish is probed again too.
+// read the batch is cut before the first gap a probe found filled (which may leave it
+// empty). A cut batch is shorter than limit and says so ([driver.Batch.More]): the
+// rest comes with the next fetch, which the relay makes at once. More is set as well
+// when the Query filled limit. Every call probes anew, so a batch that is fetched
+// again after a failed publish is probed again too.
 //
 // A message item that lacks a required attribute (MessageId, Topic, CreatedAtUtc) or
 // holds one that cannot be decoded is parked at once, with a LastError naming the
@@ -52,24 +54,24 @@ const (
 //
 // A message stamped with another bucket count fails the fetch with
 // [outbox.ErrMisconfigured].
-func (s driverStore) Fetch(ctx context.Context, bucket, limit int) ([]*driver.Envelope, error) {
+func (s driverStore) Fetch(ctx context.Context, bucket, limit int) (driver.Batch, error) {
 	if err := s.enter(ctx); err != nil {
-		return nil, err
+		return driver.Batch{}, err
 	}
 	if err := s.checkBucket(bucket); err != nil {
-		return nil, err
+		return driver.Batch{}, err
 	}
 	if limit <= 0 {
-		return nil, nil
+		return driver.Batch{}, nil
 	}
 	for round := 1; ; round++ {
 		items, err := s.queryHead(ctx, bucket, limit)
 		if err != nil {
-			return nil, err
+			return driver.Batch{}, err
 		}
 		envs, err := s.decodeBatch(ctx, items, bucket)
 		if err != nil {
-			return nil, err
+			return driver.Batch{}, err
 		}
 		s.mu.Lock()
 		lower := s.lastRemoved[bucket]
@@ -78,16 +80,16 @@ func (s driverStore) Fetch(ctx context.Context, bucket, limit int) ([]*driver.En
 		filled, err := s.probeGaps(ctx, bucket, ranges)
 		if err != nil {
 			s.forgetHeld(bucket)
-			return nil, err
+			return driver.Batch{}, err
 		}
 		if filled < 0 {
 			s.holdHead(bucket, envs, len(items), limit, cut == len(envs))
-			return envs[:cut], nil
+			return driver.Batch{Envelopes: envs[:cut], More: cut < len(envs) || len(items) >= limit}, nil
 		}
 		if round == maxFetchRounds {
 			// No read left: return what lies below the first filled gap.
 			s.forgetHeld(bucket)
-			return envs[:ranges[filled].before], nil
+			return driver.Batch{Envelopes: envs[:ranges[filled].before], More: true}, nil
 		}
 	}
 }

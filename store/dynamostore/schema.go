@@ -38,6 +38,12 @@ const (
 	attrExpiresAt = "ExpiresAtUtc"
 	attrLastSeen  = "LastSeenUtc"
 	attrStoppedAt = "StoppedAtUtc"
+	// attrInstance is a relay record's map of the instance that wrote its last
+	// heartbeat (driver.Instance), with the keys below.
+	attrInstance     = "Instance"
+	instanceHostKey  = "Host"
+	instancePIDKey   = "Pid"
+	instanceNonceKey = "Nonce"
 )
 
 const (

@@ -37,7 +37,7 @@ func ExampleStore_Transact() {
 	fmt.Println(place("order-2", true))
 
 	pending, _ := store.Driver().Fetch(ctx, 0, 10) // what a relay would publish
-	fmt.Println(len(pending), string(pending[0].Key), orders)
+	fmt.Println(len(pending.Envelopes), string(pending.Envelopes[0].Key), orders)
 	// Output:
 	// <nil>
 	// card declined

@@ -389,27 +389,31 @@ func (s *Store) checkBucket(bucket int) error {
 }
 
 // Fetch returns up to limit pending envelopes of bucket in Seq order, due or not.
-func (s driverStore) Fetch(ctx context.Context, bucketNo, limit int) ([]*driver.Envelope, error) {
+// The memory store never cuts a batch: More is set only when a pending envelope
+// follows the last one returned.
+func (s driverStore) Fetch(ctx context.Context, bucketNo, limit int) (driver.Batch, error) {
 	if err := s.checkBucket(bucketNo); err != nil {
-		return nil, err
+		return driver.Batch{}, err
 	}
 	if err := s.lock(ctx); err != nil {
-		return nil, err
+		return driver.Batch{}, err
 	}
 	defer s.mu.Unlock()
 	b := &s.buckets[bucketNo]
 	b.trimHead()
 	if limit <= 0 {
-		return nil, nil
+		return driver.Batch{More: len(b.queue) > 0}, nil
 	}
-	out := make([]*driver.Envelope, 0, min(limit, len(b.queue)-b.dead))
+	out := driver.Batch{Envelopes: make([]*driver.Envelope, 0, min(limit, len(b.queue)-b.dead))}
 	for _, e := range b.queue {
-		if len(out) == limit {
+		if !e.live() {
+			continue
+		}
+		if len(out.Envelopes) == limit {
+			out.More = true
 			break
 		}
-		if e.live() {
-			out = append(out, e.env.Clone())
-		}
+		out.Envelopes = append(out.Envelopes, e.env.Clone())
 	}
 	return out, nil
 }
@@ -747,8 +751,8 @@ func (s *Store) sortedRelays() []driver.RelayRecord {
 var errNoRelayID = errors.New("memstore: relay id is empty")
 
 // Heartbeat moves the relay's LastSeen forward to at, records its bucket count and
-// clears StoppedAt.
-func (s driverStore) Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int) (bool, error) {
+// instance, and clears StoppedAt.
+func (s driverStore) Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int, instance driver.Instance) (bool, error) {
 	if relay == "" {
 		return false, errNoRelayID
 	}
@@ -759,7 +763,7 @@ func (s driverStore) Heartbeat(ctx context.Context, relay string, at time.Time, 
 	if r, ok := s.relays[relay]; ok && !r.LastSeen.Before(at) {
 		return false, nil
 	}
-	s.relays[relay] = driver.RelayRecord{ID: relay, LastSeen: at.UTC(), BucketCount: bucketCount}
+	s.relays[relay] = driver.RelayRecord{ID: relay, LastSeen: at.UTC(), BucketCount: bucketCount, Instance: instance}
 	return true, nil
 }
 

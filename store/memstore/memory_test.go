@@ -63,7 +63,7 @@ func TestOnCommitFailureWritesNothing(t *testing.T) {
 		return memstore.OnCommit(ctx, func() error { return boom })
 	})
 	require.ErrorIs(t, err, boom)
-	envs, err := drv(s).Fetch(context.Background(), 0, 10)
+	envs, err := envelopesOf(drv(s).Fetch(context.Background(), 0, 10))
 	require.NoError(t, err)
 	require.Empty(t, envs)
 }
@@ -129,7 +129,7 @@ func TestTooLarge(t *testing.T) {
 	ctx := context.Background()
 	err = drv(s).Enqueue(ctx, newEnvelope(t, s, "k", "ok"), newEnvelope(t, s, "k", "this payload is too long"))
 	require.ErrorIs(t, err, outbox.ErrTooLarge)
-	envs, err := drv(s).Fetch(ctx, 0, 10)
+	envs, err := envelopesOf(drv(s).Fetch(ctx, 0, 10))
 	require.NoError(t, err)
 	require.Empty(t, envs, "a refused batch writes nothing")
 }
@@ -152,13 +152,13 @@ func TestCallersCannotChangeStoredEnvelopes(t *testing.T) {
 	require.NoError(t, drv(s).Enqueue(ctx, env))
 	env.Payload[0] = 'X'
 
-	got, err := drv(s).Fetch(ctx, 0, 1)
+	got, err := envelopesOf(drv(s).Fetch(ctx, 0, 1))
 	require.NoError(t, err)
 	require.Equal(t, "abc", string(got[0].Payload))
 	got[0].Payload[0] = 'Y'
 	got[0].Status = driver.Parked
 
-	again, err := drv(s).Fetch(ctx, 0, 1)
+	again, err := envelopesOf(drv(s).Fetch(ctx, 0, 1))
 	require.NoError(t, err)
 	require.Len(t, again, 1)
 	require.Equal(t, "abc", string(again[0].Payload))
@@ -189,7 +189,7 @@ func TestQueueBookkeeping(t *testing.T) {
 		}
 	}
 	require.NoError(t, drv(s).MarkDispatched(ctx, dispatched, envs[0].CreatedAt))
-	got, err := drv(s).Fetch(ctx, 0, 1000)
+	got, err := envelopesOf(drv(s).Fetch(ctx, 0, 1000))
 	require.NoError(t, err)
 	require.Len(t, got, 100)
 	for i, env := range got {
@@ -204,7 +204,7 @@ func TestQueueBookkeeping(t *testing.T) {
 	n, err := drv(s).Requeue(ctx, ids...)
 	require.NoError(t, err)
 	require.Equal(t, 100, n)
-	got, err = drv(s).Fetch(ctx, 0, 1000)
+	got, err = envelopesOf(drv(s).Fetch(ctx, 0, 1000))
 	require.NoError(t, err)
 	require.Len(t, got, 200)
 	for i := 1; i < len(got); i++ {
@@ -216,7 +216,7 @@ func TestQueueBookkeeping(t *testing.T) {
 	require.Zero(t, st.Parked)
 
 	require.NoError(t, drv(s).Complete(ctx, got))
-	got, err = drv(s).Fetch(ctx, 0, 1000)
+	got, err = envelopesOf(drv(s).Fetch(ctx, 0, 1000))
 	require.NoError(t, err)
 	require.Empty(t, got)
 	deleted, err := drv(s).DeleteDispatched(ctx, envs[0].CreatedAt.Add(1), 1000)
@@ -242,7 +242,7 @@ func TestConcurrentEnqueueKeepsSeqStrictlyIncreasing(t *testing.T) {
 	wg.Wait()
 	total := 0
 	for b := range 2 {
-		envs, err := drv(s).Fetch(ctx, b, 1000)
+		envs, err := envelopesOf(drv(s).Fetch(ctx, b, 1000))
 		require.NoError(t, err)
 		for i := 1; i < len(envs); i++ {
 			require.Less(t, envs[i-1].Seq, envs[i].Seq)
@@ -317,7 +317,7 @@ func BenchmarkFetchComplete(b *testing.B) {
 				if err := drv(s).Enqueue(ctx, envs...); err != nil {
 					b.Fatal(err)
 				}
-				head, err := drv(s).Fetch(ctx, 0, batch)
+				head, err := envelopesOf(drv(s).Fetch(ctx, 0, batch))
 				if err != nil || len(head) != batch {
 					b.Fatal(err, len(head))
 				}
@@ -350,3 +350,6 @@ type fullStore interface {
 }
 
 func drv(s *memstore.Store) fullStore { return s.Driver().(fullStore) }
+
+// envelopesOf takes the envelopes of a fetched batch.
+func envelopesOf(b driver.Batch, err error) ([]*driver.Envelope, error) { return b.Envelopes, err }

@@ -15,6 +15,10 @@ const insertColumns = "id, bucket, bucket_count, topic, msg_key, payload, header
 
 const insertColumnCount = 14
 
+// instanceColumns are the relay table's columns of the instance that wrote the last
+// heartbeat (driver.Instance), added by migration 5.
+const instanceColumns = "instance_host, instance_pid, instance_nonce"
+
 // freshColumns are those of an envelope that has never been attempted: the rest
 // take their defaults (last_error stays, as MySQL gives a TEXT column no default).
 const (
@@ -75,17 +79,17 @@ func newStatements(d Dialect, c Config) statements {
 	s.claimInsert = insertIgnore(d, l, "bucket, owner, expires_at", "?, ?, ?", "bucket")
 	s.renew = "UPDATE " + l + " SET expires_at = ? WHERE bucket = ? AND owner = ? AND expires_at = ? AND expires_at > ?"
 	s.release = "UPDATE " + l + " SET owner = '' WHERE bucket = ? AND owner = ? AND expires_at = ?"
-	s.heartbeatUpdate = "UPDATE " + r + " SET last_seen = ?, stopped_at = 0, bucket_count = ? WHERE id = ? AND last_seen < ?"
-	s.heartbeatInsert = insertIgnore(d, r, "id, last_seen, stopped_at, bucket_count", "?, ?, 0, ?", "id")
+	s.heartbeatUpdate = "UPDATE " + r + " SET last_seen = ?, stopped_at = 0, bucket_count = ?, instance_host = ?, instance_pid = ?, instance_nonce = ? WHERE id = ? AND last_seen < ?"
+	s.heartbeatInsert = insertIgnore(d, r, "id, last_seen, stopped_at, bucket_count, "+instanceColumns, "?, ?, 0, ?, ?, ?, ?", "id")
 	s.stopUpdate = "UPDATE " + r + " SET last_seen = CASE WHEN last_seen < ? THEN ? ELSE last_seen END, stopped_at = ? WHERE id = ?"
 	s.stopInsert = insertIgnore(d, r, "id, last_seen, stopped_at", "?, ?, ?", "id")
 	s.deleteRelay = "DELETE FROM " + r + " WHERE id = ? AND last_seen = ?"
 	// One statement is one snapshot on every dialect: leases and relays are read
 	// together.
-	s.readCoordination = "SELECT 0, bucket, owner, expires_at, 0, 0 FROM " + l + " WHERE bucket < ?" +
-		" UNION ALL SELECT 1, 0, id, last_seen, stopped_at, bucket_count FROM " + r
+	s.readCoordination = "SELECT 0, bucket, owner, expires_at, 0, 0, '', 0, '' FROM " + l + " WHERE bucket < ?" +
+		" UNION ALL SELECT 1, 0, id, last_seen, stopped_at, bucket_count, " + instanceColumns + " FROM " + r
 	// The relay table alone: one row per relay, read between rounds.
-	s.readRelays = "SELECT id, last_seen, stopped_at, bucket_count FROM " + r
+	s.readRelays = "SELECT id, last_seen, stopped_at, bucket_count, " + instanceColumns + " FROM " + r
 
 	if d == PostgreSQL {
 		for _, p := range []*string{&s.fetch, &s.find, &s.list, &s.reschedule, &s.park, &s.deleteDispatched,

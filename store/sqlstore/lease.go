@@ -28,9 +28,9 @@ func (s driverStore) ReadCoordination(ctx context.Context) (driver.Coordination,
 	}
 	defer rs.Close()
 	for rs.Next() {
-		var kind, bucket, t1, t2, count int64
-		var name string
-		if err := rs.Scan(&kind, &bucket, &name, &t1, &t2, &count); err != nil {
+		var kind, bucket, t1, t2, count, pid int64
+		var name, host, nonce string
+		if err := rs.Scan(&kind, &bucket, &name, &t1, &t2, &count, &host, &pid, &nonce); err != nil {
 			return c, s.wrap(ctx, "read coordination", err)
 		}
 		if kind == 0 {
@@ -39,7 +39,8 @@ func (s driverStore) ReadCoordination(ctx context.Context) (driver.Coordination,
 			}
 			continue
 		}
-		c.Relays = append(c.Relays, driver.RelayRecord{ID: name, LastSeen: fromMicros(t1), StoppedAt: fromMicros(t2), BucketCount: int(count)})
+		c.Relays = append(c.Relays, driver.RelayRecord{ID: name, LastSeen: fromMicros(t1), StoppedAt: fromMicros(t2), BucketCount: int(count),
+			Instance: driver.Instance{Host: host, PID: int(pid), Nonce: nonce}})
 	}
 	if err := rs.Err(); err != nil {
 		return c, s.wrap(ctx, "read coordination", err)
@@ -62,12 +63,13 @@ func (s driverStore) ReadRelays(ctx context.Context) ([]driver.RelayRecord, erro
 	defer rs.Close()
 	var out []driver.RelayRecord
 	for rs.Next() {
-		var seen, stopped, count int64
-		var id string
-		if err := rs.Scan(&id, &seen, &stopped, &count); err != nil {
+		var seen, stopped, count, pid int64
+		var id, host, nonce string
+		if err := rs.Scan(&id, &seen, &stopped, &count, &host, &pid, &nonce); err != nil {
 			return nil, s.wrap(ctx, "read relays", err)
 		}
-		out = append(out, driver.RelayRecord{ID: id, LastSeen: fromMicros(seen), StoppedAt: fromMicros(stopped), BucketCount: int(count)})
+		out = append(out, driver.RelayRecord{ID: id, LastSeen: fromMicros(seen), StoppedAt: fromMicros(stopped), BucketCount: int(count),
+			Instance: driver.Instance{Host: host, PID: int(pid), Nonce: nonce}})
 	}
 	if err := rs.Err(); err != nil {
 		return nil, s.wrap(ctx, "read relays", err)
@@ -82,22 +84,26 @@ func sortRelays(rs []driver.RelayRecord) {
 	sort.Slice(rs, func(i, j int) bool { return rs[i].ID < rs[j].ID })
 }
 
-// Heartbeat implements [driver.Leaser]: LastSeen and the bucket count move together,
-// in one conditional UPDATE (or the INSERT that creates the record).
-func (s driverStore) Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int) (bool, error) {
+// Heartbeat implements [driver.Leaser]: LastSeen, the bucket count and the instance
+// move together, in one conditional UPDATE (or the INSERT that creates the record).
+func (s driverStore) Heartbeat(ctx context.Context, relay string, at time.Time, bucketCount int, instance driver.Instance) (bool, error) {
 	if err := s.begin(ctx); err != nil {
 		return false, err
 	}
 	if err := checkRelayID(relay); err != nil {
 		return false, err
 	}
+	if err := checkInstance(instance); err != nil {
+		return false, err
+	}
 	at64 := micros(at)
-	n, err := s.db.exec(ctx, s.stmts.heartbeatUpdate, at64, bucketCount, relay, at64)
+	host, pid, nonce := instance.Host, int64(instance.PID), instance.Nonce
+	n, err := s.db.exec(ctx, s.stmts.heartbeatUpdate, at64, bucketCount, host, pid, nonce, relay, at64)
 	if err != nil || n > 0 {
 		return n > 0, s.wrap(ctx, "heartbeat", err)
 	}
 	// No row moved: either the record is absent (create it) or it is newer (refused).
-	n, err = s.db.exec(ctx, s.stmts.heartbeatInsert, relay, at64, bucketCount)
+	n, err = s.db.exec(ctx, s.stmts.heartbeatInsert, relay, at64, bucketCount, host, pid, nonce)
 	return n > 0, s.wrap(ctx, "heartbeat", err)
 }
 
@@ -174,6 +180,15 @@ const maxRelayID = 255
 func checkRelayID(id string) error {
 	if id == "" || utf8.RuneCountInString(id) > maxRelayID {
 		return fmt.Errorf("%w: sqlstore: relay id %q must be 1 to %d characters", outbox.ErrMisconfigured, id, maxRelayID)
+	}
+	return nil
+}
+
+// checkInstance refuses an instance the columns cannot hold exactly.
+func checkInstance(i driver.Instance) error {
+	if len(i.Host) > driver.MaxInstanceHost || len(i.Nonce) > driver.MaxInstanceNonce {
+		return fmt.Errorf("%w: sqlstore: relay instance host (%d bytes) or nonce (%d bytes) is longer than %d or %d bytes",
+			outbox.ErrMisconfigured, len(i.Host), len(i.Nonce), driver.MaxInstanceHost, driver.MaxInstanceNonce)
 	}
 	return nil
 }

@@ -118,11 +118,12 @@ func columnAdded(ctx context.Context, q querier, stmt string) bool {
 // without trailing semicolons: version 1 creates the tables (IF NOT EXISTS), version
 // 2 is an ALTER TABLE that adds the relay table's bucket_count column, version 3
 // creates the inbox table, Table+"_inbox" (IF NOT EXISTS; see [Store.InboxTable]),
-// version 4 creates the settings table, Table+"_settings", and the last statement
+// version 4 creates the settings table, Table+"_settings", version 5 is three ALTER
+// TABLE statements that add the relay table's instance columns, and the last statement
 // records the store's bucket count in it (unless one is recorded: a relay's Start
 // records it too, and every store built with another count then fails).
-// On MySQL and SQLite the version 2 ALTER fails if the column exists already; apply
-// it once.
+// On MySQL and SQLite the ALTERs of versions 2 and 5 fail if the column exists
+// already; apply them once.
 func (s *Store) DDL() []string {
 	ms, err := loadMigrations(s.dialect, s.cfg)
 	if err != nil {
@@ -247,7 +248,7 @@ func (s driverStore) Check(ctx context.Context) error {
 	for _, t := range []struct{ name, columns string }{
 		{s.cfg.Table, selectColumns},
 		{s.cfg.LeaseTable, "bucket, owner, expires_at"},
-		{s.cfg.RelayTable, "id, last_seen, stopped_at, bucket_count"},
+		{s.cfg.RelayTable, "id, last_seen, stopped_at, bucket_count, " + instanceColumns},
 		{s.settingsTable(), "name, value"},
 	} {
 		err := s.probe(ctx, "SELECT "+t.columns+" FROM "+t.name+" WHERE 1 = 0")

@@ -527,28 +527,30 @@ func (s *Store) NotifyCommitted(envs ...*driver.Envelope) {
 // fetch left off would skip the index entries of completed rows faster, but a
 // transaction that took its Seq early and committed late would land behind that
 // point, and a later message of its key could overtake it.
-func (s driverStore) Fetch(ctx context.Context, bucket, limit int) ([]*driver.Envelope, error) {
+//
+// A SQL store never cuts a batch: More is set when the batch filled its limit.
+func (s driverStore) Fetch(ctx context.Context, bucket, limit int) (driver.Batch, error) {
 	if err := s.begin(ctx); err != nil {
-		return nil, err
+		return driver.Batch{}, err
 	}
 	if bucket < 0 || bucket >= s.cfg.BucketCount {
-		return nil, fmt.Errorf("%w: sqlstore: bucket %d outside 0..%d", outbox.ErrMisconfigured, bucket, s.cfg.BucketCount-1)
+		return driver.Batch{}, fmt.Errorf("%w: sqlstore: bucket %d outside 0..%d", outbox.ErrMisconfigured, bucket, s.cfg.BucketCount-1)
 	}
 	if limit <= 0 {
-		return nil, nil
+		return driver.Batch{}, nil
 	}
 	if s.sqlDB != nil {
 		s.idle.look(s.Store, s.sqlDB)
 	}
 	rs, err := s.db.query(ctx, s.stmts.fetch, bucket, limit)
 	if err != nil {
-		return nil, s.wrap(ctx, "fetch", err)
+		return driver.Batch{}, s.wrap(ctx, "fetch", err)
 	}
 	envs, err := scanEnvelopes(rs)
 	if err != nil {
-		return nil, s.wrap(ctx, "fetch", err)
+		return driver.Batch{}, s.wrap(ctx, "fetch", err)
 	}
-	return envs, nil
+	return driver.Batch{Envelopes: envs, More: len(envs) >= limit}, nil
 }
 
 // Complete implements [driver.Queue]: one DELETE per batch.

@@ -179,7 +179,7 @@ func TestHasPendingSeesOtherWritersOfABackedOffBucket(t *testing.T) {
 	require.NoError(t, writer.Enqueue(ctx,
 		message("t", []byte("k"), []byte("head")), message("t", []byte("k"), []byte("behind"))))
 
-	got, err := relay.Driver().Fetch(ctx, 0, 10)
+	got, err := envelopesOf(relay.Driver().Fetch(ctx, 0, 10))
 	require.NoError(t, err)
 	require.Len(t, got, 2)
 	pending, err := side(relay).HasPending(ctx, 0)
@@ -202,7 +202,7 @@ func TestHasPendingSeesOtherWritersOfABackedOffBucket(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, pending, "another process committed to the bucket")
 
-	got, err = relay.Driver().Fetch(ctx, 0, 10)
+	got, err = envelopesOf(relay.Driver().Fetch(ctx, 0, 10))
 	require.NoError(t, err)
 	require.Len(t, got, 3)
 	d.proxy.take()

@@ -68,13 +68,13 @@ func TestAbandonedHeartbeatNeverClearsAStop(t *testing.T) {
 			ctx := context.Background()
 			base := time.Now().UTC().Truncate(time.Microsecond)
 
-			ok, err := s.Driver().Heartbeat(ctx, "relay-a", base, 1)
+			ok, err := s.Driver().Heartbeat(ctx, "relay-a", base, 1, driver.Instance{})
 			require.NoError(t, err)
 			require.True(t, ok)
 			client.mu.Lock()
 			client.armed = true
 			client.mu.Unlock()
-			_, err = s.Driver().Heartbeat(ctx, "relay-a", base.Add(time.Second), 1)
+			_, err = s.Driver().Heartbeat(ctx, "relay-a", base.Add(time.Second), 1, driver.Instance{})
 			require.ErrorIs(t, err, context.DeadlineExceeded)
 			client.mu.Lock()
 			abandoned := client.held
@@ -99,10 +99,10 @@ func TestAbandonedHeartbeatNeverClearsAStop(t *testing.T) {
 			// are dated after the record, and clear the stamp.
 			again, err := dynamostore.New(d.client, table)
 			require.NoError(t, err)
-			ok, err = again.Driver().Heartbeat(ctx, "relay-a", r.LastSeen, 1)
+			ok, err = again.Driver().Heartbeat(ctx, "relay-a", r.LastSeen, 1, driver.Instance{})
 			require.NoError(t, err)
 			assert.False(t, ok, "a heartbeat not after the record is refused")
-			ok, err = again.Driver().Heartbeat(ctx, "relay-a", r.LastSeen.Add(time.Millisecond), 1)
+			ok, err = again.Driver().Heartbeat(ctx, "relay-a", r.LastSeen.Add(time.Millisecond), 1, driver.Instance{})
 			require.NoError(t, err)
 			assert.True(t, ok)
 			view, err = again.Driver().ReadCoordination(ctx)
@@ -193,7 +193,7 @@ func TestMalformedCoordinationItemsAreSkipped(t *testing.T) {
 	ok, err := s.Driver().Claim(ctx, 1, "relay-a", now, now.Add(time.Minute))
 	require.NoError(t, err)
 	require.True(t, ok)
-	ok, err = s.Driver().Heartbeat(ctx, "relay-a", now, 2)
+	ok, err = s.Driver().Heartbeat(ctx, "relay-a", now, 2, driver.Instance{})
 	require.NoError(t, err)
 	require.True(t, ok)
 	malformed := []string{"LEASE#abc", "LEASE#0", "LEASE#-000000001", "LEASE#0000000000", "RELAY#", "RELAY#relay-b"}

@@ -80,10 +80,10 @@ func Example() {
 		if err != nil {
 			panic(err)
 		}
-		for _, e := range batch {
+		for _, e := range batch.Envelopes {
 			fmt.Printf("seq %d: %s %s %s\n", e.Seq, e.Topic, e.Key, e.Payload)
 		}
-		if err := rs.Complete(ctx, batch); err != nil {
+		if err := rs.Complete(ctx, batch.Envelopes); err != nil {
 			panic(err)
 		}
 	}
@@ -146,7 +146,7 @@ func Example_createTransactWriteItems() {
 		if err != nil {
 			panic(err)
 		}
-		for _, e := range batch {
+		for _, e := range batch.Envelopes {
 			fmt.Printf("seq %d: %s %s %s\n", e.Seq, e.Topic, e.Key, e.Payload)
 		}
 	}

@@ -74,7 +74,7 @@ func TestFetchProbesGapsOfATransactionCaughtMidCommit(t *testing.T) {
 	// The first read misses message 2 of the transaction; the probe of the gap
 	// between 1 and 3 finds it, and the head is read again.
 	wrapped.hideSK = "0000000000000000002"
-	got, err := relay.Driver().Fetch(ctx, 0, 10)
+	got, err := envelopesOf(relay.Driver().Fetch(ctx, 0, 10))
 	require.NoError(t, err)
 	assert.Equal(t, []string{"1", "2", "3", "4"}, payloadsOf(got))
 	assert.Equal(t, 1, wrapped.probes, "one gap, one probe")
@@ -82,7 +82,7 @@ func TestFetchProbesGapsOfATransactionCaughtMidCommit(t *testing.T) {
 	// After the head was removed, probing starts above the last removed message.
 	require.NoError(t, relay.Driver().Complete(ctx, got[:2]))
 	wrapped.probes = 0
-	got, err = relay.Driver().Fetch(ctx, 0, 10)
+	got, err = envelopesOf(relay.Driver().Fetch(ctx, 0, 10))
 	require.NoError(t, err)
 	assert.Equal(t, []string{"3", "4"}, payloadsOf(got))
 	assert.Equal(t, 0, wrapped.probes, "no gap above the last removed message")
@@ -91,7 +91,7 @@ func TestFetchProbesGapsOfATransactionCaughtMidCommit(t *testing.T) {
 	relay2, err := dynamostore.New(wrapped, s.Config())
 	require.NoError(t, err)
 	wrapped.hideSK = "0000000000000000003"
-	got, err = relay2.Driver().Fetch(ctx, 0, 10)
+	got, err = envelopesOf(relay2.Driver().Fetch(ctx, 0, 10))
 	require.NoError(t, err)
 	assert.Equal(t, []string{"3", "4"}, payloadsOf(got))
 }
@@ -117,11 +117,11 @@ func TestFetchProbesAtMostEightGaps(t *testing.T) {
 	wrapped := &readCommittedClient{Client: d.client}
 	relay, err := dynamostore.New(wrapped, s.Config())
 	require.NoError(t, err)
-	got, err := relay.Driver().Fetch(ctx, 0, 100)
+	got, err := envelopesOf(relay.Driver().Fetch(ctx, 0, 100))
 	require.NoError(t, err)
 	assert.Len(t, got, 9, "the batch stops before the ninth gap, which was not probed")
 	assert.Equal(t, 8, wrapped.probes, "probes per fetch are capped")
-	got, err = relay.Driver().Fetch(ctx, 0, 100)
+	got, err = envelopesOf(relay.Driver().Fetch(ctx, 0, 100))
 	require.NoError(t, err)
 	assert.Len(t, got, 9)
 	assert.Equal(t, 16, wrapped.probes, "a batch fetched again is probed again")
@@ -144,13 +144,13 @@ func TestLateLowerSequenceIsDeliveredInOrder(t *testing.T) {
 	require.NoError(t, s.Driver().Enqueue(ctx, second))
 	require.Less(t, itemSeq(t, items[0]), second.Seq)
 
-	got, err := s.Driver().Fetch(ctx, second.Bucket, 10)
+	got, err := envelopesOf(s.Driver().Fetch(ctx, second.Bucket, 10))
 	require.NoError(t, err)
 	assert.Equal(t, []string{"paid"}, payloadsOf(got), "the relay sees only the later message")
 
 	_, err = d.client.TransactWriteItems(ctx, &ddb.TransactWriteItemsInput{TransactItems: items})
 	require.NoError(t, err)
-	got, err = s.Driver().Fetch(ctx, second.Bucket, 10)
+	got, err = envelopesOf(s.Driver().Fetch(ctx, second.Bucket, 10))
 	require.NoError(t, err)
 	assert.Equal(t, []string{"created", "paid"}, payloadsOf(got), "fetched again, the bucket is in sequence order")
 
@@ -160,7 +160,7 @@ func TestLateLowerSequenceIsDeliveredInOrder(t *testing.T) {
 	_, err = disp.RunOnce(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"created", "paid"}, payloadsOf(rec.Messages()))
-	left, err := s.Driver().Fetch(ctx, second.Bucket, 10)
+	left, err := envelopesOf(s.Driver().Fetch(ctx, second.Bucket, 10))
 	require.NoError(t, err)
 	assert.Empty(t, left)
 }

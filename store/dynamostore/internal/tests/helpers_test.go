@@ -564,3 +564,6 @@ func overItem(s *dynamostore.Store) outbox.Message {
 	return outbox.Message{Topic: "t", Key: []byte("k"), Headers: hs,
 		Payload: make([]byte, s.MaxMessageSize()-len("t")-len("k")-len(hs))}
 }
+
+// envelopesOf takes the envelopes of a fetched batch.
+func envelopesOf(b driver.Batch, err error) ([]*driver.Envelope, error) { return b.Envelopes, err }

@@ -65,7 +65,7 @@ func TestMalformedItemsAreParkedAtOnce(t *testing.T) {
 	assert.Contains(t, causes[3], "CreatedAtUtc")
 	assert.Contains(t, causes[4], "MessageId")
 	assert.Equal(t, uuid.Nil, parked[2].ID, "an item without an ID is listed with a nil ID")
-	left, err := s.Driver().Fetch(ctx, 0, 10)
+	left, err := envelopesOf(s.Driver().Fetch(ctx, 0, 10))
 	require.NoError(t, err)
 	assert.Empty(t, left)
 }
@@ -106,7 +106,7 @@ func TestStopRelayNeverLeavesARecordWithoutLastSeen(t *testing.T) {
 	now := time.Now().UTC().Truncate(time.Millisecond)
 
 	// A later heartbeat: the stop is stamped alone, LastSeenUtc is kept.
-	ok, err := s.Driver().Heartbeat(ctx, "relay-a", now.Add(time.Second), 1)
+	ok, err := s.Driver().Heartbeat(ctx, "relay-a", now.Add(time.Second), 1, driver.Instance{})
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.NoError(t, s.Driver().StopRelay(ctx, "relay-a", now))
@@ -117,7 +117,7 @@ func TestStopRelayNeverLeavesARecordWithoutLastSeen(t *testing.T) {
 	assert.True(t, c.Relays[0].StoppedAt.Equal(now))
 
 	// The record deleted between the stop's two writes.
-	ok, err = s.Driver().Heartbeat(ctx, "relay-b", now.Add(time.Second), 1)
+	ok, err = s.Driver().Heartbeat(ctx, "relay-b", now.Add(time.Second), 1, driver.Instance{})
 	require.NoError(t, err)
 	require.True(t, ok)
 	wrapped := &deleteOnRefusal{Client: d.client, table: table, key: map[string]types.AttributeValue{

@@ -84,7 +84,7 @@ func drainInOrder(t *testing.T, s *dynamostore.Store, bucketCount int) map[strin
 		require.Less(t, sweep, 50, "the bucket does not drain")
 		_, err := disp.RunOnce(ctx)
 		require.NoError(t, err)
-		left, err := s.Driver().Fetch(ctx, 0, 1)
+		left, err := envelopesOf(s.Driver().Fetch(ctx, 0, 1))
 		require.NoError(t, err)
 		if len(left) == 0 {
 			break
@@ -128,7 +128,7 @@ func TestFetchProbesBelowTheHeadFirstPastEightGaps(t *testing.T) {
 	relay, err := dynamostore.New(wrapped, s.Config())
 	require.NoError(t, err)
 	wrapped.arm(1)
-	got, err := relay.Driver().Fetch(ctx, 0, 100)
+	got, err := envelopesOf(relay.Driver().Fetch(ctx, 0, 100))
 	require.NoError(t, err)
 	require.NotEmpty(t, got)
 	assert.Equal(t, int64(1), got[0].Seq, "first fetched seq")
@@ -166,7 +166,7 @@ func TestFetchCutsTheLastReadAtAFilledGap(t *testing.T) {
 	relay, err := dynamostore.New(wrapped, s.Config())
 	require.NoError(t, err)
 	wrapped.arm(3, 2, 4)
-	got, err := relay.Driver().Fetch(ctx, 0, 10)
+	got, err := envelopesOf(relay.Driver().Fetch(ctx, 0, 10))
 	require.NoError(t, err)
 	assert.Equal(t, 3, wrapped.reads, "three reads, each caught mid-commit")
 	assert.Equal(t, []string{"1", "2", "3"}, payloadsOf(got), "cut before the gap the third read left")
@@ -175,7 +175,7 @@ func TestFetchCutsTheLastReadAtAFilledGap(t *testing.T) {
 	relay2, err := dynamostore.New(wrapped, s.Config())
 	require.NoError(t, err)
 	wrapped.arm(1, 1, 1)
-	got, err = relay2.Driver().Fetch(ctx, 0, 10)
+	got, err = envelopesOf(relay2.Driver().Fetch(ctx, 0, 10))
 	require.NoError(t, err)
 	assert.Empty(t, got)
 

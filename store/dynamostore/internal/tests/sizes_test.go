@@ -130,7 +130,7 @@ func TestWritesLeaveRoomToFail(t *testing.T) {
 	assert.Contains(t, err.Error(), "a failed publish may add")
 	reqs, _ := d.proxy.take()
 	assert.Zero(t, reqs["UpdateItem"], "refused before any reservation")
-	left, err := s.Driver().Fetch(ctx, 0, 10)
+	left, err := envelopesOf(s.Driver().Fetch(ctx, 0, 10))
 	require.NoError(t, err)
 	assert.Empty(t, left)
 }
@@ -150,7 +150,7 @@ func TestKeysAtDynamoDBsLimits(t *testing.T) {
 	key := []byte("k")
 	env := envelope(t, 8, "t", key, []byte("x"))
 	require.NoError(t, s.Driver().Enqueue(ctx, env))
-	got, err := s.Driver().Fetch(ctx, env.Bucket, 1)
+	got, err := envelopesOf(s.Driver().Fetch(ctx, env.Bucket, 1))
 	require.NoError(t, err)
 	require.Len(t, got, 1)
 	// A message at the limit still fits with the longest prefix, and can fail safely.
@@ -163,7 +163,7 @@ func TestKeysAtDynamoDBsLimits(t *testing.T) {
 	require.NoError(t, s.Driver().Park(ctx, atLimit, strings.Repeat("e", 5000)))
 
 	relay := strings.Repeat("r", 1018)
-	ok, err := s.Driver().Heartbeat(ctx, relay, time.Now(), 8)
+	ok, err := s.Driver().Heartbeat(ctx, relay, time.Now(), 8, driver.Instance{})
 	require.NoError(t, err)
 	assert.True(t, ok)
 	ok, err = s.Driver().Claim(ctx, 0, relay, time.Now(), time.Now().Add(time.Minute))
@@ -172,7 +172,7 @@ func TestKeysAtDynamoDBsLimits(t *testing.T) {
 	require.NoError(t, s.Driver().StopRelay(ctx, relay, time.Now()))
 
 	tooLong := relay + "r"
-	_, err = s.Driver().Heartbeat(ctx, tooLong, time.Now(), 8)
+	_, err = s.Driver().Heartbeat(ctx, tooLong, time.Now(), 8, driver.Instance{})
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
 	assert.Contains(t, err.Error(), "RelayID")
 	_, err = s.Driver().Claim(ctx, 1, tooLong, time.Now(), time.Now().Add(time.Minute))

@@ -85,7 +85,7 @@ func TestItemSchema(t *testing.T) {
 	assert.NotContains(t, tomb, "Headers")
 	assert.Contains(t, tomb, "Key", "an empty key is a real key")
 
-	got, err := s.Driver().Fetch(ctx, keyed.Bucket, 10)
+	got, err := envelopesOf(s.Driver().Fetch(ctx, keyed.Bucket, 10))
 	require.NoError(t, err)
 	require.NotEmpty(t, got)
 	var back *driver.Envelope
@@ -100,7 +100,7 @@ func TestItemSchema(t *testing.T) {
 	assert.Equal(t, int64(1), back.Seq)
 	assert.Equal(t, 4, back.BucketCount)
 
-	got, err = s.Driver().Fetch(ctx, tombstone.Bucket, 10)
+	got, err = envelopesOf(s.Driver().Fetch(ctx, tombstone.Bucket, 10))
 	require.NoError(t, err)
 	for _, e := range got {
 		if e.ID == tombstone.ID {
@@ -153,7 +153,7 @@ func TestReservationsPerBucketKeepListOrder(t *testing.T) {
 	woke := map[int]bool{<-sub: true, <-sub: true}
 	assert.Equal(t, map[int]bool{0: true, 1: true}, woke)
 
-	got, err := s.Driver().Fetch(ctx, 0, 10)
+	got, err := envelopesOf(s.Driver().Fetch(ctx, 0, 10))
 	require.NoError(t, err)
 	require.Len(t, got, 3)
 	assert.Equal(t, []string{"a", "c", "d"}, []string{string(got[0].Payload), string(got[1].Payload), string(got[2].Payload)})
@@ -185,7 +185,7 @@ func TestEnqueueIsSafeUnderSDKRetries(t *testing.T) {
 
 	var all []*driver.Envelope
 	for b := range 2 {
-		got, err := s.Driver().Fetch(ctx, b, 10)
+		got, err := envelopesOf(s.Driver().Fetch(ctx, b, 10))
 		require.NoError(t, err)
 		all = append(all, got...)
 	}
@@ -246,11 +246,11 @@ func TestKeyPrefixIsolation(t *testing.T) {
 	ok, err = b.Driver().Claim(ctx, 0, "relay-b", now, now.Add(time.Minute))
 	require.NoError(t, err)
 	require.True(t, ok, "the other outbox's lease is not this one's")
-	_, err = a.Driver().Heartbeat(ctx, "relay-a", now, 2)
+	_, err = a.Driver().Heartbeat(ctx, "relay-a", now, 2, driver.Instance{})
 	require.NoError(t, err)
 
 	for bucket := range 2 {
-		got, err := b.Driver().Fetch(ctx, bucket, 10)
+		got, err := envelopesOf(b.Driver().Fetch(ctx, bucket, 10))
 		require.NoError(t, err)
 		for _, e := range got {
 			assert.Equal(t, "b", e.Topic)

@@ -59,7 +59,7 @@ func stored(t *testing.T, s *dynamostore.Store) []string {
 	t.Helper()
 	var out []string
 	for b := range s.Driver().BucketCount() {
-		got, err := s.Driver().Fetch(context.Background(), b, 1000)
+		got, err := envelopesOf(s.Driver().Fetch(context.Background(), b, 1000))
 		require.NoError(t, err)
 		out = append(out, payloadsOf(got)...)
 	}

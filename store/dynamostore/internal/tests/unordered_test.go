@@ -69,7 +69,7 @@ func TestHasPendingCountsEveryHeldMessage(t *testing.T) {
 		envelope(t, 1, "t", []byte("k"), []byte("third")),
 	}
 	require.NoError(t, s.Driver().Enqueue(ctx, envs...))
-	got, err := s.Driver().Fetch(ctx, 0, 10)
+	got, err := envelopesOf(s.Driver().Fetch(ctx, 0, 10))
 	require.NoError(t, err)
 	require.Len(t, got, 3)
 

@@ -40,10 +40,10 @@ func TestClaimRefusedWithFoundRowsClient(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, won, "a held lease is not granted to a second relay")
 
-	ok, err := drv(s).Heartbeat(ctx, "a", now, 2)
+	ok, err := drv(s).Heartbeat(ctx, "a", now, 2, driver.Instance{})
 	require.NoError(t, err)
 	require.True(t, ok)
-	ok, err = drv(s).Heartbeat(ctx, "a", now, 2)
+	ok, err = drv(s).Heartbeat(ctx, "a", now, 2, driver.Instance{})
 	require.NoError(t, err)
 	require.False(t, ok, "a heartbeat that does not move forward is refused")
 }
@@ -75,7 +75,7 @@ func TestRelayIDsTheColumnsCannotHoldAreRefused(t *testing.T) {
 	now := time.Now()
 	_, err := drv(s).Claim(ctx, 0, "", now, now.Add(time.Minute))
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
-	_, err = drv(s).Heartbeat(ctx, strings.Repeat("r", 256), now, 1)
+	_, err = drv(s).Heartbeat(ctx, strings.Repeat("r", 256), now, 1, driver.Instance{})
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
 }
 
@@ -110,7 +110,7 @@ func TestEnqueueTxOnAnotherPoolOfTheServer(t *testing.T) {
 	fetched, err := drv(s).Fetch(ctx, 0, 1000)
 	require.NoError(t, err)
 	var got []string
-	for _, env := range fetched {
+	for _, env := range fetched.Envelopes {
 		got = append(got, string(env.Payload))
 	}
 	require.Equal(t, want, got, "every write landed, in Seq order")

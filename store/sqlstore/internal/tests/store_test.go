@@ -113,7 +113,11 @@ func TestMigrateIsIdempotentAndDDLMatches(t *testing.T) {
 		require.Contains(t, all, s.Config().Table)
 		require.Regexp(t, `ALTER TABLE `+s.Config().RelayTable+` ADD COLUMN (IF NOT EXISTS )?bucket_count INT(EGER)? NOT NULL DEFAULT 0`, all,
 			"the DDL for teams that migrate themselves adds the relay's bucket count")
-		require.Equal(t, 4, countRows(t, s, s.Config().Table+"_migrations"), "versions 1 to 4")
+		for _, col := range []string{"instance_host", "instance_pid", "instance_nonce"} {
+			require.Regexp(t, `ALTER TABLE `+s.Config().RelayTable+` ADD COLUMN (IF NOT EXISTS )?`+col+` `, all,
+				"the DDL for teams that migrate themselves adds the relay's instance")
+		}
+		require.Equal(t, 5, countRows(t, s, s.Config().Table+"_migrations"), "versions 1 to 5")
 	})
 }
 
@@ -329,6 +333,6 @@ func TestConcurrentMigrations(t *testing.T) {
 			require.NoError(t, drv(s).Enqueue(ctx, newEnvelope(t, s, "k", "v")))
 		}
 		require.Equal(t, 4, countRows(t, first, first.Config().Table))
-		require.Equal(t, 4, countRows(t, first, first.Config().Table+"_migrations"))
+		require.Equal(t, 5, countRows(t, first, first.Config().Table+"_migrations"), "every migration, once")
 	})
 }

@@ -406,7 +406,7 @@ func TestMissingTableSaysToMigrate(t *testing.T) {
 		requireMigrate(err, "Release")
 		_, err = drv(s).ReadRelays(ctx)
 		requireMigrate(err, "ReadRelays")
-		_, err = drv(s).Heartbeat(ctx, "relay", now, 2)
+		_, err = drv(s).Heartbeat(ctx, "relay", now, 2, driver.Instance{})
 		requireMigrate(err, "Heartbeat")
 		requireMigrate(drv(s).StopRelay(ctx, "relay", now), "StopRelay")
 

@@ -215,8 +215,9 @@ func TestIdempotencyKeyIsAddedByTheTransport(t *testing.T) {
 	require.NoError(t, sender.Send(ctx, outbox.Message{Topic: "idem", Key: []byte("a"), Payload: []byte("1")}))
 	require.NoError(t, sender.Send(ctx, outbox.Message{Topic: "idem", Key: []byte("b"), Payload: []byte("2"),
 		Headers: []outbox.Header{{Key: outbox.HeaderIdempotencyKey, Value: []byte("charge-2")}}}))
-	envs, err := store.Driver().Fetch(ctx, 0, 10)
+	batch, err := store.Driver().Fetch(ctx, 0, 10)
 	require.NoError(t, err)
+	envs := batch.Envelopes
 	require.Len(t, envs, 2)
 	_, ok := envs[0].Header(outbox.HeaderIdempotencyKey)
 	require.False(t, ok, "capture adds no idempotency key")

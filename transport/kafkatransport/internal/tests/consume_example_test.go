@@ -82,7 +82,7 @@ func Example_consumer() {
 		log.Fatal(err)
 	}
 	receipts, _ := store.Driver().Fetch(context.Background(), 0, 10)
-	fmt.Println("receipts:", len(receipts))
+	fmt.Println("receipts:", len(receipts.Envelopes))
 	// Output:
 	// offset 0 duplicate false
 	// offset 1 duplicate true

@@ -145,7 +145,7 @@ func TestIdempotencyKeyIsAddedByTheTransport(t *testing.T) {
 	for bucket := range store.Driver().BucketCount() {
 		got, err := store.Driver().Fetch(ctx, bucket, 10)
 		require.NoError(t, err)
-		envs = append(envs, got...)
+		envs = append(envs, got.Envelopes...)
 	}
 	require.Len(t, envs, 2)
 	for _, env := range envs {

@@ -1,0 +1,3 @@
+ALTER TABLE {{.RelayTable}} ADD COLUMN instance_host VARCHAR(255) NOT NULL DEFAULT '';
+ALTER TABLE {{.RelayTable}} ADD COLUMN instance_pid BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE {{.RelayTable}} ADD COLUMN instance_nonce VARCHAR(64) NOT NULL DEFAULT '';

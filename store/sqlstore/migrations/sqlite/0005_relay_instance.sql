@@ -1,0 +1,3 @@
+ALTER TABLE {{.RelayTable}} ADD COLUMN instance_host TEXT NOT NULL DEFAULT '';
+ALTER TABLE {{.RelayTable}} ADD COLUMN instance_pid INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE {{.RelayTable}} ADD COLUMN instance_nonce TEXT NOT NULL DEFAULT '';
