@@ -250,6 +250,7 @@ func TestRunbooks(t *testing.T) {
 		"A stuck bucket":        stuckBucketRunbook,
 		"Clock skew":            clockSkewRunbook,
 		"Refused writes":        refusedWritesRunbook,
+		"A shared relay ID":     sharedRelayIDRunbook,
 	}
 	for _, name := range names {
 		t.Run(name, func(t *testing.T) {
@@ -460,7 +461,19 @@ func refusedWritesRunbook(t *testing.T, e *runbookEnv, cmds []string) {
 	}
 	e.follow(t, cmds, []step{
 		{doc: "outboxctl leases -store $DSN", check: func(t *testing.T, out string) {
-			require.Regexp(t, `(?m)^relay-shared\s.*active\s+2$`, out, "one relay ID, holding two buckets")
+			require.Regexp(t, `(?m)^relay-shared\s.*active\s+2\s`, out, "one relay ID, holding two buckets")
+		}},
+	})
+}
+
+func sharedRelayIDRunbook(t *testing.T, e *runbookEnv, cmds []string) {
+	ctx := context.Background()
+	inst := driver.Instance{Host: "host-b", PID: 4242, Nonce: "n0nce"}
+	_, err := e.st.Heartbeat(ctx, "relay-shared", time.Now(), e.st.BucketCount(), inst)
+	require.NoError(t, err)
+	e.follow(t, cmds, []step{
+		{doc: "outboxctl leases -store $DSN", check: func(t *testing.T, out string) {
+			require.Regexp(t, `(?m)^relay-shared\s.*host-b/4242/n0nce`, out, "the instance that wrote the last heartbeat")
 		}},
 	})
 }
