@@ -18,6 +18,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/inbox"
+	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/store/memstore"
 )
 
@@ -161,30 +162,6 @@ func newInbox(t *testing.T) *inbox.Inbox {
 	return in
 }
 
-// run starts c.Run and returns a stop function that cancels it and returns Run's
-// error.
-func run(t *testing.T, c *inbox.Consumer) (stop func() error) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	var once sync.Once
-	var err error
-	stop = func() error {
-		once.Do(func() {
-			cancel()
-			select {
-			case err = <-done:
-			case <-time.After(patience):
-				err = errors.New("Run did not return after its ctx was cancelled")
-			}
-		})
-		return err
-	}
-	t.Cleanup(func() { _ = stop() })
-	return stop
-}
-
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(patience)
@@ -309,7 +286,7 @@ func TestConsumerAcksOnlyAfterCommit(t *testing.T) {
 		lane = append(lane, msg(fmt.Sprint("key-", i), fmt.Sprint(i)))
 	}
 	src.push(lane)
-	stop := run(t, c)
+	stop := outboxtest.RunConsumer(t, c)
 	waitFor(t, "five acknowledgements", func() bool { return src.ackCount() == 5 })
 	require.NoError(t, stop())
 
@@ -347,7 +324,7 @@ func TestConsumerAcksDuplicate(t *testing.T) {
 	again.Redelivered = true
 	src.push([]*inbox.Delivery{first})
 	src.push([]*inbox.Delivery{again})
-	stop := run(t, c)
+	stop := outboxtest.RunConsumer(t, c)
 	waitFor(t, "both acknowledged", func() bool { return src.ackCount() == 2 })
 	require.NoError(t, stop())
 
@@ -388,7 +365,7 @@ func TestConsumerRetriesWithConfiguredBackoff(t *testing.T) {
 		src.steps <- step{err: errors.New("broker unreachable")}
 	}
 	src.push([]*inbox.Delivery{msg("k", "v")})
-	stop := run(t, c)
+	stop := outboxtest.RunConsumer(t, c)
 	waitFor(t, "the acknowledgement", func() bool { return src.ackCount() == 1 })
 	require.NoError(t, stop())
 
@@ -425,7 +402,7 @@ func TestConsumerRejectsUndecodable(t *testing.T) {
 	keyless := &inbox.Delivery{Message: outbox.Message{Topic: "payments", Payload: []byte("keyless")}}
 	good := msg("k", "good")
 	src.push([]*inbox.Delivery{garbled, keyless, good})
-	stop := run(t, c)
+	stop := outboxtest.RunConsumer(t, c)
 	waitFor(t, "the good delivery", func() bool { return src.ackCount() == 1 })
 	require.NoError(t, stop())
 
@@ -453,7 +430,7 @@ func TestConsumerRejectsUndecodable(t *testing.T) {
 	held := msg("k2", "held back")
 	src.push([]*inbox.Delivery{inbox.Undecodable(nil, errors.New("garbled")), held}, []*inbox.Delivery{msg("k3", "other lane")})
 	src.push([]*inbox.Delivery{msg("k4", "next receive")})
-	stop = run(t, c)
+	stop = outboxtest.RunConsumer(t, c)
 	waitFor(t, "the other lane and the next receive", func() bool { return src.ackCount() == 2 })
 	require.NoError(t, stop())
 	assert.Equal(t, []string{"other lane", "next receive"}, src.payloads())
@@ -575,7 +552,7 @@ func TestConsumerLanesAndNoGoroutineLeft(t *testing.T) {
 		[]*inbox.Delivery{msg("a1", "a1"), msg("a2", "a2")},
 		[]*inbox.Delivery{msg("b1", "b1"), msg("b2", "b2")},
 	)
-	stop := run(t, c)
+	stop := outboxtest.RunConsumer(t, c)
 	waitFor(t, "four acknowledgements", func() bool { return src.ackCount() == 4 })
 	require.NoError(t, stop())
 
@@ -623,7 +600,7 @@ func TestConsumerExtendsBeforeRetry(t *testing.T) {
 	}, inbox.ConsumerConfig{RetryBackoff: time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	src.push([]*inbox.Delivery{msg("k", "flaky")})
-	stop := run(t, c)
+	stop := outboxtest.RunConsumer(t, c)
 	waitFor(t, "the acknowledgement", func() bool { return src.ackCount() == 1 })
 	require.NoError(t, stop())
 	assert.EqualValues(t, 2, src.extended.Load(), "extended before each of the two retries")
@@ -640,7 +617,7 @@ func TestConsumerExtendsBeforeRetry(t *testing.T) {
 	}, inbox.ConsumerConfig{RetryBackoff: time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	src.push([]*inbox.Delivery{msg("k1", "fails"), msg("k2", "behind it")}, []*inbox.Delivery{msg("k3", "other")})
-	stop = run(t, c)
+	stop = outboxtest.RunConsumer(t, c)
 	waitFor(t, "the other lane", func() bool { return src.ackCount() == 1 })
 	require.NoError(t, stop())
 	assert.Equal(t, []string{"other"}, src.payloads(), "the failed delivery and the rest of its lane stay with the broker")
@@ -665,7 +642,7 @@ func TestConsumerRunEndsOnFatalReceive(t *testing.T) {
 	c, err := inbox.NewConsumer(src, newInbox(t), func(context.Context, *inbox.Delivery) error { return nil }, inbox.ConsumerConfig{})
 	require.NoError(t, err)
 	src.push([]*inbox.Delivery{msg("k", "v")})
-	stop := run(t, c)
+	stop := outboxtest.RunConsumer(t, c)
 	waitFor(t, "the first Run", func() bool { return src.ackCount() == 1 })
 	require.ErrorIs(t, c.Run(context.Background()), outbox.ErrMisconfigured, "a second Run at once is refused")
 	require.NoError(t, stop())
