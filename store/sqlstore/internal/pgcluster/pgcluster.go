@@ -89,7 +89,8 @@ func New(opts Options) (*Cluster, error) {
 	c.dir = dir
 	if c.cred != nil {
 		// The server's user must reach its directory.
-		if err := os.Chmod(dir, 0o755); err == nil {
+		err := os.Chmod(dir, 0o755)
+		if err == nil {
 			err = os.Chown(dir, int(c.cred.Uid), int(c.cred.Gid))
 		}
 		if err != nil {
