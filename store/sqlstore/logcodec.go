@@ -221,3 +221,13 @@ func (d *logDecoder) bytes() []byte {
 	d.b = d.b[n:]
 	return v
 }
+
+// DecodeLogMessage decodes the content of one of the log mode's logical decoding
+// messages (prefix [Store.LogPrefix]) into the envelopes it carries, in the order
+// they were sent, for a tool that reads the write-ahead log itself (a change data
+// capture pipeline relaying the messages, or a test). Content of an unknown version,
+// or corrupt, is an error wrapping [driver.ErrCorrupt]. The envelopes own their
+// bytes: content may be reused after the call.
+func DecodeLogMessage(content []byte) ([]*driver.Envelope, error) {
+	return decodeLogRecord(append([]byte(nil), content...))
+}
