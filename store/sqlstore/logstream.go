@@ -345,22 +345,33 @@ func (st *logStream) endCopy(ctx context.Context) {
 	}
 }
 
-// streamLag reads the slot's lag for Stats.
+// streamLag reads the slot's lag for Stats; nil when the slot does not exist.
 func (s *Store) streamLag(ctx context.Context) (*driver.StreamLag, error) {
+	slot := s.cfg.Slot
+	if slot == "" {
+		c := s.cfg
+		c.Mode = LogMode
+		d, err := c.withDefaults()
+		if err != nil {
+			return nil, err
+		}
+		slot = d.Slot
+	}
 	rs, err := s.db.query(ctx, "SELECT COALESCE(pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn), 0)::bigint, s.active,"+
 		" COALESCE((SELECT EXTRACT(EPOCH FROM r.flush_lag) * 1000000 FROM pg_stat_replication r WHERE r.pid = s.active_pid), 0)::bigint"+
-		" FROM pg_replication_slots s WHERE s.slot_name = $1", s.cfg.Slot)
+		" FROM pg_replication_slots s WHERE s.slot_name = $1", slot)
 	if err != nil {
 		return nil, err
 	}
 	defer rs.Close()
-	lag := &driver.StreamLag{}
-	if rs.Next() {
-		var age int64
-		if err := rs.Scan(&lag.Bytes, &lag.Active, &age); err != nil {
-			return nil, err
-		}
-		lag.Age = time.Duration(age) * time.Microsecond
+	if !rs.Next() {
+		return nil, rs.Err()
 	}
+	lag := &driver.StreamLag{}
+	var age int64
+	if err := rs.Scan(&lag.Bytes, &lag.Active, &age); err != nil {
+		return nil, err
+	}
+	lag.Age = time.Duration(age) * time.Microsecond
 	return lag, rs.Err()
 }

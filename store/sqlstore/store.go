@@ -770,7 +770,8 @@ func (s *Store) byID(ctx context.Context, op, prefix string, ids []uuid.UUID) (i
 }
 
 // Stats implements [driver.Admin]: per bucket a capped count and the head's age,
-// each an index range scan.
+// each an index range scan. On PostgreSQL it adds the lag of the log mode's slot
+// (Config.Slot, or its default in TableMode) when the slot exists.
 func (s driverStore) Stats(ctx context.Context) (driver.Backlog, error) {
 	if err := s.begin(ctx); err != nil {
 		return driver.Backlog{}, err
@@ -813,7 +814,8 @@ func (s driverStore) Stats(ctx context.Context) (driver.Backlog, error) {
 		return st, s.wrap(ctx, "stats", err)
 	}
 	st.Parked = int(parked)
-	if s.logMode() {
+	if s.dialect == PostgreSQL {
+		// A slot left by the log mode keeps WAL in table mode too: show it.
 		lag, err := s.streamLag(ctx)
 		if err != nil {
 			return st, s.wrap(ctx, "stats", err)

@@ -199,3 +199,18 @@ func TestLogModeWithoutSlotRefusesWrites(t *testing.T) {
 	require.NoError(t, s.Enqueue(ctx, message("k", 1)))
 	require.NoError(t, s.Driver().Check(ctx))
 }
+
+// Only a store in LogMode offers a stream: a relay on a TableMode store drains the
+// table alone.
+func TestOnlyTheLogModeOffersAStream(t *testing.T) {
+	need(t)
+	s, err := sqlstore.NewPgx(pool, sqlstore.Config{})
+	require.NoError(t, err)
+	_, ok := s.Driver().(driver.Streamer)
+	require.False(t, ok)
+	l := open(t, clients[0], sqlstore.Config{})
+	_, ok = l.Driver().(driver.Streamer)
+	require.True(t, ok)
+	_, ok = l.Driver().(driver.Admin)
+	require.True(t, ok, "the log mode's relay side keeps every capability")
+}
