@@ -240,11 +240,10 @@ func (s *streamer) settle(r lifecycle.Run, envs []*driver.Envelope) (bool, error
 	wait := streamRetryFirst
 	causes := map[uuid.UUID]error{}
 	for len(pending) > 0 {
-		left := s.lease.ExpiresAt.Add(-s.cfg.margin()).Sub(s.cfg.now())
-		if left <= 0 {
+		failed, permanent, err := s.publish(ctx, pending, causes)
+		if errors.Is(err, errStreamLeaseLost) {
 			return false, nil
 		}
-		failed, permanent, err := s.publish(ctx, pending, left, causes)
 		if err != nil {
 			if ctx.Err() != nil {
 				return false, nil
@@ -261,8 +260,8 @@ func (s *streamer) settle(r lifecycle.Run, envs []*driver.Envelope) (bool, error
 		if !r.Sleep(wait) {
 			return false, nil
 		}
-		if ok, err := s.renew(ctx); err != nil || !ok {
-			return false, err
+		if ok, _ := s.renew(ctx); !ok {
+			return false, nil // not confirmed: the next reader reads the batch again
 		}
 		wait = min(2*wait, streamRetryMax)
 	}
@@ -275,7 +274,10 @@ func (s *streamer) settle(r lifecycle.Run, envs []*driver.Envelope) (bool, error
 // publish publishes envs once in per-key order (waves of one envelope per key, unless
 // the transport keeps key order in a batch) and returns, in order, those that failed
 // or were held back behind a failure of their key.
-func (s *streamer) publish(ctx context.Context, envs []*driver.Envelope, left time.Duration, causes map[uuid.UUID]error) (failed []*driver.Envelope, permanent bool, err error) {
+//
+// Each wave renews the lease when due and may take what is left of it; a lease that
+// lapses ends the call with errStreamLeaseLost.
+func (s *streamer) publish(ctx context.Context, envs []*driver.Envelope, causes map[uuid.UUID]error) (failed []*driver.Envelope, permanent bool, err error) {
 	failedKeys := map[string]bool{}
 	back := map[uuid.UUID]bool{}
 	for _, wave := range s.waves(envs) {
@@ -288,6 +290,15 @@ func (s *streamer) publish(ctx context.Context, envs []*driver.Envelope, left ti
 		})
 		if len(wave) == 0 {
 			continue
+		}
+		if ok, err := s.renew(ctx); err != nil && !ok {
+			return nil, false, err
+		} else if !ok {
+			return nil, false, errStreamLeaseLost
+		}
+		left := s.lease.ExpiresAt.Add(-s.cfg.margin()).Sub(s.cfg.now())
+		if left <= 0 {
+			return nil, false, errStreamLeaseLost
 		}
 		pctx, cancel := context.WithTimeout(ctx, left)
 		start := time.Now()
