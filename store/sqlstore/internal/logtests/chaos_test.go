@@ -11,9 +11,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/pgcluster"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/store/sqlstore"
-	"github.com/outboxkit/outbox/store/sqlstore/internal/pgcluster"
 )
 
 // PostgreSQL killed mid-stream (pg_ctl stop -m immediate: no checkpoint, as a crash)

@@ -20,8 +20,8 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
+	"github.com/outboxkit/outbox/internal/pgcluster"
 	"github.com/outboxkit/outbox/store/sqlstore"
-	"github.com/outboxkit/outbox/store/sqlstore/internal/pgcluster"
 )
 
 var (

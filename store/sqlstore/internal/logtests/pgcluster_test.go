@@ -1,4 +1,4 @@
-package pgcluster_test
+package logtests
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxkit/outbox/store/sqlstore/internal/pgcluster"
+	"github.com/outboxkit/outbox/internal/pgcluster"
 )
 
 // A cluster of the test's own runs with the settings asked for, survives an
