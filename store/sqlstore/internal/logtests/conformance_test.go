@@ -46,6 +46,13 @@ type laneDriver struct {
 	mu sync.Mutex
 }
 
+// lane wraps a log-mode store so its Fetch reads what the slot holds.
+func lane(t testing.TB, s *sqlstore.Store) laneStore {
+	rs, ok := s.Driver().(relaySide)
+	require.True(t, ok)
+	return laneStore{Store: s, lane: &laneDriver{relaySide: rs, s: s}}
+}
+
 // Fetch implements driver.Queue: the slot's committed messages go to the table, then
 // the table is read.
 func (d *laneDriver) Fetch(ctx context.Context, bucket, limit int) ([]*driver.Envelope, error) {
@@ -105,10 +112,7 @@ func TestConformanceInLogMode(t *testing.T) {
 	eachClient(t, func(t *testing.T, c client) {
 		outboxtest.RunStoreTests(t, outboxtest.StoreHarness{
 			New: func(t *testing.T, bucketCount int) outboxtest.Store {
-				s := open(t, c, sqlstore.Config{BucketCount: bucketCount})
-				rs, ok := s.Driver().(relaySide)
-				require.True(t, ok)
-				return laneStore{Store: s, lane: &laneDriver{relaySide: rs, s: s}}
+				return lane(t, open(t, c, sqlstore.Config{BucketCount: bucketCount}))
 			},
 			// The log has no unique index: a message whose ID the store holds is
 			// written again (the relay then publishes it twice, as at-least-once allows).
