@@ -251,10 +251,14 @@ func (s *streamer) settle(r lifecycle.Run, envs []*driver.Envelope) (bool, error
 			return false, err
 		}
 		pending = failed
-		if len(pending) == 0 {
-			break
+		if permanent {
+			// A permanent failure goes to the table lane at once (parked there), and
+			// so do the later messages of its key; the rest keep their budget.
+			var now []*driver.Envelope
+			now, pending = splitPermanent(pending, causes)
+			toTable = mergeInOrder(envs, toTable, now)
 		}
-		if permanent || !s.cfg.now().Before(budget) {
+		if len(pending) == 0 || !s.cfg.now().Before(budget) {
 			break
 		}
 		if !r.Sleep(wait) {
@@ -280,7 +284,16 @@ func (s *streamer) settle(r lifecycle.Run, envs []*driver.Envelope) (bool, error
 func (s *streamer) publish(ctx context.Context, envs []*driver.Envelope, causes map[uuid.UUID]error) (failed []*driver.Envelope, permanent bool, err error) {
 	failedKeys := map[string]bool{}
 	back := map[uuid.UUID]bool{}
+	// Waves go out BatchSize envelopes at a time, as the drainer's batches do.
+	var chunks [][]*driver.Envelope
 	for _, wave := range s.waves(envs) {
+		for len(wave) > s.cfg.BatchSize {
+			chunks = append(chunks, wave[:s.cfg.BatchSize])
+			wave = wave[s.cfg.BatchSize:]
+		}
+		chunks = append(chunks, wave)
+	}
+	for _, wave := range chunks {
 		wave = slices.DeleteFunc(slices.Clone(wave), func(e *driver.Envelope) bool {
 			if e.Key != nil && failedKeys[string(e.Key)] {
 				back[e.ID] = true
@@ -332,6 +345,28 @@ func (s *streamer) publish(ctx context.Context, envs []*driver.Envelope, causes 
 		}
 	}
 	return failed, permanent, nil
+}
+
+// splitPermanent splits failed envelopes (in order) into those that failed
+// permanently with the later ones of their keys, and the rest. A key keeps its order:
+// once one of its envelopes stays, every later one stays too.
+func splitPermanent(failed []*driver.Envelope, causes map[uuid.UUID]error) (permanent, rest []*driver.Envelope) {
+	gone, stays := map[string]bool{}, map[string]bool{}
+	for _, e := range failed {
+		k := string(e.Key)
+		cause, ok := causes[e.ID]
+		switch {
+		case e.Key != nil && stays[k]:
+			rest = append(rest, e)
+		case ok && driver.IsPermanent(cause), e.Key != nil && gone[k]:
+			gone[k] = e.Key != nil
+			permanent = append(permanent, e)
+		default:
+			stays[k] = e.Key != nil
+			rest = append(rest, e)
+		}
+	}
+	return permanent, rest
 }
 
 // waves splits envs as the drainer does: wave i holds each key's i-th envelope.

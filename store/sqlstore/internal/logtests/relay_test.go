@@ -318,3 +318,43 @@ func TestRelayKilledBeforeConfirmRedelivers(t *testing.T) {
 	requireKeyOrder(t, rec, sent)
 	require.Positive(t, rec.Duplicates(), "the unconfirmed batch came again")
 }
+
+// A poison message goes to the table lane at once, parked, without cutting short the
+// in-place retries of another key that fails for a moment in the same batch.
+func TestPoisonDoesNotCutOtherRetriesShort(t *testing.T) {
+	need(t)
+	ctx := testContext(t)
+	s := open(t, clients[0], sqlstore.Config{})
+	rec := outboxtest.NewRecorder()
+	var flaky atomic.Int64
+	rec.FailWhen(func(env *driver.Envelope) error {
+		switch string(env.Key) {
+		case "poison":
+			return driver.Permanent(errors.New("poison"))
+		case "flaky":
+			if flaky.Add(1) <= 2 {
+				return errBrokerDown
+			}
+		}
+		return nil
+	})
+	cfg := fastRelay("r1")
+	cfg.StreamRetryBudget = time.Second
+	r := startRelay(t, s, rec, cfg)
+	snd := sender(t, s, outbox.Transactional)
+	require.NoError(t, s.Transact(ctx, func(ctx context.Context) error {
+		for _, k := range []string{"poison", "flaky", "poison", "flaky"} {
+			if err := snd.Send(ctx, outbox.Message{Topic: "orders", Key: []byte(k), Payload: []byte(k)}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	require.NoError(t, rec.WaitForUnique(ctx, 2))
+	require.Len(t, rec.ByKey()["flaky"], 2, "the flaky key streamed once the broker took it")
+	require.Eventually(t, func() bool {
+		parked, err := s.Driver().(driver.Admin).List(ctx, driver.Parked, driver.Cursor{}, 10)
+		return err == nil && len(parked) == 2
+	}, time.Minute, 20*time.Millisecond, "the poison messages are parked in the table (the first by the reader, the second by the bucket's drainer)")
+	require.EqualValues(t, 2, r.Stats().Diverted, "the poison key's two messages went to the table, the flaky key's none")
+}
