@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -60,8 +61,8 @@ func need(t testing.TB) {
 	if clusterErr == nil {
 		return
 	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("a PostgreSQL cluster with wal_level=logical is required under CI=true: %v", clusterErr)
+	if os.Getenv("CI") == "true" || !errors.Is(clusterErr, pgcluster.ErrNoPostgres) {
+		t.Fatalf("a PostgreSQL cluster of the tests' own with wal_level=logical is required: %v", clusterErr)
 	}
 	t.Skipf("no PostgreSQL cluster of the tests' own (%v); install PostgreSQL 14 or later to run this test", clusterErr)
 }
