@@ -15,6 +15,13 @@
 // back units of work alike; the suites in [github.com/outboxkit/outbox/outboxtest]
 // check every store against this contract.
 //
+// A store whose fast path writes its messages into a stream rather than rows (the SQL
+// store's log mode: PostgreSQL's write-ahead log) implements [Streamer] on its relay
+// side. One relay of a fleet reads it, the one holding [StreamLease] in the lease
+// table; it confirms a [StreamPosition] only once every envelope before it is settled,
+// and writes what the broker keeps refusing into the store's table with
+// [Store.Enqueue] (the table lane). [Backlog.Stream] reports the stream's lag.
+//
 // # Transports
 //
 // A transport implements [Transport] and, where it can, [SizeLimiter], [Pinger] and

@@ -215,6 +215,8 @@ type Backlog struct {
 	Parked int
 	// OldestPending is the CreatedAt of the oldest bucket head, zero when empty.
 	OldestPending time.Time
+	// Stream is the lag of the store's stream ([Streamer]); nil for a store without one.
+	Stream *StreamLag
 }
 
 // BacklogSampler is the optional capability a store offers when sampling its
@@ -288,4 +290,56 @@ type RelayIDChecker interface {
 type Metered interface {
 	// Metered reports whether the store bills each request.
 	Metered() bool
+}
+
+// StreamLease is the lease number of a store's stream reader ([Streamer]): the one
+// relay of a fleet that reads the stream holds it, in the lease table beside the
+// buckets' leases (0 to the bucket count − 1), through the [Leaser] calls. It is
+// outside every bucket range, so bucket plans never count it.
+const StreamLease = -1
+
+// StreamPosition is a position in a store's stream: later positions are larger. Zero
+// is no position.
+type StreamPosition uint64
+
+// Streamer is the optional capability of a store whose fast path writes its messages
+// into a stream (PostgreSQL's write-ahead log, in the SQL store's log mode) rather
+// than rows: the relay holding [StreamLease] reads them from it, and moves the
+// messages whose publish keeps failing into the store's table with
+// [Store.Enqueue], where they are drained as any other.
+type Streamer interface {
+	// OpenStream opens the stream at the last confirmed position: what was handed out
+	// and not confirmed before comes again (at least once). A stream has one reader
+	// at a time; opening it while another reader holds it fails.
+	OpenStream(ctx context.Context) (Stream, error)
+}
+
+// Stream reads a store's stream. It is not safe for concurrent use.
+type Stream interface {
+	// Next returns the next envelopes in commit order (a transaction's in the order
+	// they were sent) and the position just past them. It waits for a commit for up
+	// to a short interval of the store's choosing and then returns no envelopes and a
+	// zero position, so the caller may renew its lease and look at its stop signal.
+	// An error other than ctx's means the stream is broken: close it and open
+	// another.
+	Next(ctx context.Context) ([]*Envelope, StreamPosition, error)
+	// Confirm says every envelope handed out up to pos is settled (the broker
+	// acknowledged it, or it was written to the store's table): the store may forget
+	// the stream up to pos, and a stream opened later starts after it. Positions
+	// only move forward; a lower one is ignored.
+	Confirm(ctx context.Context, pos StreamPosition) error
+	// Close ends the stream; what was not confirmed comes again to the next reader.
+	Close(ctx context.Context) error
+}
+
+// StreamLag is how far a stream's confirmed position is behind its writers.
+type StreamLag struct {
+	// Bytes is how much of the stream the store keeps for its reader (PostgreSQL: the
+	// write-ahead log between the slot's confirmed position and the current one).
+	Bytes int64
+	// Active reports whether a reader has the stream open.
+	Active bool
+	// Age is how long ago the reader last confirmed what was written, as far as the
+	// store can tell (PostgreSQL: the slot's flush lag); zero when unknown or idle.
+	Age time.Duration
 }

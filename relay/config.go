@@ -86,6 +86,14 @@ type Config struct {
 	// effective interval is a multiple of the round interval. A negative value turns
 	// sampling off. Defaults to 30 s.
 	BacklogInterval time.Duration
+	// StreamRetryBudget is, for a store whose messages come as a stream
+	// ([driver.Streamer]: the SQL store's log mode), how long the relay reading the
+	// stream retries a failed publish in place before it moves the message, and every
+	// later message of its key while the key is held, into the store's table, where
+	// the envelopes are retried with backoff and parked as any other. Other keys keep
+	// streaming meanwhile only once the message has moved. Defaults to 3 s, or half
+	// of LeaseDuration − LeaseRenewInterval if that is shorter.
+	StreamRetryBudget time.Duration
 }
 
 // Defaults.
@@ -99,6 +107,7 @@ const (
 	DefaultBackoffMax         = time.Hour
 	DefaultJitter             = 0.2
 	DefaultMaxConcurrency     = 4
+	DefaultStreamRetryBudget  = 3 * time.Second
 )
 
 // retentionBatch bounds one DeleteDispatched call; retentionRounds bounds the calls
@@ -154,6 +163,9 @@ func (c Config) withDefaults() Config {
 	if c.BacklogInterval == 0 {
 		c.BacklogInterval = DefaultBacklogInterval
 	}
+	if c.StreamRetryBudget == 0 {
+		c.StreamRetryBudget = min(DefaultStreamRetryBudget, (c.LeaseDuration-c.LeaseRenewInterval)/2)
+	}
 	return c
 }
 
@@ -200,6 +212,10 @@ func (c Config) validate() error {
 		return bad("Retention", "is %s; it must be 0 (delete on completion) or positive", c.Retention)
 	case c.MaxConcurrency < 1:
 		return bad("MaxConcurrency", "is %d; it must be at least 1", c.MaxConcurrency)
+	case c.StreamRetryBudget < 0:
+		return bad("StreamRetryBudget", "is %s; it must be positive (0 selects %s)", c.StreamRetryBudget, DefaultStreamRetryBudget)
+	case c.StreamRetryBudget >= c.LeaseDuration-c.LeaseRenewInterval:
+		return bad("StreamRetryBudget", "is %s; it must be shorter than LeaseDuration − LeaseRenewInterval (%s), so the stream's reader keeps its lease while it retries", c.StreamRetryBudget, c.LeaseDuration-c.LeaseRenewInterval)
 	}
 	return nil
 }

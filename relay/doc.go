@@ -18,6 +18,14 @@
 // what Run returns ([Relay.Err]).
 // [Relay.Kill] stops the worker as a crash would, for tests.
 //
+// A store whose messages come as a stream ([driver.Streamer]: the SQL store's log
+// mode on PostgreSQL) adds one service to the worker: the relay holding
+// [driver.StreamLease] reads the stream, publishes in per-key order through the same
+// transport, moves a message that keeps failing (and its key while held) into the
+// store's table after [Config.StreamRetryBudget], and confirms the stream only past
+// what the broker acknowledged or the table holds. RunOnce and DispatchOne drain the
+// table alone.
+//
 // # Semantics
 //
 //   - At least once. An envelope is removed (or marked dispatched) only after the

@@ -36,6 +36,7 @@ type Relay struct {
 	drain     *drainer
 	backlog   *backlogSampler
 	retention *retention
+	stream    *streamer // nil: the store has no stream
 
 	worker *lifecycle.Service
 	// sweepMu serialises RunOnce calls.
@@ -70,6 +71,9 @@ type Stats struct {
 	// with a transport that claims to keep key order ([driver.KeyOrderKeeper]) and
 	// does not.
 	OutOfOrder int64
+	// Diverted counts envelopes the stream's reader moved to the store's table (the
+	// table lane; see Config.StreamRetryBudget).
+	Diverted int64
 	// Backlog is the last backlog sample this relay took (it samples while it holds
 	// bucket 0, every Config.BacklogInterval), and BacklogAt when it took it; both
 	// zero before the first sample. Pending counts are capped per bucket as the
@@ -206,6 +210,11 @@ func assemble(store driver.Store, transport driver.Transport, cfg Config) (*Rela
 	// The sampler bounds each call itself.
 	d.backlog = &backlogSampler{cfg: c, log: d.log, source: newBacklogSource(store), leases: d.leases, meter: d.meter}
 	d.retention = &retention{cfg: c, retainer: retainer, leases: d.leases, meter: d.meter}
+	stream, err := newStreamer(store, bounded, transport, c, d.log, d.meter)
+	if err != nil {
+		return nil, err
+	}
+	d.stream = stream
 	return d, nil
 }
 
@@ -221,6 +230,9 @@ func (d *Relay) Instance() driver.Instance { return d.coord.clash.self }
 func (d *Relay) Stats() Stats {
 	st := d.meter.stats()
 	st.Backlog, st.BacklogAt = d.backlog.last()
+	if d.stream != nil {
+		st.Diverted = d.stream.diverted.Load()
+	}
 	return st
 }
 

@@ -158,8 +158,17 @@ func (d *Relay) run(r lifecycle.Run) error {
 	defer cancel()
 	r.Work = ctx
 	rounds := make(chan struct{}, 1)
-	var coordErr error
+	var coordErr, streamErr error
 	var wg sync.WaitGroup
+	if d.stream != nil {
+		// The stream's reader (streamer.go), beside the rounds and the drains.
+		wg.Go(func() {
+			streamErr = d.stream.loop(r)
+			if streamErr != nil {
+				cancel()
+			}
+		})
+	}
 	wg.Go(func() {
 		coordErr = d.coord.loop(r, rounds, d.afterRound)
 		if coordErr != nil {
@@ -172,6 +181,9 @@ func (d *Relay) run(r lifecycle.Run) error {
 	d.backlog.wait()
 	if coordErr != nil {
 		return coordErr
+	}
+	if streamErr != nil {
+		return streamErr
 	}
 	return err
 }

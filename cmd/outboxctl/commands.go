@@ -179,6 +179,15 @@ type statsView struct {
 	Parked           int       `json:"parked"`
 	OldestPending    time.Time `json:"oldest_pending,omitzero"`
 	OldestPendingAge float64   `json:"oldest_pending_age_seconds"`
+	// Stream is the slot lag of a store in the SQL store's log mode; absent otherwise.
+	Stream *streamView `json:"stream,omitempty"`
+}
+
+// streamView is the JSON of a stream's lag (driver.StreamLag).
+type streamView struct {
+	LagBytes   int64   `json:"lag_bytes"`
+	Active     bool    `json:"active"`
+	AgeSeconds float64 `json:"age_seconds"`
 }
 
 func newStatsView(st driver.Backlog, now time.Time) statsView {
@@ -194,6 +203,9 @@ func newStatsView(st driver.Backlog, now time.Time) statsView {
 	}
 	if v.Pending == nil {
 		v.Pending = []int{}
+	}
+	if st.Stream != nil {
+		v.Stream = &streamView{LagBytes: st.Stream.Bytes, Active: st.Stream.Active, AgeSeconds: st.Stream.Age.Seconds()}
 	}
 	return v
 }
@@ -224,6 +236,9 @@ func cmdStats(ctx context.Context, c *cli, args []string) error {
 			fmt.Fprintln(c.stdout, "oldest pending: none")
 		} else {
 			fmt.Fprintf(c.stdout, "oldest pending: %s (%s ago)\n", v.OldestPending.UTC().Format(time.RFC3339), time.Duration(v.OldestPendingAge*float64(time.Second)).Round(time.Second))
+		}
+		if v.Stream != nil {
+			fmt.Fprintf(c.stdout, "stream:  %d bytes behind, reader active: %t, lag %s\n", v.Stream.LagBytes, v.Stream.Active, time.Duration(v.Stream.AgeSeconds*float64(time.Second)).Round(time.Millisecond))
 		}
 		tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "BUCKET\tPENDING")

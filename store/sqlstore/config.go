@@ -47,6 +47,32 @@ const (
 	DefaultVacuumAfter = 20_000
 )
 
+// Mode is where a PostgreSQL store writes the messages of the fast path.
+type Mode int
+
+const (
+	// TableMode writes every message as a row of Config.Table, which relays drain. It
+	// is the default, and the only mode on MySQL and SQLite.
+	TableMode Mode = iota
+	// LogMode writes every message into PostgreSQL's write-ahead log with
+	// pg_logical_emit_message, in the sender's transaction, and writes no row: a relay
+	// reads the messages from a logical replication slot (Config.Slot) in commit order.
+	// Messages the broker keeps refusing go to the table, which relays drain as in
+	// TableMode. It needs PostgreSQL 14 or later with wal_level=logical, and the slot
+	// and publication that [Store.Migrate] creates; see docs/stores/postgres-log.md.
+	LogMode
+)
+
+func (m Mode) String() string {
+	switch m {
+	case TableMode:
+		return "table"
+	case LogMode:
+		return "log"
+	}
+	return fmt.Sprintf("Mode(%d)", int(m))
+}
+
 // Config configures a [Store]. The zero value is valid: every field has a default.
 type Config struct {
 	// Table is the messages table, optionally schema-qualified ("billing.outbox").
@@ -87,7 +113,27 @@ type Config struct {
 	// Logger receives listener reconnects and other background events. Defaults to
 	// slog.Default().
 	Logger *slog.Logger
+
+	// Mode is TableMode (the default) or, on PostgreSQL only, LogMode.
+	Mode Mode
+	// Slot is LogMode's logical replication slot: lower-case letters, digits and
+	// underscores, at most 63. Defaults to the messages table's name in lower case
+	// (dots become underscores) + "_slot". Ignored in TableMode.
+	Slot string
+	// Publication is LogMode's publication, which publishes no table: the slot's
+	// reader asks for the logical decoding messages alone. A plain identifier.
+	// Defaults to the messages table's name (dots become underscores) + "_pub".
+	// Ignored in TableMode.
+	Publication string
+	// ReplicationURL is the connection string of LogMode's replication connection
+	// (the user needs the REPLICATION attribute). Defaults to the pgx pool's
+	// connection settings (NewPgx), or those of a pgx stdlib connection of the
+	// *sql.DB (NewDB, NewORM); another database/sql driver needs it set. Ignored in
+	// TableMode.
+	ReplicationURL string
 }
+
+var slotName = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
 
 var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 
@@ -163,6 +209,25 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	switch c.Mode {
+	case TableMode:
+	case LogMode:
+		base := strings.ReplaceAll(c.Table, ".", "_")
+		if c.Slot == "" {
+			c.Slot = strings.ToLower(base) + "_slot"
+		}
+		if !slotName.MatchString(c.Slot) {
+			return c, fmt.Errorf("%w: sqlstore: Config.Slot %q is not a replication slot name (lower-case letters, digits and underscores, at most 63)", outbox.ErrMisconfigured, c.Slot)
+		}
+		if c.Publication == "" {
+			c.Publication = base + "_pub"
+		}
+		if !identifier.MatchString(c.Publication) {
+			return c, fmt.Errorf("%w: sqlstore: Config.Publication %q is not a plain SQL identifier", outbox.ErrMisconfigured, c.Publication)
+		}
+	default:
+		return c, fmt.Errorf("%w: sqlstore: Config.Mode %v: use TableMode or LogMode", outbox.ErrMisconfigured, c.Mode)
 	}
 	return c, nil
 }

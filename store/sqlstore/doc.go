@@ -43,6 +43,22 @@
 // into it; after the commit, [Store.NotifyCommitted] with what they returned wakes
 // the dispatchers.
 //
+// # Log mode
+//
+// On PostgreSQL 14 or later with wal_level=logical, Config.Mode [LogMode] writes the
+// fast path into the write-ahead log instead of the table: units of work,
+// [Store.EnqueuePgxTx], [Store.EnqueueTx] and [Store.Enqueue] write each message with
+// pg_logical_emit_message in the transaction (pipelined with the COMMIT on pgx), in a
+// versioned encoding ([DecodeLogMessage]) under the prefix [Store.LogPrefix], and write
+// no row. [Store.Migrate] creates a publication and a logical replication slot
+// (pgoutput); the relay side then implements [driver.Streamer], which a relay reads
+// with pglogrepl in commit order, confirming the slot only past what it settled.
+// Messages the broker keeps refusing go to the table (the relay side's Enqueue), where
+// relays drain them as in TableMode. Migrate, Check and the first write refuse a server
+// without wal_level=logical, or without the slot, with [outbox.ErrMisconfigured].
+// [Store.DropLog] drops the slot and the publication. An ID the store holds is not
+// refused in LogMode (the log has no unique index). See docs/stores/postgres-log.md.
+//
 // # Semantics
 //
 //   - Seq comes from an identity (PostgreSQL), AUTO_INCREMENT (MySQL) or

@@ -172,15 +172,25 @@ func (s *Store) Migrate(ctx context.Context) error {
 		// MySQL commits DDL implicitly; SQLite serialises writers anyway.
 		return s.migrate(ctx, s.db, ms)
 	}
+	if s.logMode() {
+		// Refuse before anything is created.
+		if err := s.checkLog(ctx, s.db, false); err != nil {
+			return err
+		}
+	}
 	h := fnv.New64a()
 	h.Write([]byte("outbox migrate " + s.cfg.Table))
 	key := int64(h.Sum64())
-	return s.inTx(ctx, func(q querier) error {
+	err = s.inTx(ctx, func(q querier) error {
 		if _, err := q.exec(ctx, "SELECT pg_advisory_xact_lock($1)", key); err != nil {
 			return s.wrap(ctx, "migrate", err)
 		}
 		return s.migrate(ctx, q, ms)
 	})
+	if err != nil || !s.logMode() {
+		return err
+	}
+	return s.migrateLog(ctx)
 }
 
 func (s *Store) migrate(ctx context.Context, q querier, ms []migration) error {
@@ -226,9 +236,15 @@ func (s *Store) migrate(ctx context.Context, q querier, ms []migration) error {
 	return s.recordBucketCount(ctx, q)
 }
 
-// DropTables drops the store's tables and every message in them. Tests and demos
-// use it; production schemas are rarely dropped by code.
+// DropTables drops the store's tables and every message in them, and in LogMode its
+// slot and publication ([Store.DropLog]). Tests and demos use it; production schemas
+// are rarely dropped by code.
 func (s *Store) DropTables(ctx context.Context) error {
+	if s.logMode() {
+		if err := s.dropLog(ctx); err != nil {
+			return err
+		}
+	}
 	for _, t := range []string{s.cfg.Table, s.cfg.LeaseTable, s.cfg.RelayTable, s.InboxTable(), s.settingsTable(), s.cfg.Table + "_migrations"} {
 		if _, err := s.db.exec(ctx, "DROP TABLE IF EXISTS "+t); err != nil {
 			return s.wrap(ctx, "drop tables", err)
@@ -241,9 +257,17 @@ func (s *Store) DropTables(ctx context.Context) error {
 // every column the relay uses. A table or column that does not exist is an error
 // wrapping [outbox.ErrMisconfigured] that says to run [Store.Migrate]; other errors
 // come back wrapped, context errors as they are.
+//
+// In LogMode it first checks the server (PostgreSQL 14 or later, wal_level=logical)
+// and that the slot and the publication exist.
 func (s driverStore) Check(ctx context.Context) error {
 	if err := s.begin(ctx); err != nil {
 		return err
+	}
+	if s.logMode() {
+		if err := s.checkLog(ctx, s.db, true); err != nil {
+			return err
+		}
 	}
 	for _, t := range []struct{ name, columns string }{
 		{s.cfg.Table, selectColumns},

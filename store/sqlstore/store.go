@@ -37,6 +37,7 @@ type Store struct {
 
 	hub      driver.Hub
 	buckets  bucketCheck
+	logw     logWrite // LogMode: the slot was there at the first write
 	closed   atomic.Bool
 	sender   notifySender
 	vacuum   vacuumer
@@ -69,7 +70,15 @@ var (
 // and tools: the queue, the leases, the admin surface ([driver.Admin]), wake-ups
 // ([driver.Notifier]), lookups ([driver.Finder]) and retention ([driver.Retainer]).
 // Applications do not call it.
-func (s *Store) Driver() driver.Store { return driverStore{s} }
+//
+// In LogMode the relay side also implements [driver.Streamer]: the relay then reads
+// the slot. In TableMode it does not.
+func (s *Store) Driver() driver.Store {
+	if s.logMode() {
+		return logDriverStore{driverStore{s}}
+	}
+	return driverStore{s}
+}
 
 // NewPgx returns a PostgreSQL store on a pgx pool the caller built. Inside
 // [Store.Transact], [PgxTx] reaches the unit's transaction; a transaction the
@@ -161,6 +170,9 @@ func newStore(d Dialect, cfg Config) (*Store, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
+	}
+	if cfg.Mode == LogMode && d != PostgreSQL {
+		return nil, fmt.Errorf("%w: sqlstore: Config.Mode LogMode needs PostgreSQL (its write-ahead log); a %v store has TableMode only", outbox.ErrMisconfigured, d)
 	}
 	if d == SQLite && (strings.Contains(cfg.Table, ".") || strings.Contains(cfg.LeaseTable, ".") || strings.Contains(cfg.RelayTable, ".")) {
 		return nil, fmt.Errorf("%w: sqlstore: Config.Table %q: SQLite table names cannot be schema-qualified here", outbox.ErrMisconfigured, cfg.Table)
@@ -299,10 +311,16 @@ func (s *Store) check(envs []*driver.Envelope) error {
 // the dispatchers: one multi-row INSERT (several, in one transaction, beyond the
 // dialect's bind-parameter limit). A message with a zero ID gets a UUIDv7. Every
 // message is checked before any SQL runs; a refused call writes nothing.
+//
+// In LogMode it writes them into the write-ahead log instead, with one statement
+// that is its own transaction, and no row.
 func (s *Store) Enqueue(ctx context.Context, msgs ...outbox.Message) error {
 	envs, err := s.envelopes(msgs)
 	if err != nil {
 		return err
+	}
+	if s.logMode() {
+		return s.enqueueLog(ctx, envs)
 	}
 	return s.enqueue(ctx, envs)
 }
@@ -317,7 +335,8 @@ func (s *Store) envelopes(msgs []outbox.Message) ([]*driver.Envelope, error) {
 }
 
 // Enqueue implements [driver.Store]: it writes envelopes as [Store.Enqueue] writes
-// messages, and sets their Seq.
+// messages, and sets their Seq. It writes rows in LogMode too: it is the table lane
+// the relay moves messages to whose publish keeps failing.
 func (s driverStore) Enqueue(ctx context.Context, envs ...*driver.Envelope) error {
 	return s.enqueue(ctx, envs)
 }
@@ -753,7 +772,8 @@ func (s *Store) byID(ctx context.Context, op, prefix string, ids []uuid.UUID) (i
 }
 
 // Stats implements [driver.Admin]: per bucket a capped count and the head's age,
-// each an index range scan.
+// each an index range scan. On PostgreSQL it adds the lag of the log mode's slot
+// (Config.Slot, or its default in TableMode) when the slot exists.
 func (s driverStore) Stats(ctx context.Context) (driver.Backlog, error) {
 	if err := s.begin(ctx); err != nil {
 		return driver.Backlog{}, err
@@ -796,6 +816,14 @@ func (s driverStore) Stats(ctx context.Context) (driver.Backlog, error) {
 		return st, s.wrap(ctx, "stats", err)
 	}
 	st.Parked = int(parked)
+	if s.dialect == PostgreSQL {
+		// A slot left by the log mode keeps WAL in table mode too: show it.
+		lag, err := s.streamLag(ctx)
+		if err != nil {
+			return st, s.wrap(ctx, "stats", err)
+		}
+		st.Stream = lag
+	}
 	return st, nil
 }
 

@@ -178,9 +178,14 @@ func (u *unit) Commit(ctx context.Context, envs []*driver.Envelope) error {
 		u.rollback(ctx)
 		return err
 	}
-	if u.pgxTx != nil {
+	switch {
+	case s.logMode() && u.pgxTx != nil:
+		return u.commitLogPgx(ctx, envs)
+	case s.logMode():
+		return u.commitLogSQL(ctx, envs)
+	case u.pgxTx != nil:
 		err = u.commitPgx(ctx, envs)
-	} else {
+	default:
 		err = u.commitSQL(ctx, envs)
 	}
 	if err != nil {
@@ -389,6 +394,12 @@ func (s *Store) writeTx(ctx context.Context, q querier, msgs []outbox.Message) (
 	envs, err := s.staged(ctx, msgs)
 	if err != nil || len(envs) == 0 {
 		return envs, err
+	}
+	if s.logMode() {
+		if err := s.emit(ctx, q, envs); err != nil {
+			return nil, s.wrap(ctx, "write into the log in transaction", err)
+		}
+		return envs, nil
 	}
 	if err := s.insert(ctx, q, envs); err != nil {
 		return nil, s.wrap(ctx, "enqueue in transaction", duplicate(err))
