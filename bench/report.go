@@ -77,7 +77,7 @@ func (r *report) markdown() string {
 	p("| machine | |\n|---|---|\n")
 	p("| CPU | %s, %d cores |\n", r.Machine.CPU, r.Machine.Cores)
 	p("| Go | %s |\n", r.Machine.Go)
-	p("| PostgreSQL | %s; %s |\n", r.Machine.Postgres, r.Machine.PostgresDurability)
+	p("| PostgreSQL | %s; %s; %s |\n", r.Machine.Postgres, r.Machine.PostgresDurability, r.Machine.PostgresSource)
 	if r.Machine.MariaDB != "" {
 		p("| MariaDB | %s; %s |\n", r.Machine.MariaDB, r.Machine.MariaDBDurability)
 	}
@@ -85,7 +85,7 @@ func (r *report) markdown() string {
 
 	p("Settings: %d repetition%s of every run, contenders interleaved, medians reported; 1 KiB random payloads over %d keys.\n", r.Reps, plural(r.Reps), keyCount)
 	p("Raw relay: batch as the scenario says, 10 ms poll. Watermill: queue schema, delete on ack, batch as the scenario says, 10 ms poll. ")
-	p("Outbox: relay defaults but `BatchSize`; relays on stores and connections of their own, woken through NOTIFY.\n\n")
+	p("Outbox: relay defaults but `BatchSize`; relays on stores and connections of their own, woken through NOTIFY. Outbox (log): the same store in `sqlstore.LogMode`, its relays reading the store's replication slot.\n\n")
 
 	if r.Write != nil {
 		r.writeTable(&b, r.Write, "bench-write.svg")
