@@ -2,11 +2,14 @@ package main
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/outboxkit/outbox/internal/pgcluster"
 )
 
 // unavailable fails the test under CI=true, where every service must be there, and
@@ -16,7 +19,7 @@ func unavailable(t *testing.T, what string, err error) {
 	if os.Getenv("CI") == "true" {
 		t.Fatalf("%s is required under CI=true: %v", what, err)
 	}
-	t.Skipf("%s is not available (%v); start it, or point OUTBOX_TEST_POSTGRES_URL or OUTBOX_TEST_MYSQL_DSN at one, to run this test", what, err)
+	t.Skipf("%s is not available (%v); install or start it (or point OUTBOX_TEST_MYSQL_DSN at a MariaDB) to run this test", what, err)
 }
 
 type logWriter struct{ t *testing.T }
@@ -31,11 +34,6 @@ func (w logWriter) Write(b []byte) (int, error) {
 // the consumer got: nothing here depends on how fast the machine is.
 func TestQuickRunDeliversEveryMessageExactly(t *testing.T) {
 	ctx := context.Background()
-	pool, err := openPostgres(ctx, 1)
-	if err != nil {
-		unavailable(t, "PostgreSQL", err)
-	}
-	pool.Close()
 	db, err := openMySQL(ctx, 1)
 	if err != nil {
 		unavailable(t, "MariaDB", err)
@@ -54,7 +52,11 @@ func TestQuickRunDeliversEveryMessageExactly(t *testing.T) {
 		sz.latencyFor = 500 * time.Millisecond
 		sz.soakFor, sz.soakWindow = 2*time.Second, time.Second
 	}
+	// The PostgreSQL scenarios run on a cluster runAll starts with wal_level=logical.
 	rep, err := runAll(ctx, opts, true)
+	if errors.Is(err, pgcluster.ErrNoPostgres) {
+		unavailable(t, "PostgreSQL's programs (initdb, pg_ctl)", err)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,9 +75,10 @@ func TestQuickRunDeliversEveryMessageExactly(t *testing.T) {
 	for name, c := range rep.Latency.Checks {
 		all["latency "+name] = c
 	}
-	all["soak"] = &rep.Soak.Checks
-	if len(all) != 4+2+3+3+1 {
-		t.Errorf("checked %d contender scenarios, want 13", len(all))
+	all["soak "+rep.Soak.Contender] = &rep.Soak.Checks
+	all["soak "+rep.SoakLog.Contender] = &rep.SoakLog.Checks
+	if len(all) != 5+2+4+4+2 {
+		t.Errorf("checked %d contender scenarios, want 17", len(all))
 	}
 	for what, c := range all {
 		if c.Runs == 0 || c.Sent == 0 || c.Missing != 0 || c.Corrupt != 0 || c.Received < c.Sent {
@@ -107,12 +110,13 @@ func TestQuickRunDeliversEveryMessageExactly(t *testing.T) {
 		t.Errorf("the page was not spliced between its markers:\n%s", text)
 	}
 	for _, want := range []string{"**Quick run**", "### Write cost, PostgreSQL", "### Write cost, MariaDB", "### Drain", "### Commit → consumer latency",
-		"### Soak", "### Delivery checks", "![write cost on PostgreSQL](images/bench-write.svg)"} {
+		"### Soak, outbox on PostgreSQL", "### Soak, outbox (log) on PostgreSQL", "| outbox (log) |", "written while stopped", "### Delivery checks", "![write cost on PostgreSQL](images/bench-write.svg)"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("the report lacks %q", want)
 		}
 	}
-	for _, name := range []string{"bench-write.svg", "bench-write-mariadb.svg", "bench-drain.svg", "bench-latency.svg", "bench-soak-p99.svg", "bench-soak-size.svg"} {
+	for _, name := range []string{"bench-write.svg", "bench-write-mariadb.svg", "bench-drain.svg", "bench-latency.svg", "bench-soak-p99.svg", "bench-soak-size.svg",
+		"bench-soak-log-p99.svg", "bench-soak-log-size.svg"} {
 		if b, err := os.ReadFile(filepath.Join(dir, "images", name)); err != nil || !strings.Contains(string(b), "<svg") {
 			t.Errorf("chart %s: %v", name, err)
 		}

@@ -22,6 +22,7 @@ var palette = map[string]color.Color{
 	watermillPG.name:    color.RGBA{R: 0x4c, G: 0x9b, B: 0xd6, A: 0xff},
 	outboxPG.name:       color.RGBA{R: 0xe0, G: 0x7a, B: 0x1f, A: 0xff},
 	outboxTransact.name: color.RGBA{R: 0xf2, G: 0xb8, B: 0x6b, A: 0xff},
+	outboxLog.name:      color.RGBA{R: 0x2e, G: 0x9e, B: 0x5b, A: 0xff},
 	"p50":               color.RGBA{R: 0x4c, G: 0x9b, B: 0xd6, A: 0xff},
 	"p99":               color.RGBA{R: 0xe0, G: 0x7a, B: 0x1f, A: 0xff},
 }
@@ -59,6 +60,12 @@ func writeCharts(r *report, dir string) error {
 		add("bench-soak-p99.svg", p, err)
 		p, err = soakSizeChart(r.Soak)
 		add("bench-soak-size.svg", p, err)
+	}
+	if r.SoakLog != nil {
+		p, err := soakP99Chart(r.SoakLog)
+		add("bench-soak-log-p99.svg", p, err)
+		p, err = soakSizeChart(r.SoakLog)
+		add("bench-soak-log-size.svg", p, err)
 	}
 	for _, c := range charts {
 		if c.err != nil {
@@ -150,7 +157,11 @@ func drainChart(d *drainResult) (*plot.Plot, error) {
 	p := newPlot("Drain rate (higher is better)", "messages per second")
 	var groups []string
 	for _, c := range d.Configs {
-		groups = append(groups, fmt.Sprintf("%s, b%d\n%d relay%s", kilo(float64(c.Backlog)), c.Batch, c.Relays, plural(c.Relays)))
+		g := fmt.Sprintf("%s, b%d\n%d relay%s", kilo(float64(c.Backlog)), c.Batch, c.Relays, plural(c.Relays))
+		if c.Stopped {
+			g += ", cold"
+		}
+		groups = append(groups, g)
 	}
 	err := bars(p, groups, d.Contenders, func(g int, name string) float64 { return median(d.Rate[dkey(d.Configs[g], name)]) })
 	return p, err
@@ -210,7 +221,7 @@ func windowUnit(window time.Duration) (time.Duration, string) {
 }
 
 func soakP99Chart(s *soakResult) (*plot.Plot, error) {
-	p := newPlot(fmt.Sprintf("Soak: p99 commit → consumer per window, %.0f msg/s", s.Achieved), "milliseconds")
+	p := newPlot(fmt.Sprintf("Soak, %s: p99 commit → consumer per window, %.0f msg/s", s.Contender, s.Achieved), "milliseconds")
 	_, p.X.Label.Text = windowUnit(s.Window)
 	p.X.Min, p.Y.Min = 0, 0
 	err := soakLine(p, "p99", palette["p99"], func(w soakWindow) float64 { return ms(w.P99) }, s.Windows, s.Window)
@@ -222,13 +233,20 @@ func soakP99Chart(s *soakResult) (*plot.Plot, error) {
 }
 
 func soakSizeChart(s *soakResult) (*plot.Plot, error) {
-	p := newPlot("Soak: outbox table size at the end of each window", "MiB")
+	title := "Soak, %s: outbox table size at the end of each window"
+	if s.Logged() {
+		title = "Soak, %s: table lane size and slot lag at the end of each window"
+	}
+	p := newPlot(fmt.Sprintf(title, s.Contender), "MiB")
 	_, p.X.Label.Text = windowUnit(s.Window)
 	p.X.Min, p.Y.Min = 0, 0
 	mib := func(n int64) float64 { return float64(n) / (1 << 20) }
 	err := soakLine(p, "table + indexes", palette[outboxPG.name], func(w soakWindow) float64 { return mib(w.TotalBytes) }, s.Windows, s.Window)
 	if err == nil {
 		err = soakLine(p, "indexes", palette[watermillPG.name], func(w soakWindow) float64 { return mib(w.IndexBytes) }, s.Windows, s.Window)
+	}
+	if err == nil && s.Logged() {
+		err = soakLine(p, "slot lag", palette[outboxLog.name], func(w soakWindow) float64 { return mib(w.SlotLag) }, s.Windows, s.Window)
 	}
 	p.Y.Max *= 1.3
 	return p, err

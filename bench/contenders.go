@@ -53,6 +53,7 @@ var (
 	watermillPG    = contender{name: "watermill", open: openWatermill}
 	outboxPG       = contender{name: "outbox", open: openOutboxPG}
 	outboxTransact = contender{name: "outbox (Transact)", open: openOutboxTransact}
+	outboxLog      = contender{name: "outbox (log)", open: openOutboxLog}
 )
 
 // The contenders on MariaDB (write cost only).
@@ -63,4 +64,12 @@ var (
 )
 
 // relayContenders are those the drain and latency scenarios compare.
-var relayContenders = []contender{rawPG, watermillPG, outboxPG}
+var relayContenders = []contender{rawPG, watermillPG, outboxPG, outboxLog}
+
+// A streamingInstance relays from a stream that one relay of the fleet reads (the
+// log mode's replication slot): streaming reports whether a reader has it open.
+type streamingInstance interface {
+	streaming(ctx context.Context) (bool, error)
+	// lag is how many bytes of WAL the stream's reader has not confirmed yet.
+	lag(ctx context.Context) (int64, error)
+}

@@ -11,10 +11,17 @@ import (
 
 type drainConfig struct {
 	Backlog, Batch, Relays int
+	// Stopped: the backlog is written while no relay runs, and the clock runs from
+	// the relays' start (connecting, taking leases and the stream included).
+	Stopped bool
 }
 
 func (d drainConfig) String() string {
-	return fmt.Sprintf("%s backlog, batch %d, %d relay%s", kilo(float64(d.Backlog)), d.Batch, d.Relays, plural(d.Relays))
+	s := fmt.Sprintf("%s backlog, batch %d, %d relay%s", kilo(float64(d.Backlog)), d.Batch, d.Relays, plural(d.Relays))
+	if d.Stopped {
+		s += ", written while stopped"
+	}
+	return s
 }
 
 func plural(n int) string {
@@ -34,14 +41,18 @@ type drainResult struct {
 
 func dkey(d drainConfig, contender string) string { return d.String() + "/" + contender }
 
-// drainConfigs: both batch sizes with 1 and 2 relays on the small backlog; the
-// large one with 1 relay, to compare with the small.
+// drainConfigs: both batch sizes with 1 and 2 relays on the small backlog, and with
+// 1 relay on the small backlog written while the relay is stopped; the large one with
+// 1 relay, to compare with the small.
 func drainConfigs(sz sizes) []drainConfig {
 	var out []drainConfig
 	for _, batch := range []int{100, 500} {
 		for _, relays := range []int{1, 2} {
 			out = append(out, drainConfig{Backlog: sz.backlog, Batch: batch, Relays: relays})
 		}
+	}
+	for _, batch := range []int{100, 500} {
+		out = append(out, drainConfig{Backlog: sz.backlog, Batch: batch, Relays: 1, Stopped: true})
 	}
 	if sz.largeBacklog > 0 {
 		for _, batch := range []int{100, 500} {
@@ -68,7 +79,7 @@ func drainScenario(ctx context.Context, e *env, contenders []contender, sz sizes
 				k := dkey(cfg, c.name)
 				res.Rate[k] = append(res.Rate[k], rate)
 				res.CPU[k] = append(res.CPU[k], cpu)
-				say("drain | %-30s | rep %d | %-10s | %8.0f msg/s | CPU %3.0f %% | dup %d, reordered %d", cfg, rep+1, c.name, rate, 100*cpu, ch.Duplicates, ch.Reordered)
+				say("drain | %-52s | rep %d | %-10s | %8.0f msg/s | CPU %3.0f %% | dup %d, reordered %d", cfg, rep+1, c.name, rate, 100*cpu, ch.Duplicates, ch.Reordered)
 			}
 		}
 	}
@@ -78,7 +89,8 @@ func drainScenario(ctx context.Context, e *env, contenders []contender, sz sizes
 // drainOne starts the relays on an empty queue and waits until they share the
 // work, as a running fleet does; then the whole backlog arrives in one
 // transaction, and the clock runs from its commit until the consumer has read
-// every message.
+// every message. With cfg.Stopped the backlog is committed first, and the clock
+// runs from the relays' start.
 func drainOne(ctx context.Context, e *env, c contender, cfg drainConfig) (rate, cpu float64, _ check, _ error) {
 	s, err := open(ctx, e, c)
 	if err != nil {
@@ -90,15 +102,26 @@ func drainOne(ctx context.Context, e *env, c contender, cfg drainConfig) (rate, 
 	if err != nil {
 		return 0, 0, check{}, err
 	}
-	if err := s.startRelays(ctx, cfg.Relays, cfg.Batch); err != nil {
-		return 0, 0, check{}, errors.Join(err, col.finish(ctx))
-	}
-	if err := s.waitHeld(driver.DefaultBucketCount, 30*time.Second); err != nil {
-		return 0, 0, check{}, errors.Join(err, col.finish(ctx))
-	}
-	start, meter, err := fillOnce(ctx, e, s, p, cfg.Backlog)
-	if err != nil {
-		return 0, 0, check{}, errors.Join(fmt.Errorf("fill: %w", err), col.finish(ctx))
+	var start time.Time
+	var meter cpuMeter
+	if cfg.Stopped {
+		if _, _, err := fillOnce(ctx, e, s, p, cfg.Backlog); err != nil {
+			return 0, 0, check{}, errors.Join(fmt.Errorf("fill: %w", err), col.finish(ctx))
+		}
+		start, meter = time.Now(), startCPU()
+		if err := s.startRelays(ctx, cfg.Relays, cfg.Batch); err != nil {
+			return 0, 0, check{}, errors.Join(err, col.finish(ctx))
+		}
+	} else {
+		if err := s.startRelays(ctx, cfg.Relays, cfg.Batch); err != nil {
+			return 0, 0, check{}, errors.Join(err, col.finish(ctx))
+		}
+		if err := s.waitReady(ctx, driver.DefaultBucketCount, 30*time.Second); err != nil {
+			return 0, 0, check{}, errors.Join(err, col.finish(ctx))
+		}
+		if start, meter, err = fillOnce(ctx, e, s, p, cfg.Backlog); err != nil {
+			return 0, 0, check{}, errors.Join(fmt.Errorf("fill: %w", err), col.finish(ctx))
+		}
 	}
 	if err := col.waitFor(cfg.Backlog, time.Minute+time.Duration(cfg.Backlog)*time.Millisecond); err != nil {
 		say("  %v", err)

@@ -128,7 +128,7 @@ func latencyOne(ctx context.Context, e *env, c contender, batch, rate int, dur t
 	if err := s.startRelays(ctx, 1, batch); err != nil {
 		return latencyStats{}, check{}, err
 	}
-	if err := s.waitHeld(driver.DefaultBucketCount, 30*time.Second); err != nil {
+	if err := s.waitReady(ctx, driver.DefaultBucketCount, 30*time.Second); err != nil {
 		return latencyStats{}, check{}, err
 	}
 	p := newPlan(latencyWriters)

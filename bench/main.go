@@ -36,6 +36,7 @@ type options struct {
 	soak       time.Duration
 	soakRate   float64
 	soakRelays int
+	postgres   string
 	out        string
 	images     string
 	command    string
@@ -109,6 +110,7 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.soak, "soak", 0, "soak duration (10m in the full run or with -only soak; off otherwise)")
 	fs.Float64Var(&o.soakRate, "soak-rate", 0, "the soak writers' rate in msg/s (default 70% of what writers and relays sustain together, or of the drain rate if lower)")
 	fs.IntVar(&o.soakRelays, "soak-relays", 2, "relays running during the soak")
+	fs.StringVar(&o.postgres, "postgres", "", "run the PostgreSQL scenarios on this server (it needs wal_level=logical and a user with REPLICATION) instead of a cluster the bench starts")
 	fs.StringVar(&o.out, "out", "", "replace the report between the markers of this Markdown file")
 	fs.StringVar(&o.images, "images", "", "write the SVG charts (bench-*.svg) into this directory")
 	if err := fs.Parse(args); err != nil {
@@ -193,12 +195,26 @@ func publish(rep *report, opts options) error {
 func runAll(ctx context.Context, opts options, needMySQL bool) (*report, error) {
 	started := time.Now()
 	sz := opts.sizes()
+	e := &env{}
+	if opts.postgres != "" {
+		pgURL, e.pgSource = opts.postgres, "the server `-postgres` names"
+	} else {
+		url, stop, err := startPostgres()
+		if err != nil {
+			return nil, err
+		}
+		defer stop()
+		pgURL, e.pgSource = url, "a cluster of the bench's own (initdb, default settings but `wal_level=logical`, `max_replication_slots=16`, `max_wal_senders=16`)"
+	}
 	pool, err := openPostgres(ctx, 16)
 	if err != nil {
 		return nil, err
 	}
 	defer pool.Close()
-	e := &env{pg: pool}
+	e.pg = pool
+	if err := checkLogical(ctx, pool); err != nil {
+		return nil, err
+	}
 	rep := &report{Mode: opts.mode(), Command: opts.command, Date: started, Reps: opts.reps, Sizes: sz, Only: opts.only}
 	if opts.runs("write") {
 		if e.mysql, err = openMySQL(ctx, 16); err != nil {
@@ -215,7 +231,7 @@ func runAll(ctx context.Context, opts options, needMySQL bool) (*report, error) 
 	say("bench: %s run, %d repetition%s", rep.Mode, opts.reps, plural(opts.reps))
 
 	if opts.runs("write") {
-		if rep.Write, err = writeScenario(ctx, e, "PostgreSQL", []contender{business, rawPG, watermillPG, outboxPG, outboxTransact}, sz, opts.reps); err != nil {
+		if rep.Write, err = writeScenario(ctx, e, "PostgreSQL", []contender{business, rawPG, watermillPG, outboxPG, outboxTransact, outboxLog}, sz, opts.reps); err != nil {
 			return nil, err
 		}
 		if e.mysql != nil {
@@ -239,7 +255,11 @@ func runAll(ctx context.Context, opts options, needMySQL bool) (*report, error) 
 		if err != nil {
 			return nil, err
 		}
-		if rep.Soak, err = soakScenario(ctx, e, rate, source, opts.soakRelays, sz.soakFor, sz.soakWindow); err != nil {
+		// Both modes at the same rate: the table mode's measured capacity.
+		if rep.Soak, err = soakScenario(ctx, e, outboxPG, rate, source, opts.soakRelays, sz.soakFor, sz.soakWindow); err != nil {
+			return nil, err
+		}
+		if rep.SoakLog, err = soakScenario(ctx, e, outboxLog, rate, source, opts.soakRelays, sz.soakFor, sz.soakWindow); err != nil {
 			return nil, err
 		}
 	}

@@ -64,6 +64,41 @@ func openOutboxPG(ctx context.Context, r *run) (instance, error) {
 	return o, o.init(ctx)
 }
 
+// openOutboxLog is the PostgreSQL store in log mode: the same documented write
+// path, the messages going into the write-ahead log instead of the table, and the
+// relay reading them from the store's replication slot.
+func openOutboxLog(ctx context.Context, r *run) (instance, error) {
+	o := &outboxInstance{r: r, orders: "bench_orders_" + r.sfx, cfg: sqlstore.Config{Table: "bench_outbox_" + r.sfx, Mode: sqlstore.LogMode, Logger: quiet}}
+	if err := createOrdersPG(ctx, r.env.pg, o.orders); err != nil {
+		return nil, err
+	}
+	var err error
+	if o.store, err = sqlstore.NewPgx(r.env.pg, o.cfg); err != nil {
+		return nil, err
+	}
+	return &outboxLogInstance{o}, o.init(ctx)
+}
+
+// outboxLogInstance is the outbox in log mode, a streamingInstance.
+type outboxLogInstance struct{ *outboxInstance }
+
+// streaming implements streamingInstance: whether a reader has the store's slot
+// open.
+func (o *outboxLogInstance) streaming(ctx context.Context) (bool, error) {
+	var active bool
+	err := o.r.env.pg.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", o.store.Config().Slot).Scan(&active)
+	return active, err
+}
+
+// lag implements streamingInstance: the WAL bytes between the current position
+// and the slot's confirmed one.
+func (o *outboxLogInstance) lag(ctx context.Context) (int64, error) {
+	var n int64
+	err := o.r.env.pg.QueryRow(ctx, "SELECT COALESCE(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint FROM pg_replication_slots WHERE slot_name = $1",
+		o.store.Config().Slot).Scan(&n)
+	return n, err
+}
+
 func openOutboxTransact(ctx context.Context, r *run) (instance, error) {
 	in, err := openOutboxPG(ctx, r)
 	if in != nil {

@@ -26,7 +26,7 @@ type report struct {
 	Write, WriteMy *writeResult
 	Drain          *drainResult
 	Latency        *latencyResult
-	Soak           *soakResult
+	Soak, SoakLog  *soakResult
 }
 
 const (
@@ -77,7 +77,7 @@ func (r *report) markdown() string {
 	p("| machine | |\n|---|---|\n")
 	p("| CPU | %s, %d cores |\n", r.Machine.CPU, r.Machine.Cores)
 	p("| Go | %s |\n", r.Machine.Go)
-	p("| PostgreSQL | %s; %s |\n", r.Machine.Postgres, r.Machine.PostgresDurability)
+	p("| PostgreSQL | %s; %s; %s |\n", r.Machine.Postgres, r.Machine.PostgresDurability, r.Machine.PostgresSource)
 	if r.Machine.MariaDB != "" {
 		p("| MariaDB | %s; %s |\n", r.Machine.MariaDB, r.Machine.MariaDBDurability)
 	}
@@ -85,7 +85,7 @@ func (r *report) markdown() string {
 
 	p("Settings: %d repetition%s of every run, contenders interleaved, medians reported; 1 KiB random payloads over %d keys.\n", r.Reps, plural(r.Reps), keyCount)
 	p("Raw relay: batch as the scenario says, 10 ms poll. Watermill: queue schema, delete on ack, batch as the scenario says, 10 ms poll. ")
-	p("Outbox: relay defaults but `BatchSize`; relays on stores and connections of their own, woken through NOTIFY.\n\n")
+	p("Outbox: relay defaults but `BatchSize`; relays on stores and connections of their own, woken through NOTIFY. Outbox (log): the same store in `sqlstore.LogMode`, its relays reading the store's replication slot.\n\n")
 
 	if r.Write != nil {
 		r.writeTable(&b, r.Write, "bench-write.svg")
@@ -102,7 +102,10 @@ func (r *report) markdown() string {
 		r.latencyTable(&b)
 	}
 	if r.Soak != nil {
-		r.soakTable(&b)
+		r.soakTable(&b, r.Soak, "bench-soak-p99.svg", "bench-soak-size.svg")
+	}
+	if r.SoakLog != nil {
+		r.soakTable(&b, r.SoakLog, "bench-soak-log-p99.svg", "bench-soak-log-size.svg")
 	}
 	r.checkTable(&b)
 	return b.String()
@@ -144,13 +147,24 @@ func (r *report) writeTable(b *strings.Builder, w *writeResult, chart string) {
 		p(" ≤ %s× |", strconv.FormatFloat(c.Target, 'f', -1, 64))
 	}
 	p("\n")
+	if slices.Contains(w.Contenders, outboxLog.name) {
+		p("| target, outbox (log) |")
+		for _, c := range w.Cases {
+			p(" ≤ %s× |", strconv.FormatFloat(c.LogTarget, 'f', -1, 64))
+		}
+		p("\n")
+	}
 	for _, name := range w.Contenders {
 		if !strings.HasPrefix(name, "outbox") {
 			continue
 		}
 		p("| %s meets it |", name)
 		for _, c := range w.Cases {
-			p(" %s |", mark(median(w.Ratio[wkey(c, name)]) <= c.Target))
+			target := c.Target
+			if name == outboxLog.name {
+				target = c.LogTarget
+			}
+			p(" %s |", mark(median(w.Ratio[wkey(c, name)]) <= target))
 		}
 		p("\n")
 	}
@@ -162,12 +176,19 @@ func (r *report) drainTables(b *strings.Builder) {
 	d := r.Drain
 	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
 	p("### Drain\n\n")
-	p("The relays run on an empty queue until they share the buckets; then the whole backlog arrives in one transaction, and the clock runs from its commit until the consumer has read the last message. CPU is the share of the machine's processor time that was busy meanwhile (everything runs on it: PostgreSQL, Kafka, the relays, the consumer).\n\n")
+	p("The relays run on an empty queue until they share the buckets (and, in log mode, one reads the slot); then the whole backlog arrives in one transaction, and the clock runs from its commit until the consumer has read the last message. " +
+		"In the rows _written while stopped_ the backlog is committed while no relay runs, and the clock runs from the relays' start (connections, leases and the replication stream included). " +
+		"All contenders run on the same PostgreSQL, with `wal_level=logical`. CPU is the share of the machine's processor time that was busy meanwhile (everything runs on it: PostgreSQL, Kafka, the relays, the consumer).\n\n")
 	p("| backlog, batch, relays |")
 	for _, c := range d.Contenders {
 		p(" %s |", c)
 	}
-	p(" outbox ÷ raw | target |\n|---|%s\n", strings.Repeat("---|", len(d.Contenders)+2))
+	logged := slices.Contains(d.Contenders, outboxLog.name)
+	p(" outbox ÷ raw | target |")
+	if logged {
+		p(" outbox (log) ÷ raw | target |")
+	}
+	p("\n|---|%s\n", strings.Repeat("---|", len(d.Contenders)+2+2*btoi(logged)))
 	rate := func(cfg drainConfig, c string) float64 { return median(d.Rate[dkey(cfg, c)]) }
 	for _, cfg := range d.Configs {
 		p("| %s |", cfg)
@@ -179,7 +200,12 @@ func (r *report) drainTables(b *strings.Builder) {
 			p(" |")
 		}
 		ratio := rate(cfg, outboxPG.name) / rate(cfg, rawPG.name)
-		p(" %.2f× | ≥ 0.90× %s |\n", ratio, mark(ratio >= 0.9))
+		p(" %.2f× | ≥ 0.90× %s |", ratio, mark(ratio >= 0.9))
+		if logged {
+			ratio := rate(cfg, outboxLog.name) / rate(cfg, rawPG.name)
+			p(" %.2f× | ≥ 2× %s |", ratio, mark(ratio >= 2))
+		}
+		p("\n")
 	}
 	p("\n| measure |")
 	for _, c := range d.Contenders {
@@ -220,6 +246,13 @@ func (r *report) drainTables(b *strings.Builder) {
 	r.chart(b, "bench-drain.svg", "drain rate")
 }
 
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 func msText(x float64) string { return latencyText(time.Duration(x * float64(time.Millisecond))) }
 
 func latencyText(d time.Duration) string {
@@ -243,7 +276,7 @@ func (r *report) latencyTable(b *strings.Builder) {
 	p("%d writers commit one message per transaction, %d msg/s in all, for %v while one relay runs; a consumer reads the topic. "+
 		"Latency is the consumer's receipt time less the time the writer's commit returned. Medians of the repetitions, and the worst repetition's p99.\n\n",
 		latencyWriters, l.Rate, l.For)
-	p("| batch | contender | p50 | p99 | max | worst p99 | writers' rate | target, outbox: p99 ≤ 5 ms in every repetition |\n|---|---|---|---|---|---|---|---|\n")
+	p("| batch | contender | p50 | p99 | max | worst p99 | writers' rate | target: p99 in every repetition ≤ 5 ms (outbox), ≤ 2 ms (outbox (log)) |\n|---|---|---|---|---|---|---|---|\n")
 	for _, batch := range l.Batches {
 		for _, c := range l.Contenders {
 			st := l.Stats[lkey(batch, c)]
@@ -254,8 +287,11 @@ func (r *report) latencyTable(b *strings.Builder) {
 				worst = max(worst, s.P99)
 			}
 			verdict := ""
-			if c == outboxPG.name {
+			switch c {
+			case outboxPG.name:
 				verdict = mark(worst <= 5*time.Millisecond)
+			case outboxLog.name:
+				verdict = mark(worst <= 2*time.Millisecond)
 			}
 			p("| %d | %s | %s | %s | %s | %s | %.0f msg/s | %s |\n", batch, c, msText(median(p50)), msText(median(p99)), msText(median(mx)), latencyText(worst), median(rate), verdict)
 		}
@@ -264,24 +300,40 @@ func (r *report) latencyTable(b *strings.Builder) {
 	r.chart(b, "bench-latency.svg", "commit to consumer latency")
 }
 
-func (r *report) soakTable(b *strings.Builder) {
-	s := r.Soak
+func (r *report) soakTable(b *strings.Builder, s *soakResult, p99Chart, sizeChart string) {
 	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
-	p("### Soak, outbox on PostgreSQL\n\n")
+	if s.Logged() {
+		p("### Soak, outbox (log) on PostgreSQL\n\n")
+		p("The same soak in log mode, at the same rate. The table is the table lane, which the fast path never writes; _slot lag_ is the WAL between the server's current position and the slot's confirmed one (`pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)`) at the window's end.\n\n")
+	} else {
+		p("### Soak, outbox on PostgreSQL\n\n")
+	}
 	p("Writers and %d relays (batch 100) together for %v: writers aimed at %.0f msg/s (%s) in transactions of %d messages, and achieved %.0f msg/s. "+
 		"Per window of %v: the p99 commit → consumer of the messages committed in it, and at its end the outbox table's size (`pg_total_relation_size`, indexes and TOAST included) "+
 		"and its indexes' (`pg_indexes_size`), dead tuples and autovacuum runs (`pg_stat_user_tables`), and the messages committed but not yet consumed. _committed_ counts the messages committed in the window, _consumed_ those the consumer first read in it.\n\n",
 		s.Relays, s.For, s.Rate, s.RateSource, s.MsgsPerTx, s.Achieved, s.Window)
-	p("| window | committed | consumed | p99 | table + indexes | indexes | dead tuples | autovacuums | not yet consumed |\n|---|---|---|---|---|---|---|---|---|\n")
+	p("| window | committed | consumed | p99 | table + indexes | indexes | dead tuples | autovacuums | not yet consumed |")
+	if s.Logged() {
+		p(" slot lag |")
+	}
+	p("\n|---|---|---|---|---|---|---|---|---|%s\n", strings.Repeat("---|", btoi(s.Logged())))
 	for _, w := range s.Windows {
-		p("| %d | %d | %d | %s | %s | %s | %d | %d | %d |\n", w.Index, w.Messages, w.ReceivedInWindow, latencyText(w.P99),
+		p("| %d | %d | %d | %s | %s | %s | %d | %d | %d |", w.Index, w.Messages, w.ReceivedInWindow, latencyText(w.P99),
 			bytesText(w.TotalBytes), bytesText(w.IndexBytes), w.DeadTuples, w.Autovacuums, w.Pending)
+		if s.Logged() {
+			p(" %s |", bytesText(w.SlotLag))
+		}
+		p("\n")
 	}
 	p("\n| target | result |\n|---|---|\n")
 	p("| p99 within 2× the first window's, in every window | %s |\n", mark(s.LatencyHeld()))
-	p("| table and indexes stop growing (largest size in the second half ≤ 1.1× the first half's) | %s |\n\n", mark(s.SizeSettled()))
-	r.chart(b, "bench-soak-p99.svg", "soak p99 per window")
-	r.chart(b, "bench-soak-size.svg", "soak table size per window")
+	p("| table and indexes stop growing (largest size in the second half ≤ 1.1× the first half's) | %s |\n", mark(s.SizeSettled()))
+	if s.Logged() {
+		p("| slot lag bounded (largest in the second half ≤ 2× the first half's, or under 16 MiB) | %s |\n", mark(s.LagBounded()))
+	}
+	p("\n")
+	r.chart(b, p99Chart, "soak p99 per window, "+s.Contender)
+	r.chart(b, sizeChart, "soak table size per window, "+s.Contender)
 }
 
 func (r *report) checkTable(b *strings.Builder) {
@@ -313,8 +365,10 @@ func (r *report) checkTable(b *strings.Builder) {
 			row("latency", c, r.Latency.Checks[c])
 		}
 	}
-	if r.Soak != nil {
-		row("soak", outboxPG.name, &r.Soak.Checks)
+	for _, s := range []*soakResult{r.Soak, r.SoakLog} {
+		if s != nil {
+			row("soak", s.Contender, &s.Checks)
+		}
 	}
 	p("\n")
 }
@@ -344,8 +398,10 @@ func (r *report) checkErrors() error {
 			add("latency "+name, c)
 		}
 	}
-	if r.Soak != nil {
-		add("soak", &r.Soak.Checks)
+	for _, s := range []*soakResult{r.Soak, r.SoakLog} {
+		if s != nil {
+			add("soak "+s.Contender, &s.Checks)
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -70,6 +70,32 @@ func (s *session) waitHeld(buckets int, timeout time.Duration) error {
 	}
 }
 
+// waitReady waits until the relays hold every bucket between them (waitHeld) and,
+// for a contender that reads a stream, until one of them reads it.
+func (s *session) waitReady(ctx context.Context, buckets int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	if err := s.waitHeld(buckets, timeout); err != nil {
+		return err
+	}
+	st, ok := s.in.(streamingInstance)
+	if !ok {
+		return nil
+	}
+	for {
+		on, err := st.streaming(ctx)
+		if err != nil {
+			return err
+		}
+		if on {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no relay reads the stream after %v", timeout)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 func (s *session) stopRelays(ctx context.Context) error {
 	var errs []error
 	for _, r := range s.relays {

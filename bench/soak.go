@@ -22,11 +22,13 @@ type soakWindow struct {
 	DeadTuples         int64
 	Autovacuums        int64 // runs during the window
 	Pending            int64 // committed but not yet received at the window's end
+	SlotLag            int64 // log mode: WAL bytes the slot's reader had not confirmed at the window's end; -1 in table mode
 	ReceivedInWindow   int
 	receivedCumulative int
 }
 
 type soakResult struct {
+	Contender  string
 	Rate       float64 // the writers' target, msg/s
 	RateSource string
 	Achieved   float64
@@ -70,14 +72,36 @@ func (r *soakResult) SizeSettled() bool {
 	return float64(second) <= 1.1*float64(first)
 }
 
+// LagBounded reports, for the log mode, whether the slot's lag stayed bounded: its
+// largest value in the second half of the soak is at most 2× its largest in the
+// first half, or under 16 MiB.
+func (r *soakResult) LagBounded() bool {
+	n := len(r.Windows)
+	if n < 2 {
+		return false
+	}
+	var first, second int64
+	for i, w := range r.Windows {
+		if i < n/2 {
+			first = max(first, w.SlotLag)
+		} else {
+			second = max(second, w.SlotLag)
+		}
+	}
+	return second < 16<<20 || second <= 2*first
+}
+
+// Logged reports whether the soak ran in log mode.
+func (r *soakResult) Logged() bool { return r.Contender == outboxLog.name }
+
 // soakTxRate caps the writers' transactions per second: above it, a transaction
 // carries several messages.
 const soakTxRate = 500
 
-func soakScenario(ctx context.Context, e *env, rate float64, source string, relays int, dur, window time.Duration) (*soakResult, error) {
+func soakScenario(ctx context.Context, e *env, c contender, rate float64, source string, relays int, dur, window time.Duration) (*soakResult, error) {
 	perTx := max(1, int(math.Ceil(rate/soakTxRate)))
-	res := &soakResult{Rate: rate, RateSource: source, MsgsPerTx: perTx, Relays: relays, For: dur, Window: window}
-	s, err := open(ctx, e, outboxPG)
+	res := &soakResult{Contender: c.name, Rate: rate, RateSource: source, MsgsPerTx: perTx, Relays: relays, For: dur, Window: window}
+	s, err := open(ctx, e, c)
 	if err != nil {
 		return nil, err
 	}
@@ -85,7 +109,7 @@ func soakScenario(ctx context.Context, e *env, rate float64, source string, rela
 	if err := s.startRelays(ctx, relays, 100); err != nil {
 		return nil, err
 	}
-	if err := s.waitHeld(driver.DefaultBucketCount, 30*time.Second); err != nil {
+	if err := s.waitReady(ctx, driver.DefaultBucketCount, 30*time.Second); err != nil {
 		return nil, err
 	}
 	p := newPlan(latencyWriters)
@@ -93,7 +117,7 @@ func soakScenario(ctx context.Context, e *env, rate float64, source string, rela
 	if err != nil {
 		return nil, err
 	}
-	say("soak | %.0f msg/s (%s), %d messages per transaction, %d relays, %v in windows of %v", rate, source, perTx, relays, dur, window)
+	say("soak | %s | %.0f msg/s (%s), %d messages per transaction, %d relays, %v in windows of %v", c.name, rate, source, perTx, relays, dur, window)
 
 	start := time.Now()
 	windows := max(1, int(dur/window))
@@ -133,7 +157,7 @@ func soakCapacity(ctx context.Context, e *env, relays int, probe time.Duration) 
 	if err := s.startRelays(ctx, relays, 100); err != nil {
 		return 0, err
 	}
-	if err := s.waitHeld(driver.DefaultBucketCount, 30*time.Second); err != nil {
+	if err := s.waitReady(ctx, driver.DefaultBucketCount, 30*time.Second); err != nil {
 		return 0, err
 	}
 	p := newPlan(latencyWriters)
@@ -185,7 +209,7 @@ func sampleSoak(ctx context.Context, e *env, s *session, p *plan, col *collector
 	table := s.in.queue()
 	for i := range windows {
 		time.Sleep(time.Until(start.Add(time.Duration(i+1) * window)))
-		w := soakWindow{Index: i + 1}
+		w := soakWindow{Index: i + 1, SlotLag: -1}
 		err := e.pg.QueryRow(ctx, `SELECT COALESCE(sum(pg_total_relation_size(relid)), 0), COALESCE(sum(pg_indexes_size(relid)), 0)
 			FROM (`+soakRelations+`) t`, table).Scan(&w.TotalBytes, &w.IndexBytes)
 		if err == nil {
@@ -199,6 +223,9 @@ func sampleSoak(ctx context.Context, e *env, s *session, p *plan, col *collector
 			}
 			lastAutovacuums = autovacuums
 		}
+		if st, ok := s.in.(streamingInstance); ok && err == nil {
+			w.SlotLag, err = st.lag(ctx)
+		}
 		if err != nil {
 			say("  soak statistics: %v", err)
 		}
@@ -211,8 +238,8 @@ func sampleSoak(ctx context.Context, e *env, s *session, p *plan, col *collector
 			prev = out[len(out)-1].receivedCumulative
 		}
 		w.ReceivedInWindow = w.receivedCumulative - prev
-		say("soak | window %d | %s total, %s indexes, %d dead tuples, %d autovacuums, %d pending, %d received",
-			w.Index, bytesText(w.TotalBytes), bytesText(w.IndexBytes), w.DeadTuples, w.Autovacuums, w.Pending, w.ReceivedInWindow)
+		say("soak | window %d | %s total, %s indexes, %d dead tuples, %d autovacuums, %d pending, %d received, slot lag %d bytes",
+			w.Index, bytesText(w.TotalBytes), bytesText(w.IndexBytes), w.DeadTuples, w.Autovacuums, w.Pending, w.ReceivedInWindow, w.SlotLag)
 		out = append(out, w)
 	}
 	return out
