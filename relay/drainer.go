@@ -328,17 +328,23 @@ func selectDue(envs []*driver.Envelope, now time.Time, unordered bool) ([]*drive
 	return due, blocked
 }
 
-// waves splits due envelopes into publish calls: the n-th due envelope of a key goes
-// in wave n, so a call carries at most one envelope per key and a failure can still
-// hold back that key's later envelopes. Keys that are all distinct (the usual case)
-// make one wave, as does a transport that keeps key order itself.
+// waves splits due envelopes into publish calls (see keyWaves).
 func (d *drainer) waves(due []*driver.Envelope) [][]*driver.Envelope {
-	if d.cfg.Unordered || d.sameKeyBatches {
-		return [][]*driver.Envelope{due}
+	return keyWaves(due, d.cfg.Unordered || d.sameKeyBatches)
+}
+
+// keyWaves splits envelopes into publish calls: the n-th envelope of a key goes in
+// wave n, so a call carries at most one envelope per key and a failure can still
+// hold back that key's later envelopes. Keys that are all distinct (the usual case)
+// make one wave, as does together (no order to keep, or a transport that keeps key
+// order itself).
+func keyWaves(envs []*driver.Envelope, together bool) [][]*driver.Envelope {
+	if together {
+		return [][]*driver.Envelope{envs}
 	}
 	var waves [][]*driver.Envelope
 	seen := make(map[string]int)
-	for _, e := range due {
+	for _, e := range envs {
 		w := 0
 		if e.Key != nil {
 			w = seen[string(e.Key)]

@@ -371,23 +371,7 @@ func splitPermanent(failed []*driver.Envelope, causes map[uuid.UUID]error) (perm
 
 // waves splits envs as the drainer does: wave i holds each key's i-th envelope.
 func (s *streamer) waves(envs []*driver.Envelope) [][]*driver.Envelope {
-	if s.cfg.Unordered || s.sameKeyBatches {
-		return [][]*driver.Envelope{envs}
-	}
-	var waves [][]*driver.Envelope
-	seen := make(map[string]int)
-	for _, e := range envs {
-		w := 0
-		if e.Key != nil {
-			w = seen[string(e.Key)]
-			seen[string(e.Key)] = w + 1
-		}
-		if w == len(waves) {
-			waves = append(waves, nil)
-		}
-		waves[w] = append(waves[w], e)
-	}
-	return waves
+	return keyWaves(envs, s.cfg.Unordered || s.sameKeyBatches)
 }
 
 // mergeInOrder returns the envelopes of a and b in their order in all.
