@@ -52,6 +52,12 @@ func (h *brokerHealth) published(began, ended time.Time, acked int, transportFai
 		if began.Before(h.ackedAt) {
 			h.since = h.ackedAt
 		}
+		// A ping that answered before this streak says nothing about it: without
+		// this, a cached success from an earlier, healed streak would let the
+		// first envelope to run out of attempts in a new outage be parked.
+		if h.pingErr == nil {
+			h.pingedAt = time.Time{}
+		}
 	}
 }
 

@@ -61,3 +61,25 @@ func TestReadyReflectsTheBroker(t *testing.T) {
 	defer cancel()
 	require.NoError(t, tr.WaitForUnique(wait, 8))
 }
+
+// A ping that answered during an earlier, healed streak of failures says nothing
+// about a new one: the first envelope to run out of attempts in a new outage must
+// see the broker as cut off (and be rescheduled), not be parked on the cached
+// success.
+func TestNewOutageIsNotJudgedByAnEarlierPing(t *testing.T) {
+	ctx := context.Background()
+	tr := &cuttable{Recorder: outboxtest.NewRecorder()}
+	h := &brokerHealth{pinger: tr, cache: time.Hour, timeout: time.Second}
+	t0 := time.Now()
+
+	// A publish fails (a slow call, say) while the broker answers: the ping ends
+	// the streak and its success is cached.
+	h.published(t0, t0.Add(time.Millisecond), 0, true)
+	require.False(t, h.cutOff(ctx, t0.Add(time.Second), 0), "the broker answers")
+
+	// Then the broker is cut off, well within the cache interval.
+	tr.cut.Store(true)
+	h.published(t0.Add(2*time.Second), t0.Add(3*time.Second), 0, true)
+	require.True(t, h.cutOff(ctx, t0.Add(3*time.Second), 0), "a new streak asks the broker again")
+	require.True(t, h.unreachable())
+}
