@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox/driver"
@@ -114,10 +115,32 @@ type Features struct {
 	// a data race that the race detector reports while it reconnects. The outage
 	// subtests are then skipped in builds with -race, and run without it.
 	ReconnectRaces bool
+
+	// Pinger, KeepsKeyOrder, SizeLimiter and PublishTimeouter declare the optional
+	// interfaces of package driver that the transport New returns implements, which
+	// relays and senders find by type assertion, so that a method whose signature
+	// drifted would drop the capability silently. The Capabilities subtest fails
+	// unless the transport implements exactly the ones declared, and the subtests
+	// that need a Pinger or a key-order keeper go by the declaration: this is where
+	// each transport's implementation of them is asserted.
+
+	// Pinger declares a [driver.Pinger].
+	Pinger bool
+	// KeepsKeyOrder declares a [driver.KeyOrderKeeper] whose KeepsKeyOrder reports
+	// true for the transport New returns. (A keeper that reports false is not
+	// declared: the relay takes it for none.)
+	KeepsKeyOrder bool
+	// SizeLimiter declares a [driver.SizeLimiter].
+	SizeLimiter bool
+	// PublishTimeouter declares a [driver.PublishTimeouter].
+	PublishTimeouter bool
 }
 
 // Run runs the relay suite against the transport h makes:
 //
+//   - Capabilities: the transport implements the optional interfaces
+//     Features declares (Pinger, KeepsKeyOrder, SizeLimiter, PublishTimeouter), and
+//     no other.
 //   - RelaysEveryMessage: a backlog written in units of work through the store is
 //     relayed by a worker (Relay.Run) and every message arrives once acknowledged:
 //     ID, key, payload and headers intact, per-key order kept (Features.Ordered),
@@ -126,22 +149,22 @@ type Features struct {
 //     messages, or reach the broker and lose their acknowledgement; every message
 //     is published again until acknowledged, nothing is lost, nothing parked, and
 //     a message whose acknowledgement was lost arrives again (unless the broker
-//     deduplicates). Once with the relay putting a key's messages in one call (for a
-//     [driver.KeyOrderKeeper]) under a worker, once with one message per key per
+//     deduplicates). Once with the relay putting a key's messages in one call
+//     (Features.KeepsKeyOrder) under a worker, once with one message per key per
 //     call under RunOnce sweeps.
 //   - Outage (Features.Proxy): the proxy between relay and broker cuts every
-//     connection and refuses new ones while messages are relayed (for a
-//     [driver.Pinger], past a lease: the relay steps aside), then heals; or it
+//     connection and refuses new ones while messages are relayed (with
+//     Features.Pinger, past a lease: the relay steps aside), then heals; or it
 //     black-holes the open connections. Messages written before, during and after
-//     all arrive, nothing is parked, key order holds. CutOffParksNothing (for a
-//     [driver.Pinger]): a cut that outlasts a message's attempts and a lease parks
+//     all arrive, nothing is parked, key order holds. CutOffParksNothing
+//     (Features.Pinger): a cut that outlasts a message's attempts and a lease parks
 //     nothing, and a relay started once the proxy heals delivers everything.
 //   - Consume (Harness.Source): keyed messages, a copy of one and a message the
 //     outbox did not write are consumed through the transport's source by an
 //     [inbox.Consumer] whose handler refuses one message twice: each message is
 //     applied once, in its key's order (Features.Ordered), the copy is a duplicate
 //     (unless the broker deduplicates), and nothing is left unacknowledged.
-//   - CutOffRelayHandsOver (Features.Proxy and a [driver.Pinger]): of two relays on
+//   - CutOffRelayHandsOver (Features.Proxy and Features.Pinger): of two relays on
 //     one store, the one whose broker connection is cut hands its buckets to the
 //     other, which delivers everything; nothing is parked; the first takes its share
 //     back once the proxy heals.
@@ -158,6 +181,10 @@ func Run(t *testing.T, h Harness) {
 	require.NotNil(t, h.New, "Harness.New is required")
 	require.NotNil(t, h.Read, "Harness.Read is required")
 	s := suite{h: h}
+	t.Run("Capabilities", func(t *testing.T) {
+		t.Parallel()
+		s.capabilities(t)
+	})
 	t.Run("RelaysEveryMessage", func(t *testing.T) {
 		t.Parallel()
 		s.relaysEveryMessage(t)
@@ -198,6 +225,28 @@ func group(t *testing.T, tests map[string]func(*testing.T)) {
 }
 
 type suite struct{ h Harness }
+
+// capabilities checks Features' declarations against the transport New returns.
+func (s suite) capabilities(t *testing.T) {
+	tr := s.h.New(t, topicName("capabilities"), nil)
+	f := s.h.Features
+	_, pinger := tr.(driver.Pinger)
+	k, keeper := tr.(driver.KeyOrderKeeper)
+	keeps := keeper && k.KeepsKeyOrder()
+	_, limiter := tr.(driver.SizeLimiter)
+	_, timeouter := tr.(driver.PublishTimeouter)
+	assert.Equal(t, f.Pinger, pinger, "Features.Pinger is %t: the transport %s a driver.Pinger", f.Pinger, is(pinger))
+	assert.Equal(t, f.KeepsKeyOrder, keeps, "Features.KeepsKeyOrder is %t: the transport %s a driver.KeyOrderKeeper whose KeepsKeyOrder reports true", f.KeepsKeyOrder, is(keeps))
+	assert.Equal(t, f.SizeLimiter, limiter, "Features.SizeLimiter is %t: the transport %s a driver.SizeLimiter", f.SizeLimiter, is(limiter))
+	assert.Equal(t, f.PublishTimeouter, timeouter, "Features.PublishTimeouter is %t: the transport %s a driver.PublishTimeouter", f.PublishTimeouter, is(timeouter))
+}
+
+func is(ok bool) string {
+	if ok {
+		return "is"
+	}
+	return "is not"
+}
 
 // within bounds every wait of the suite: generous, so a busy machine passes.
 const within = 2 * time.Minute
@@ -351,14 +400,11 @@ func (s suite) relaysEveryMessage(t *testing.T) {
 // per call.
 func (s suite) redelivery(t *testing.T, together bool) {
 	const n = 200
+	if together && !s.h.Features.KeepsKeyOrder {
+		t.Skip("Features.KeepsKeyOrder is not set: the relay never puts two messages of a key in one call")
+	}
 	topic := topicName("redelivery")
 	tr := s.h.New(t, topic, nil)
-	if together {
-		k, ok := tr.(driver.KeyOrderKeeper)
-		if !ok || !k.KeepsKeyOrder() {
-			t.Skip("the transport is not a driver.KeyOrderKeeper: the relay never puts two messages of a key in one call")
-		}
-	}
 	f := newFaulty(tr, together)
 	st := s.store(t)
 	w := newWriter(t, st, topic, 5)
@@ -409,7 +455,7 @@ func (s suite) outage(t *testing.T, blackhole bool) {
 	px := newProxies(t)
 	topic := topicName("outage")
 	tr := s.h.New(t, topic, px.dial)
-	_, pinger := tr.(driver.Pinger)
+	pinger := s.h.Features.Pinger
 	cfg := shortLease(config("outage"))
 	st := s.store(t)
 	w := newWriter(t, st, topic, 10)
@@ -456,12 +502,12 @@ func (s suite) outage(t *testing.T, blackhole bool) {
 // of attempts does); a second relay then delivers everything.
 func (s suite) cutOffParksNothing(t *testing.T) {
 	s.needProxy(t)
+	if !s.h.Features.Pinger {
+		t.Skip("Features.Pinger is not set: a relay cannot tell a lost broker from failing messages, and parks what runs out of attempts")
+	}
 	px := newProxies(t)
 	topic := topicName("parks-nothing")
 	tr := s.h.New(t, topic, px.dial)
-	if _, ok := tr.(driver.Pinger); !ok {
-		t.Skip("the transport is not a driver.Pinger: a relay cannot tell a lost broker from failing messages, and parks what runs out of attempts")
-	}
 	cfg := shortLease(config("cut-off"))
 	cfg.MaxAttempts = 2
 	st := s.store(t)
@@ -523,12 +569,12 @@ func maxAttempts(t *testing.T, admin driver.Admin) int {
 // the proxy, the other directly, and cuts the first off.
 func (s suite) cutOffRelayHandsOver(t *testing.T) {
 	s.needProxy(t)
+	if !s.h.Features.Pinger {
+		t.Skip("Features.Pinger is not set: a relay cannot tell a lost broker from failing messages")
+	}
 	px := newProxies(t)
 	topic := topicName("handover")
 	cutTr := s.h.New(t, topic, px.dial)
-	if _, ok := cutTr.(driver.Pinger); !ok {
-		t.Skip("the transport is not a driver.Pinger: a relay cannot tell a lost broker from failing messages")
-	}
 	goodTr := s.h.New(t, topic, nil)
 	st := s.store(t)
 	w := newWriter(t, st, topic, 16)

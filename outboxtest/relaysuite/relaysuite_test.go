@@ -241,7 +241,8 @@ func harness(rs *recorders, overTCP bool, wrap func(driver.Transport) driver.Tra
 			// same call, which measures the benchmark's own overhead.
 			return tr.Publish
 		},
-		Features: relaysuite.Features{Ordered: true, Proxy: overTCP},
+		// Over TCP every transport is a wire, or wraps one, and pings.
+		Features: relaysuite.Features{Ordered: true, Proxy: overTCP, Pinger: overTCP},
 	}
 }
 
@@ -263,7 +264,9 @@ func TestRecorderInProcess(t *testing.T) {
 }
 
 func TestRecorderOverTCP(t *testing.T) {
-	relaysuite.Run(t, harness(newRecorders(30*time.Second), true, keeper))
+	h := harness(newRecorders(30*time.Second), true, keeper)
+	h.Features.KeepsKeyOrder = true
+	relaysuite.Run(t, h)
 }
 
 func BenchmarkRecorder(b *testing.B) {
@@ -295,13 +298,15 @@ var broken = map[string]struct {
 		})
 	}},
 	"Reversed": {"RelaysEveryMessage", "out of commit order", func() relaysuite.Harness {
-		return harness(newRecorders(10*time.Second), false, func(tr driver.Transport) driver.Transport {
+		h := harness(newRecorders(10*time.Second), false, func(tr driver.Transport) driver.Transport {
 			return keepsOrder{transportFunc(func(ctx context.Context, batch []*driver.Envelope) error {
 				reversed := slices.Clone(batch)
 				slices.Reverse(reversed)
 				return tr.Publish(ctx, reversed)
 			})}
 		})
+		h.Features.KeepsKeyOrder = true
+		return h
 	}},
 	"HeadersLost": {"RelaysEveryMessage", "headers of", func() relaysuite.Harness {
 		return harness(newRecorders(10*time.Second), false, func(tr driver.Transport) driver.Transport {
@@ -321,6 +326,11 @@ var broken = map[string]struct {
 		return harness(newRecorders(5*time.Second), true, func(tr driver.Transport) driver.Transport {
 			return liar{tr.(*wire)}
 		})
+	}},
+	"MisdeclaresItsCapabilities": {"Capabilities", "Features.Pinger is false: the transport is a driver.Pinger", func() relaysuite.Harness {
+		h := harness(newRecorders(10*time.Second), true, nil)
+		h.Features.Pinger = false
+		return h
 	}},
 	"BypassesTheProxy": {"Outage/Cut", "never dialled through the proxy", func() relaysuite.Harness {
 		h := harness(newRecorders(10*time.Second), true, nil)

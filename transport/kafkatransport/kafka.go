@@ -12,6 +12,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
+	"github.com/outboxkit/outbox/internal/transportkit"
 )
 
 // DefaultMaxMessageSize is Kafka's default limit on one message (1 MiB). The
@@ -107,10 +108,7 @@ const DefaultAckTimeout = 10 * time.Second
 // are valid: they take their defaults. [New] also checks MaxMessageSize against what
 // the client's batches carry.
 func (c Config) Validate() error {
-	if c.MaxMessageSize < 0 {
-		return fmt.Errorf("%w: kafkatransport: Config.MaxMessageSize is %d; it must be positive (or 0 for the default)", outbox.ErrMisconfigured, c.MaxMessageSize)
-	}
-	return nil
+	return transportkit.Positive("kafkatransport", "Config.MaxMessageSize", c.MaxMessageSize, "the default")
 }
 
 // Transport publishes outbox envelopes to Kafka through a franz-go client. It is safe
@@ -144,14 +142,6 @@ type Transport struct {
 	drained  chan struct{}
 }
 
-var (
-	_ driver.Transport   = (*Transport)(nil)
-	_ driver.SizeLimiter = (*Transport)(nil)
-	_ driver.Pinger      = (*Transport)(nil)
-
-	_ driver.PublishTimeouter = (*Transport)(nil)
-)
-
 // New returns a transport that produces through client. The client is the caller's:
 // New never dials and the transport never closes it. Close the transport
 // ([Transport.Close]) once nothing publishes through it any more (after the relay
@@ -168,10 +158,7 @@ var (
 // kgo.RecordPartitioner([Partitioner](nil)); without it, such messages fail
 // permanently.
 func New(client *kgo.Client, cfg Config) (*Transport, error) {
-	if client == nil {
-		return nil, fmt.Errorf("%w: kafkatransport: client is nil: pass a *kgo.Client built with kgo.NewClient", outbox.ErrMisconfigured)
-	}
-	if err := cfg.Validate(); err != nil {
+	if err := transportkit.CheckArgs(client == nil, "kafkatransport: client is nil: pass a *kgo.Client built with kgo.NewClient", cfg); err != nil {
 		return nil, err
 	}
 	if acks, _ := client.OptValue(kgo.RequiredAcks).(kgo.Acks); acks != kgo.AllISRAcks() {
@@ -330,13 +317,13 @@ func (t *Transport) Publish(ctx context.Context, batch []*driver.Envelope) error
 	if t.isClosed() {
 		return errClosed
 	}
-	if len(batch) == 0 {
-		return nil
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	p := t.newPublish(batch)
+	return transportkit.Publish(ctx, batch, t.publish)
+}
+
+// publish sends batch for [transportkit.Publish], recording in errs why each envelope
+// failed.
+func (t *Transport) publish(ctx context.Context, batch []*driver.Envelope, errs []error) error {
+	p := t.newPublish(batch, errs)
 	defer p.stop()
 	send := make([]int, 0, len(batch)) // batch indexes to produce, in batch order
 	for i, env := range batch {
@@ -355,11 +342,9 @@ func (t *Transport) Publish(ctx context.Context, batch []*driver.Envelope) error
 		return err
 	}
 	if len(send) > 0 {
-		if err := p.produce(ctx, send); err != nil {
-			return err
-		}
+		return p.produce(ctx, send)
 	}
-	return p.result()
+	return nil
 }
 
 // PublishTimeout implements [driver.PublishTimeouter]: [Config.AckTimeout] (10 s by
@@ -434,8 +419,8 @@ func wireSize(env *driver.Envelope) int {
 // accept. Refusing here rather than in the client keeps the refusal to this one
 // message: the client would go on producing the key's later messages.
 func (t *Transport) check(env *driver.Envelope) error {
-	if size := env.Size(); size > t.cfg.MaxMessageSize {
-		return driver.Permanent(fmt.Errorf("%w: kafkatransport: message of %d bytes exceeds the transport's limit of %d (Config.MaxMessageSize)", outbox.ErrTooLarge, size, t.cfg.MaxMessageSize))
+	if err := transportkit.CheckSize("kafkatransport", env, t.cfg.MaxMessageSize); err != nil {
+		return err
 	}
 	if size := wireSize(env); size > t.recordLimit {
 		return driver.Permanent(fmt.Errorf("%w: kafkatransport: message with %d headers takes up to %d bytes as a record, more than the %d the client's batches carry (kgo.ProducerBatchMaxBytes); Config.MaxMessageSize leaves room for the framing of %d headers", outbox.ErrTooLarge, len(env.Headers), size, t.recordLimit, coveredHeaders))

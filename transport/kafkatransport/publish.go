@@ -26,8 +26,7 @@ type publish struct {
 	t     *Transport
 	batch []*driver.Envelope
 	// errs holds each envelope's failure, by batch index.
-	errs   []error
-	failed bool
+	errs []error
 	// held maps the keys of messages that failed to the batch index of the first
 	// failure: later messages of the key in the batch are held back, so a key's order
 	// never skips a message.
@@ -44,11 +43,11 @@ type publish struct {
 	stop             func()
 }
 
-func (t *Transport) newPublish(batch []*driver.Envelope) *publish {
+func (t *Transport) newPublish(batch []*driver.Envelope, errs []error) *publish {
 	p := &publish{
 		t:        t,
 		batch:    batch,
-		errs:     make([]error, len(batch)),
+		errs:     errs,
 		refusals: make([]uint8, len(batch)),
 		again:    make([]error, len(batch)),
 		stop:     func() {},
@@ -67,7 +66,7 @@ func (t *Transport) newPublish(batch []*driver.Envelope) *publish {
 
 // fail records envelope i's failure and holds back the later messages of its key.
 func (p *publish) fail(i int, err error) {
-	p.errs[i], p.failed = err, true
+	p.errs[i] = err
 	if env := p.batch[i]; env.Key != nil {
 		if p.held == nil {
 			p.held = map[string]int{}
@@ -104,20 +103,6 @@ func until(ctx context.Context, at time.Time) (context.Context, context.CancelFu
 		return context.WithCancel(ctx)
 	}
 	return context.WithDeadline(ctx, at)
-}
-
-// result is what Publish returns once every envelope has its outcome.
-func (p *publish) result() error {
-	if !p.failed {
-		return nil
-	}
-	pe := &driver.PublishError{}
-	for i, err := range p.errs {
-		if err != nil {
-			pe.Failed = append(pe.Failed, driver.MessageError{ID: p.batch[i].ID, Err: err})
-		}
-	}
-	return pe
 }
 
 // lookUp fails the records of topics the cluster does not have, at once, and returns

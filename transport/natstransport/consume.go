@@ -12,6 +12,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/inbox"
+	"github.com/outboxkit/outbox/internal/transportkit"
 )
 
 // DefaultFetchBatch is the default of [SourceConfig.FetchBatch].
@@ -71,10 +72,7 @@ type Source struct {
 // [outbox.ErrMisconfigured] when cons is missing or acknowledges otherwise, or cfg is
 // invalid.
 func NewSource(cons jetstream.Consumer, cfg SourceConfig) (*Source, error) {
-	if cons == nil {
-		return nil, fmt.Errorf("%w: natstransport: NewSource needs a jetstream.Consumer (stream.CreateOrUpdateConsumer)", outbox.ErrMisconfigured)
-	}
-	if err := cfg.Validate(); err != nil {
+	if err := transportkit.CheckArgs(cons == nil, "natstransport: NewSource needs a jetstream.Consumer (stream.CreateOrUpdateConsumer)", cfg); err != nil {
 		return nil, err
 	}
 	if info := cons.CachedInfo(); info != nil && info.Config.AckPolicy != jetstream.AckExplicitPolicy {
@@ -117,11 +115,8 @@ func pullError(err error) error {
 
 func delivery(msg jetstream.Msg) *inbox.Delivery {
 	d, err := Decode(msg)
-	if err != nil {
-		return inbox.Undecodable(msg, err)
-	}
 	meta, _ := msg.Metadata()
-	return &inbox.Delivery{ID: d.ID, Message: d.Message, Raw: msg, Redelivered: meta != nil && meta.NumDelivered > 1}
+	return transportkit.Delivery(msg, d.ID, d.Message, meta != nil && meta.NumDelivered > 1, err)
 }
 
 // Ack acknowledges each message and waits for the server's confirmation.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
+	"github.com/outboxkit/outbox/internal/transportkit"
 )
 
 // Headers the transport writes besides the application's. See the package
@@ -120,8 +121,8 @@ func (t *Transport) encode(env *driver.Envelope, subject string) (*nats.Msg, err
 	if subject != env.Topic {
 		h[HeaderTopic] = []string{env.Topic}
 	}
-	if size := env.Size(); size > t.cfg.MaxMessageSize {
-		return nil, driver.Permanent(fmt.Errorf("%w: natstransport: message of %d bytes exceeds the transport's limit of %d (Config.MaxMessageSize)", outbox.ErrTooLarge, size, t.cfg.MaxMessageSize))
+	if err := transportkit.CheckSize("natstransport", env, t.cfg.MaxMessageSize); err != nil {
+		return nil, err
 	}
 	if size := wireSize(h, env.Payload); size > t.maxPayload {
 		return nil, driver.Permanent(fmt.Errorf("%w: natstransport: message takes %d bytes once encoded (headers and payload), more than the server's max_payload of %d; binary keys and headers are sent base64", outbox.ErrTooLarge, size, t.maxPayload))
@@ -158,14 +159,9 @@ var stamped = map[string]bool{
 
 // decode restores the message from a NATS message's parts.
 func decode(subject string, h nats.Header, data []byte) (Delivery, error) {
-	d := Delivery{Subject: subject, Message: outbox.Message{Topic: subject, Payload: data}}
+	d := Delivery{Subject: subject, Message: outbox.Message{Topic: subject, Payload: transportkit.Payload(data, h.Get(HeaderTombstone) == "true")}}
 	if v := h.Get(HeaderTopic); v != "" {
 		d.Topic = v
-	}
-	if h.Get(HeaderTombstone) == "true" {
-		d.Payload = nil
-	} else if d.Payload == nil {
-		d.Payload = []byte{}
 	}
 	if vs, ok := h[HeaderKey]; ok && len(vs) > 0 {
 		d.Key = []byte(vs[0])

@@ -14,6 +14,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
+	"github.com/outboxkit/outbox/internal/transportkit"
 )
 
 // testTransport is a transport with its defaults, for encoding without a server.
@@ -177,7 +178,7 @@ func TestHoldBackTails(t *testing.T) {
 	batch := []*driver.Envelope{mk("a"), mk("b"), mk("a"), mk("b"), mk("c"), mk("c")}
 	transient := errors.New("lost")
 	errs := []error{transient, driver.Permanent(errors.New("too big")), nil, nil, nil, nil}
-	holdBackTails(batch, errs)
+	transportkit.HoldBackTails(batch, errs, errHeldBack)
 	assert.ErrorIs(t, errs[2], errHeldBack, "a's later message follows a transient failure")
 	assert.ErrorIs(t, errs[3], errHeldBack, "b's later message waits until the dispatcher parked the earlier one")
 	assert.NoError(t, errs[4])

@@ -12,6 +12,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
+	"github.com/outboxkit/outbox/internal/transportkit"
 )
 
 // DefaultMaxPayload is NATS's default max_payload (1 MiB), assumed when the
@@ -77,10 +78,7 @@ type Config struct {
 // are valid: they take their defaults. [New] also checks MaxMessageSize against the
 // connection's max_payload.
 func (c Config) Validate() error {
-	if c.MaxMessageSize < 0 {
-		return fmt.Errorf("%w: natstransport: Config.MaxMessageSize is %d; it must be positive (or 0 for the default)", outbox.ErrMisconfigured, c.MaxMessageSize)
-	}
-	return nil
+	return transportkit.Positive("natstransport", "Config.MaxMessageSize", c.MaxMessageSize, "the default")
 }
 
 // Transport publishes outbox envelopes to NATS JetStream streams. It is safe for
@@ -92,13 +90,6 @@ type Transport struct {
 	maxPayload int
 }
 
-var (
-	_ driver.Transport      = (*Transport)(nil)
-	_ driver.SizeLimiter    = (*Transport)(nil)
-	_ driver.KeyOrderKeeper = (*Transport)(nil)
-	_ driver.Pinger         = (*Transport)(nil)
-)
-
 // New returns a transport that publishes through js, a JetStream context the caller
 // built on its own connection (jetstream.New(nc)). New never dials and the
 // transport never closes the connection. Streams are the deployment's: the
@@ -109,10 +100,7 @@ var (
 // invalid ([Config.Validate], and a MaxMessageSize over the connection's
 // max_payload less 512 bytes).
 func New(js jetstream.JetStream, cfg Config) (*Transport, error) {
-	if js == nil || js.Conn() == nil {
-		return nil, fmt.Errorf("%w: natstransport: JetStream context is nil: pass jetstream.New(nc) on a connection from nats.Connect", outbox.ErrMisconfigured)
-	}
-	if err := cfg.Validate(); err != nil {
+	if err := transportkit.CheckArgs(js == nil || js.Conn() == nil, "natstransport: JetStream context is nil: pass jetstream.New(nc) on a connection from nats.Connect", cfg); err != nil {
 		return nil, err
 	}
 	maxPayload := int(js.Conn().MaxPayload())
@@ -176,16 +164,14 @@ func (t *Transport) Ping(ctx context.Context) error {
 // that were not (each cause marked [driver.Permanent] when retrying cannot help), or
 // ctx's error when ctx ended first (then nothing may be assumed sent).
 func (t *Transport) Publish(ctx context.Context, batch []*driver.Envelope) error {
-	if len(batch) == 0 {
-		return nil
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
+	return transportkit.Publish(ctx, batch, t.publish)
+}
+
+// publish sends batch for [transportkit.Publish], recording in errs why each envelope
+// failed.
+func (t *Transport) publish(ctx context.Context, batch []*driver.Envelope, errs []error) error {
 	var (
-		errs    = make([]error, len(batch))
 		futures = make([]jetstream.PubAckFuture, len(batch))
-		failed  bool
 		// subjects caches each topic's subject and whether a stream captures it.
 		subjects = map[string]*subjectInfo{}
 	)
@@ -196,7 +182,7 @@ func (t *Transport) Publish(ctx context.Context, batch []*driver.Envelope) error
 			subjects[env.Topic] = si
 		}
 		if si.err != nil {
-			errs[i], failed = si.err, true
+			errs[i] = si.err
 			continue
 		}
 		msg, err := t.encode(env, si.subject)
@@ -204,7 +190,7 @@ func (t *Transport) Publish(ctx context.Context, batch []*driver.Envelope) error
 			futures[i], err = t.js.PublishMsgAsync(msg)
 		}
 		if err != nil {
-			errs[i], failed = t.classify(ctx, env, si, err), true
+			errs[i] = t.classify(ctx, env, si, err)
 		}
 	}
 
@@ -234,22 +220,13 @@ func (t *Transport) Publish(ctx context.Context, batch []*driver.Envelope) error
 			}
 		}
 		if err != nil {
-			errs[i], failed = t.classify(ctx, batch[i], subjects[batch[i].Topic], err), true
+			errs[i] = t.classify(ctx, batch[i], subjects[batch[i].Topic], err)
 		}
-	}
-	if !failed {
-		return nil
 	}
 	if t.cfg.PipelineKeys {
-		holdBackTails(batch, errs)
+		transportkit.HoldBackTails(batch, errs, errHeldBack)
 	}
-	pe := &driver.PublishError{}
-	for i, err := range errs {
-		if err != nil {
-			pe.Failed = append(pe.Failed, driver.MessageError{ID: batch[i].ID, Err: err})
-		}
-	}
-	return pe
+	return nil
 }
 
 // resolved returns f's outcome if it has one, without waiting, and errNoAck if not.
@@ -261,27 +238,6 @@ func resolved(f jetstream.PubAckFuture) error {
 		return err
 	default:
 		return errNoAck
-	}
-}
-
-// holdBackTails reports every message after a key's first failure as failed too, so
-// the relay never completes a key's later message while retrying (or parking) an
-// earlier one.
-func holdBackTails(batch []*driver.Envelope, errs []error) {
-	var failedKeys map[string]bool
-	for i, env := range batch {
-		if env.Key == nil {
-			continue
-		}
-		switch {
-		case errs[i] != nil:
-			if failedKeys == nil {
-				failedKeys = map[string]bool{}
-			}
-			failedKeys[string(env.Key)] = true
-		case errs[i] == nil && failedKeys[string(env.Key)]:
-			errs[i] = errHeldBack
-		}
 	}
 }
 

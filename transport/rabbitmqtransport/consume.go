@@ -10,6 +10,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/inbox"
+	"github.com/outboxkit/outbox/internal/transportkit"
 )
 
 // DefaultPrefetch is the default of [SourceConfig.Prefetch].
@@ -69,10 +70,7 @@ type Source struct {
 // itself does not dial). It fails with an error wrapping [outbox.ErrMisconfigured]
 // when dial is missing or cfg is invalid.
 func NewSource(dial Dialer, cfg SourceConfig) (*Source, error) {
-	if dial == nil {
-		return nil, fmt.Errorf("%w: rabbitmqtransport: NewSource needs a Dialer", outbox.ErrMisconfigured)
-	}
-	if err := cfg.Validate(); err != nil {
+	if err := transportkit.CheckArgs(dial == nil, "rabbitmqtransport: NewSource needs a Dialer", cfg); err != nil {
 		return nil, err
 	}
 	cfg.Prefetch = cmp.Or(cfg.Prefetch, DefaultPrefetch)
@@ -101,10 +99,7 @@ func (s *Source) Receive(ctx context.Context) ([][]*inbox.Delivery, error) {
 			return nil, fmt.Errorf("rabbitmqtransport: queue %s: the broker ended the consumer (queue deleted, or channel closed)", s.cfg.Queue)
 		}
 		dec, err := Decode(d)
-		if err != nil {
-			return [][]*inbox.Delivery{{inbox.Undecodable(d, err)}}, nil
-		}
-		return [][]*inbox.Delivery{{{ID: dec.ID, Message: dec.Message, Redelivered: d.Redelivered, Raw: d}}}, nil
+		return [][]*inbox.Delivery{{transportkit.Delivery(d, dec.ID, dec.Message, d.Redelivered, err)}}, nil
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/transportkit"
 )
 
 // Delivery is a message the outbox published, read back by a consumer.
@@ -51,12 +52,8 @@ func Decode(d amqp.Delivery) (Delivery, error) {
 	if key, ok := d.Headers[HeaderKey].(string); ok {
 		out.Key = []byte(key)
 	}
-	if tomb, _ := d.Headers[HeaderTombstone].(bool); !tomb {
-		out.Payload = d.Body
-		if out.Payload == nil {
-			out.Payload = []byte{}
-		}
-	}
+	tomb, _ := d.Headers[HeaderTombstone].(bool)
+	out.Payload = transportkit.Payload(d.Body, tomb)
 	headers, err := decodeHeaders(d.Headers)
 	if err != nil {
 		return out, fmt.Errorf("%w: rabbitmqtransport: delivery %q from exchange %q: %w", outbox.ErrInvalidMessage, d.MessageId, d.Exchange, err)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
+	"github.com/outboxkit/outbox/internal/transportkit"
 )
 
 // Header table entries the transport writes beside the message's own headers.
@@ -49,8 +50,8 @@ const (
 // encode builds the AMQP message for env, or the permanent failure that keeps it from
 // being sent. frameMax is the connection's negotiated frame size (0: unbounded).
 func (t *Transport) encode(env *driver.Envelope, exchange, routingKey string, frameMax int) (amqp.Publishing, error) {
-	if size := env.Size(); size > t.cfg.MaxMessageSize {
-		return amqp.Publishing{}, driver.Permanent(fmt.Errorf("%w: rabbitmqtransport: message of %d bytes exceeds the transport's limit of %d (Config.MaxMessageSize)", outbox.ErrTooLarge, size, t.cfg.MaxMessageSize))
+	if err := transportkit.CheckSize("rabbitmqtransport", env, t.cfg.MaxMessageSize); err != nil {
+		return amqp.Publishing{}, err
 	}
 	if len(exchange) > maxShortString {
 		return amqp.Publishing{}, driver.Permanent(fmt.Errorf("%w: rabbitmqtransport: exchange name of %d bytes exceeds AMQP's %d: shorten the topic or set Config.Route", outbox.ErrInvalidMessage, len(exchange), maxShortString))

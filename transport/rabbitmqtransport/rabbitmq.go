@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
+	"github.com/outboxkit/outbox/internal/transportkit"
 )
 
 // DefaultMaxMessageSize is the default [Config.MaxMessageSize]: 16 MiB, RabbitMQ 4's
@@ -97,10 +99,7 @@ type Config struct {
 // Validate reports the first setting that cannot work, naming its field. Zero values
 // are valid: they take their defaults.
 func (c Config) Validate() error {
-	if c.MaxMessageSize < 0 {
-		return fmt.Errorf("%w: rabbitmqtransport: Config.MaxMessageSize is %d; it must be positive (or 0 for the default of %d)", outbox.ErrMisconfigured, c.MaxMessageSize, DefaultMaxMessageSize)
-	}
-	return nil
+	return transportkit.Positive("rabbitmqtransport", "Config.MaxMessageSize", c.MaxMessageSize, "the default of "+strconv.Itoa(DefaultMaxMessageSize))
 }
 
 // Transport publishes outbox envelopes to RabbitMQ (or any AMQP 0-9-1 broker) with
@@ -120,12 +119,6 @@ type Transport struct {
 	// waits for them.
 	wg sync.WaitGroup
 }
-
-var (
-	_ driver.Transport   = (*Transport)(nil)
-	_ driver.SizeLimiter = (*Transport)(nil)
-	_ driver.Pinger      = (*Transport)(nil)
-)
 
 // pubChannel is one channel in confirm mode with its listeners.
 type pubChannel struct {
@@ -150,10 +143,7 @@ const returnBuffer = 256
 // network failure. The dialer keeps every connection setting in the caller's hands
 // while letting the transport reconnect.
 func New(dial Dialer, cfg Config) (*Transport, error) {
-	if dial == nil {
-		return nil, fmt.Errorf("%w: rabbitmqtransport: dial is nil: pass a func that calls amqp.DialConfig with your URL", outbox.ErrMisconfigured)
-	}
-	if err := cfg.Validate(); err != nil {
+	if err := transportkit.CheckArgs(dial == nil, "rabbitmqtransport: dial is nil: pass a func that calls amqp.DialConfig with your URL", cfg); err != nil {
 		return nil, err
 	}
 	if cfg.Route == nil {
@@ -352,17 +342,16 @@ type sent struct {
 // [driver.Permanent] when retrying cannot help), ctx's error when ctx ended first, or
 // another error (the broker could not be reached: nothing was sent).
 func (t *Transport) Publish(ctx context.Context, batch []*driver.Envelope) error {
-	if len(batch) == 0 {
-		return nil
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
+	return transportkit.Publish(ctx, batch, t.publish)
+}
+
+// publish sends batch for [transportkit.Publish], recording in errs why each envelope
+// failed.
+func (t *Transport) publish(ctx context.Context, batch []*driver.Envelope, errs []error) error {
 	pc, err := t.acquire(ctx)
 	if err != nil {
 		return err
 	}
-	errs := make([]error, len(batch))
 	pubs := make([]amqp.Publishing, len(batch))
 	exchanges := make([]string, len(batch))
 	keys := make([]string, len(batch))
@@ -379,21 +368,9 @@ func (t *Transport) Publish(ctx context.Context, batch []*driver.Envelope) error
 	}
 	if ready == 0 {
 		t.release(pc)
-	} else if err := t.send(ctx, pc, batch, pubs, exchanges, keys, errs); err != nil {
-		return err
-	}
-	failed := false
-	pe := &driver.PublishError{}
-	for i, err := range errs {
-		if err != nil {
-			failed = true
-			pe.Failed = append(pe.Failed, driver.MessageError{ID: batch[i].ID, Err: err})
-		}
-	}
-	if !failed {
 		return nil
 	}
-	return pe
+	return t.send(ctx, pc, batch, pubs, exchanges, keys, errs)
 }
 
 // send publishes the encoded messages (those without an error yet) on pc, waits for

@@ -11,6 +11,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
+	"github.com/outboxkit/outbox/internal/transportkit"
 )
 
 // entry turns XADD arguments into the entry a reader gets back: go-redis returns
@@ -144,7 +145,7 @@ func TestHoldBackTails(t *testing.T) {
 	}
 	batch := []*driver.Envelope{mk([]byte("a")), mk(nil), mk([]byte("a")), mk(nil), mk([]byte("b"))}
 	errs := []error{errors.New("lost"), errors.New("lost"), nil, nil, nil}
-	holdBackTails(batch, errs)
+	transportkit.HoldBackTails(batch, errs, errHeldBack)
 	assert.ErrorIs(t, errs[2], errHeldBack)
 	assert.NoError(t, errs[3], "keyless messages have no order")
 	assert.NoError(t, errs[4])

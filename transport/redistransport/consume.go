@@ -12,6 +12,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/inbox"
+	"github.com/outboxkit/outbox/internal/transportkit"
 )
 
 // DefaultReadCount is the default of [SourceConfig.ReadCount].
@@ -87,10 +88,7 @@ type Source struct {
 // closed here). It fails with an error wrapping [outbox.ErrMisconfigured] when client
 // is missing or cfg is invalid.
 func NewSource(client redis.UniversalClient, cfg SourceConfig) (*Source, error) {
-	if client == nil {
-		return nil, fmt.Errorf("%w: redistransport: NewSource needs a client (redis.NewClient)", outbox.ErrMisconfigured)
-	}
-	if err := cfg.Validate(); err != nil {
+	if err := transportkit.CheckArgs(client == nil, "redistransport: NewSource needs a client (redis.NewClient)", cfg); err != nil {
 		return nil, err
 	}
 	cfg.ReadCount = cmp.Or(cfg.ReadCount, DefaultReadCount)
@@ -117,10 +115,7 @@ func (s *Source) Receive(ctx context.Context) ([][]*inbox.Delivery, error) {
 			continue
 		}
 		dec, err := Decode(s.cfg.Stream, entry)
-		if err != nil {
-			return [][]*inbox.Delivery{{inbox.Undecodable(entry, err)}}, nil
-		}
-		return [][]*inbox.Delivery{{{ID: dec.ID, Message: dec.Message, Redelivered: s.aheadFrom0, Raw: entry}}}, nil
+		return [][]*inbox.Delivery{{transportkit.Delivery(entry, dec.ID, dec.Message, s.aheadFrom0, err)}}, nil
 	}
 	return nil, nil
 }

@@ -1,6 +1,7 @@
 package redistransport
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
+	"github.com/outboxkit/outbox/internal/transportkit"
 )
 
 // Entry fields the transport writes. See the package documentation for when each is
@@ -88,17 +90,15 @@ type Config struct {
 // Validate reports the first setting that cannot work, naming its field. Zero values
 // are valid: they take their defaults.
 func (c Config) Validate() error {
-	switch {
-	case c.MaxMessageSize < 0 || c.MaxMessageSize > maxBulk:
+	if c.MaxMessageSize < 0 || c.MaxMessageSize > maxBulk {
 		return fmt.Errorf("%w: redistransport: Config.MaxMessageSize is %d; it must be between 1 and %d (or 0 for the default)", outbox.ErrMisconfigured, c.MaxMessageSize, maxBulk)
-	case c.MaxLen < 0:
-		return fmt.Errorf("%w: redistransport: Config.MaxLen is %d; it must be positive (or 0 for no trimming)", outbox.ErrMisconfigured, c.MaxLen)
-	case c.WaitReplicas < 0:
-		return fmt.Errorf("%w: redistransport: Config.WaitReplicas is %d; it must be positive (or 0 for no WAIT)", outbox.ErrMisconfigured, c.WaitReplicas)
-	case c.WaitTimeout < 0:
-		return fmt.Errorf("%w: redistransport: Config.WaitTimeout is %s; it must be positive (or 0 for the default)", outbox.ErrMisconfigured, c.WaitTimeout)
 	}
-	return nil
+	// The first failed check, in field order.
+	return cmp.Or(
+		transportkit.Positive("redistransport", "Config.MaxLen", c.MaxLen, "no trimming"),
+		transportkit.Positive("redistransport", "Config.WaitReplicas", c.WaitReplicas, "no WAIT"),
+		transportkit.Positive("redistransport", "Config.WaitTimeout", c.WaitTimeout, "the default"),
+	)
 }
 
 // Transport appends outbox envelopes to Redis streams. It is safe for concurrent use.
@@ -107,13 +107,6 @@ type Transport struct {
 	cfg    Config
 }
 
-var (
-	_ driver.Transport      = (*Transport)(nil)
-	_ driver.SizeLimiter    = (*Transport)(nil)
-	_ driver.KeyOrderKeeper = (*Transport)(nil)
-	_ driver.Pinger         = (*Transport)(nil)
-)
-
 // New returns a transport that appends through client (a *redis.Client, a failover
 // client from redis.NewFailoverClient, or a *redis.ClusterClient). The client is the
 // caller's: New never dials and the transport never closes it.
@@ -121,10 +114,7 @@ var (
 // New returns an error wrapping [outbox.ErrMisconfigured] when client is nil or cfg
 // is invalid ([Config.Validate], and WaitReplicas with a cluster client).
 func New(client redis.UniversalClient, cfg Config) (*Transport, error) {
-	if client == nil {
-		return nil, fmt.Errorf("%w: redistransport: client is nil: pass a client from redis.NewClient", outbox.ErrMisconfigured)
-	}
-	if err := cfg.Validate(); err != nil {
+	if err := transportkit.CheckArgs(client == nil, "redistransport: client is nil: pass a client from redis.NewClient", cfg); err != nil {
 		return nil, err
 	}
 	if _, cluster := client.(*redis.ClusterClient); cluster && cfg.WaitReplicas > 0 {
@@ -186,20 +176,18 @@ func (t *Transport) Ping(ctx context.Context) error {
 // (each cause marked [driver.Permanent] when retrying cannot help), or ctx's error
 // when ctx ended first (then nothing may be assumed sent).
 func (t *Transport) Publish(ctx context.Context, batch []*driver.Envelope) error {
-	if len(batch) == 0 {
-		return nil
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	errs := make([]error, len(batch))
+	return transportkit.Publish(ctx, batch, t.publish)
+}
+
+// publish sends batch for [transportkit.Publish], recording in errs why each envelope
+// failed.
+func (t *Transport) publish(ctx context.Context, batch []*driver.Envelope, errs []error) error {
 	cmds := make([]*redis.StringCmd, len(batch))
-	failed := false
 	pipe := t.client.Pipeline()
 	for i, env := range batch {
 		args, err := t.encode(env)
 		if err != nil {
-			errs[i], failed = err, true
+			errs[i] = err
 			continue
 		}
 		cmds[i] = pipe.XAdd(ctx, args)
@@ -230,48 +218,18 @@ func (t *Transport) Publish(ctx context.Context, batch []*driver.Envelope) error
 		}
 		switch err := cmd.Err(); {
 		case err != nil:
-			errs[i], failed = t.classify(batch[i], err), true
+			errs[i] = t.classify(batch[i], err)
 		case replicated != nil:
-			errs[i], failed = replicated, true
+			errs[i] = replicated
 		}
 	}
-	if !failed {
-		return nil
-	}
-	holdBackTails(batch, errs)
-	pe := &driver.PublishError{}
-	for i, err := range errs {
-		if err != nil {
-			pe.Failed = append(pe.Failed, driver.MessageError{ID: batch[i].ID, Err: err})
-		}
-	}
-	return pe
+	transportkit.HoldBackTails(batch, errs, errHeldBack)
+	return nil
 }
 
 // errHeldBack is reported for an entry of a key whose earlier entry in the batch
 // failed.
 var errHeldBack = errors.New("redistransport: reported failed: an earlier message of its key in the batch failed")
-
-// holdBackTails reports every entry after a key's first failure as failed too, so the
-// relay never completes a key's later message while retrying (or parking) an
-// earlier one.
-func holdBackTails(batch []*driver.Envelope, errs []error) {
-	var failedKeys map[string]bool
-	for i, env := range batch {
-		if env.Key == nil {
-			continue
-		}
-		switch {
-		case errs[i] != nil:
-			if failedKeys == nil {
-				failedKeys = map[string]bool{}
-			}
-			failedKeys[string(env.Key)] = true
-		case errs[i] == nil && failedKeys[string(env.Key)]:
-			errs[i] = errHeldBack
-		}
-	}
-}
 
 // streamOf maps a topic to its stream key.
 func (t *Transport) streamOf(topic string) string {
@@ -287,8 +245,8 @@ func (t *Transport) encode(env *driver.Envelope) (*redis.XAddArgs, error) {
 	if stream == "" {
 		return nil, driver.Permanent(fmt.Errorf("%w: redistransport: topic %q maps to an empty stream key (check Config.Stream)", outbox.ErrInvalidMessage, env.Topic))
 	}
-	if size := env.Size(); size > t.cfg.MaxMessageSize {
-		return nil, driver.Permanent(fmt.Errorf("%w: redistransport: message of %d bytes exceeds the transport's limit of %d (Config.MaxMessageSize)", outbox.ErrTooLarge, size, t.cfg.MaxMessageSize))
+	if err := transportkit.CheckSize("redistransport", env, t.cfg.MaxMessageSize); err != nil {
+		return nil, err
 	}
 	id := env.ID.String()
 	values := make([]any, 0, 12)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/inbox"
+	"github.com/outboxkit/outbox/internal/transportkit"
 )
 
 // ReceiveAPI is the part of *sqs.Client a [Source] uses.
@@ -87,10 +88,7 @@ type Source struct {
 // NewSource returns a source on client. It fails with an error wrapping
 // [outbox.ErrMisconfigured] when client is missing or cfg is invalid.
 func NewSource(client ReceiveAPI, cfg SourceConfig) (*Source, error) {
-	if client == nil {
-		return nil, fmt.Errorf("%w: sqstransport: NewSource needs an SQS client", outbox.ErrMisconfigured)
-	}
-	if err := cfg.Validate(); err != nil {
+	if err := transportkit.CheckArgs(client == nil, "sqstransport: NewSource needs an SQS client", cfg); err != nil {
 		return nil, err
 	}
 	cfg.MaxMessages = cmp.Or(cfg.MaxMessages, 10)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
+	"github.com/outboxkit/outbox/internal/transportkit"
 )
 
 const (
@@ -100,8 +101,8 @@ func (c Config) Validate() error {
 	if c.QueueLimit != 0 && (c.QueueLimit < MinQueueLimit || c.QueueLimit > MaxQueueLimit) {
 		return fmt.Errorf("%w: sqstransport: Config.QueueLimit is %d; it must be between %d and %d (or 0 for the default %d)", outbox.ErrMisconfigured, c.QueueLimit, MinQueueLimit, MaxQueueLimit, DefaultQueueLimit)
 	}
-	if c.MaxMessageSize < 0 {
-		return fmt.Errorf("%w: sqstransport: Config.MaxMessageSize is %d; it must be positive (or 0 for the default)", outbox.ErrMisconfigured, c.MaxMessageSize)
+	if err := transportkit.Positive("sqstransport", "Config.MaxMessageSize", c.MaxMessageSize, "the default"); err != nil {
+		return err
 	}
 	queueLimit := c.QueueLimit
 	if queueLimit == 0 {
@@ -125,20 +126,12 @@ type Transport struct {
 	cfg    Config
 }
 
-var (
-	_ driver.Transport   = (*Transport)(nil)
-	_ driver.SizeLimiter = (*Transport)(nil)
-)
-
 // New returns a Transport sending through client, which the caller built and
 // configured (region, credentials, endpoint, retries). New never dials. It returns an
 // error wrapping [outbox.ErrMisconfigured] when client is nil or cfg is invalid
 // ([Config.Validate]).
 func New(client API, cfg Config) (*Transport, error) {
-	if client == nil {
-		return nil, fmt.Errorf("%w: sqstransport: New needs a client: pass sqs.NewFromConfig(awsCfg)", outbox.ErrMisconfigured)
-	}
-	if err := cfg.Validate(); err != nil {
+	if err := transportkit.CheckArgs(client == nil, "sqstransport: New needs a client: pass sqs.NewFromConfig(awsCfg)", cfg); err != nil {
 		return nil, err
 	}
 	cfg.setDefaults(client)
@@ -201,13 +194,12 @@ type queueJob struct {
 // permanent or transient. If ctx ends before SQS acknowledged anything, Publish
 // returns ctx.Err().
 func (t *Transport) Publish(ctx context.Context, batch []*driver.Envelope) error {
-	if len(batch) == 0 {
-		return nil
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	failures := make([]error, len(batch))
+	return transportkit.Publish(ctx, batch, t.publish)
+}
+
+// publish sends batch for [transportkit.Publish], recording in failures why each
+// envelope failed.
+func (t *Transport) publish(ctx context.Context, batch []*driver.Envelope, failures []error) error {
 	acked := make([]bool, len(batch))
 
 	urls := make(map[string]string)
@@ -233,8 +225,8 @@ func (t *Transport) Publish(ctx context.Context, batch []*driver.Envelope) error
 			}
 			urls[env.Topic] = url
 		}
-		if size := env.Size(); size > t.cfg.MaxMessageSize {
-			failures[i] = driver.Permanent(fmt.Errorf("%w: sqstransport: message of %d bytes exceeds the transport's limit of %d (Config.MaxMessageSize)", outbox.ErrTooLarge, size, t.cfg.MaxMessageSize))
+		if err := transportkit.CheckSize("sqstransport", env, t.cfg.MaxMessageSize); err != nil {
+			failures[i] = err
 			continue
 		}
 		enc, err := encode(env, t.cfg.QueueLimit, !t.cfg.OmitIdempotencyKey)
@@ -327,28 +319,20 @@ func (t *Transport) Publish(ctx context.Context, batch []*driver.Envelope) error
 	}
 	wg.Wait()
 
-	var perr driver.PublishError
 	anyAcked := false
-	for i, env := range batch {
-		if acked[i] {
-			anyAcked = true
-			continue
+	for i := range batch {
+		switch {
+		case acked[i]:
+			anyAcked, failures[i] = true, nil
+		case failures[i] == nil:
+			failures[i] = errors.New("sqstransport: no result for message")
 		}
-		err := failures[i]
-		if err == nil {
-			err = errors.New("sqstransport: no result for message")
-		}
-		perr.Failed = append(perr.Failed, driver.MessageError{ID: env.ID, Err: err})
-	}
-	if len(perr.Failed) == 0 {
-		return nil
 	}
 	if !anyAcked {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
+		// Every message failed: if ctx ended, nothing may be assumed sent.
+		return ctx.Err()
 	}
-	return &perr
+	return nil
 }
 
 // split cuts a queue's messages, in order, into requests of at most ten entries whose

@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/transportkit"
 )
 
 // Delivery is a message the outbox published, read back by a Watermill subscriber.
@@ -42,12 +43,7 @@ func Decode(msg *message.Message) (Delivery, error) {
 		}
 		d.Key = key
 	}
-	if md.Get(MetadataTombstone) != "true" {
-		d.Payload = msg.Payload
-		if d.Payload == nil {
-			d.Payload = []byte{}
-		}
-	}
+	d.Payload = transportkit.Payload(msg.Payload, md.Get(MetadataTombstone) == "true")
 	headers, err := decodeHeaders(md)
 	if err != nil {
 		return d, fmt.Errorf("%w: watermilltransport: message %s: %w", outbox.ErrInvalidMessage, msg.UUID, err)

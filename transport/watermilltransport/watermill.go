@@ -12,6 +12,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
+	"github.com/outboxkit/outbox/internal/transportkit"
 )
 
 // Metadata entries the transport writes beside the message's own headers.
@@ -82,10 +83,7 @@ type Config struct {
 
 // Validate reports the first setting that cannot work, naming its field.
 func (c Config) Validate() error {
-	if c.MaxMessageSize < 0 {
-		return fmt.Errorf("%w: watermilltransport: Config.MaxMessageSize is %d; it must be positive (or 0 for no limit)", outbox.ErrMisconfigured, c.MaxMessageSize)
-	}
-	return nil
+	return transportkit.Positive("watermilltransport", "Config.MaxMessageSize", c.MaxMessageSize, "no limit")
 }
 
 // Transport publishes outbox envelopes through any Watermill [message.Publisher]. It
@@ -95,21 +93,11 @@ type Transport struct {
 	cfg Config
 }
 
-var (
-	_ driver.Transport      = (*Transport)(nil)
-	_ driver.SizeLimiter    = (*Transport)(nil)
-	_ driver.KeyOrderKeeper = (*Transport)(nil)
-	_ driver.Pinger         = (*Transport)(nil)
-)
-
 // New returns a transport that publishes through pub. The publisher is the caller's:
 // New never dials, and the transport never closes it. It returns an error wrapping
 // [outbox.ErrMisconfigured] when pub is nil or cfg is invalid.
 func New(pub message.Publisher, cfg Config) (*Transport, error) {
-	if pub == nil {
-		return nil, fmt.Errorf("%w: watermilltransport: publisher is nil: pass the message.Publisher your Watermill adapter built", outbox.ErrMisconfigured)
-	}
-	if err := cfg.Validate(); err != nil {
+	if err := transportkit.CheckArgs(pub == nil, "watermilltransport: publisher is nil: pass the message.Publisher your Watermill adapter built", cfg); err != nil {
 		return nil, err
 	}
 	if cfg.Topic == nil {
@@ -165,13 +153,12 @@ var errHeldBack = errors.New("watermilltransport: not sent: an earlier message o
 // [*driver.PublishError] naming the failed messages, or ctx's error when ctx ended
 // first (nothing may then be assumed sent).
 func (t *Transport) Publish(ctx context.Context, batch []*driver.Envelope) error {
-	if len(batch) == 0 {
-		return nil
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	errs := make([]error, len(batch))
+	return transportkit.Publish(ctx, batch, t.publish)
+}
+
+// publish sends batch for [transportkit.Publish], recording in errs why each envelope
+// failed.
+func (t *Transport) publish(ctx context.Context, batch []*driver.Envelope, errs []error) error {
 	var (
 		groups     []*group
 		topicGroup = map[string]int{} // topic -> index of its latest group
@@ -239,16 +226,7 @@ func (t *Transport) Publish(ctx context.Context, batch []*driver.Envelope) error
 			}
 		}
 	}
-	pe := &driver.PublishError{}
-	for i, err := range errs {
-		if err != nil {
-			pe.Failed = append(pe.Failed, driver.MessageError{ID: batch[i].ID, Err: err})
-		}
-	}
-	if len(pe.Failed) == 0 {
-		return nil
-	}
-	return pe
+	return nil
 }
 
 // headerEntry is one element of MetadataHeaders.
@@ -268,10 +246,8 @@ func (h headerEntry) MarshalJSON() ([]byte, error) {
 // encode builds the Watermill message for env, or the permanent failure that keeps it
 // from being sent.
 func (t *Transport) encode(ctx context.Context, env *driver.Envelope) (*message.Message, error) {
-	if t.cfg.MaxMessageSize > 0 {
-		if size := env.Size(); size > t.cfg.MaxMessageSize {
-			return nil, driver.Permanent(fmt.Errorf("%w: watermilltransport: message of %d bytes exceeds the transport's limit of %d (Config.MaxMessageSize)", outbox.ErrTooLarge, size, t.cfg.MaxMessageSize))
-		}
+	if err := transportkit.CheckSize("watermilltransport", env, t.cfg.MaxMessageSize); err != nil {
+		return nil, err
 	}
 	id := env.ID.String()
 	headers := make([]outbox.Header, 0, len(env.Headers)+2)

@@ -28,7 +28,7 @@ func relayHarness() relaysuite.Harness {
 		Raw:      rawProduce,
 		Source:   rc.source,
 		Foreign:  rc.foreign,
-		Features: relaysuite.Features{Ordered: true, Proxy: true},
+		Features: relaysuite.Features{Ordered: true, Proxy: true, Pinger: true, KeepsKeyOrder: true, SizeLimiter: true, PublishTimeouter: true},
 	}
 }
 

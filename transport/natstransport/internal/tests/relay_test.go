@@ -30,7 +30,7 @@ func relayHarness(pipeline bool) relaysuite.Harness {
 		Source:   rs.source,
 		Foreign:  rs.foreign,
 		Settled:  rs.settled,
-		Features: relaysuite.Features{Ordered: !pipeline, Deduplicates: true, Proxy: true},
+		Features: relaysuite.Features{Ordered: !pipeline, Deduplicates: true, Proxy: true, Pinger: true, KeepsKeyOrder: pipeline, SizeLimiter: true},
 	}
 }
 

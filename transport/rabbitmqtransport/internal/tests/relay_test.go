@@ -27,7 +27,7 @@ func relayHarness() relaysuite.Harness {
 		Source:   rt.source,
 		Foreign:  rt.foreign,
 		Settled:  rt.settled,
-		Features: relaysuite.Features{Ordered: true, Proxy: true},
+		Features: relaysuite.Features{Ordered: true, Proxy: true, Pinger: true, SizeLimiter: true},
 	}
 }
 

@@ -27,7 +27,7 @@ func relayHarness() relaysuite.Harness {
 		Source:   rs.source,
 		Foreign:  rs.foreign,
 		Settled:  rs.settled,
-		Features: relaysuite.Features{Ordered: true, Proxy: true},
+		Features: relaysuite.Features{Ordered: true, Proxy: true, Pinger: true, KeepsKeyOrder: true, SizeLimiter: true},
 	}
 }
 

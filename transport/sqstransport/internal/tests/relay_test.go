@@ -26,10 +26,12 @@ import (
 func relayHarness(fifo bool) relaysuite.Harness {
 	rq := &relayQueues{fifo: fifo, urls: map[string]string{}, pending: map[string][]outboxtest.Received{}}
 	h := relaysuite.Harness{
-		New:      rq.transport,
-		Read:     rq.read,
-		Raw:      rq.raw,
-		Features: relaysuite.Features{Ordered: fifo, Deduplicates: fifo, Proxy: true},
+		New:  rq.transport,
+		Read: rq.read,
+		Raw:  rq.raw,
+		// On FIFO queues the transport comes wrapped in fifoKeepsKeyOrder, which
+		// keeps Publish alone of its methods.
+		Features: relaysuite.Features{Ordered: fifo, Deduplicates: fifo, Proxy: true, KeepsKeyOrder: fifo, SizeLimiter: !fifo},
 	}
 	// The Consume subtest runs on the standard queue only: the emulator hands out a
 	// FIFO group's later messages while an earlier one is in flight, which SQS does

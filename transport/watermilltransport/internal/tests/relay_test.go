@@ -25,7 +25,7 @@ func relayHarness() relaysuite.Harness {
 		New:      rq.transport,
 		Read:     rq.read,
 		Raw:      rawPublish,
-		Features: relaysuite.Features{Ordered: true, Proxy: true, ReconnectRaces: true},
+		Features: relaysuite.Features{Ordered: true, Proxy: true, ReconnectRaces: true, Pinger: true, KeepsKeyOrder: true, SizeLimiter: true},
 	}
 }
 
