@@ -39,6 +39,12 @@
 //	outbox.backlog.pending               gauge      {message}  pending messages per outbox.bucket (capped per bucket by the store)
 //	outbox.backlog.oldest_age            gauge      s          age of the oldest pending message at the last sample
 //	outbox.backlog.parked                gauge      {message}  parked messages at the last sample
+//	outbox.stream.lag.bytes              gauge      By         the store's stream kept for its reader (the SQL
+//	                                                             store's log mode: WAL bytes behind the slot's
+//	                                                             confirmed position) at the last sample
+//	outbox.stream.lag.age                gauge      s          how long ago the stream's reader confirmed what
+//	                                                             was written (the slot's flush lag); 0 when idle
+//	outbox.stream.active                 gauge      {reader}   1 when a reader had the stream open, else 0
 //
 // # Traces
 //
@@ -48,10 +54,12 @@
 // Config.TracerProvider makes the relay record "send TOPIC" per message as a child of
 // it; [Extract] gives the consumer a context that continues it.
 //
-// The three backlog gauges come from the samples that the relay holding bucket 0
+// The backlog and stream gauges come from the samples that the relay holding bucket 0
 // takes every relay Config.BacklogInterval; the other relays of a fleet report
 // none, so summing across relays does not double count. A relay whose last sample
-// is older than Config.BacklogTTL stops reporting them.
+// is older than Config.BacklogTTL stops reporting them. The stream gauges exist only
+// for a store whose samples carry a stream (driver.Backlog.Stream: the SQL store on
+// PostgreSQL with a log-mode slot).
 //
 // # Semantics
 //

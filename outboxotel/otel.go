@@ -207,7 +207,14 @@ func New(cfg Config) (*Observer, error) {
 		metric.WithDescription("Age of the oldest pending message at the last backlog sample; 0 when none is pending."))
 	parkedNow, err4 := m.Int64ObservableGauge(p+"backlog.parked", metric.WithUnit("{message}"),
 		metric.WithDescription("Parked messages at the last backlog sample."))
-	for _, e := range []error{err1, err2, err3, err4} {
+	// The stream's gauges, for a store that has one (the SQL store's log mode).
+	streamBytes, err5 := m.Int64ObservableGauge(p+"stream.lag.bytes", metric.WithUnit("By"),
+		metric.WithDescription("How much of the stream the store keeps for its reader at the last backlog sample (PostgreSQL: the write-ahead log between the slot's confirmed position and the current one)."))
+	streamAge, err6 := m.Float64ObservableGauge(p+"stream.lag.age", metric.WithUnit("s"),
+		metric.WithDescription("How long ago the stream's reader last confirmed what was written, at the last backlog sample (PostgreSQL: the slot's flush lag); 0 when unknown or idle."))
+	streamActive, err7 := m.Int64ObservableGauge(p+"stream.active", metric.WithUnit("{reader}"),
+		metric.WithDescription("1 when a reader had the stream open at the last backlog sample, else 0."))
+	for _, e := range []error{err1, err2, err3, err4, err5, err6, err7} {
 		if e != nil {
 			return nil, fmt.Errorf("%w: outboxotel: %w", outbox.ErrMisconfigured, e)
 		}
@@ -235,8 +242,17 @@ func New(cfg Config) (*Observer, error) {
 		}
 		obs.ObserveFloat64(oldest, age, baseOpt)
 		obs.ObserveInt64(parkedNow, int64(o.sample.Parked), baseOpt)
+		if s := o.sample.Stream; s != nil {
+			active := int64(0)
+			if s.Active {
+				active = 1
+			}
+			obs.ObserveInt64(streamBytes, s.Bytes, baseOpt)
+			obs.ObserveFloat64(streamAge, s.Age.Seconds(), baseOpt)
+			obs.ObserveInt64(streamActive, active, baseOpt)
+		}
 		return nil
-	}, owned, pending, oldest, parkedNow)
+	}, owned, pending, oldest, parkedNow, streamBytes, streamAge, streamActive)
 	if err != nil {
 		return nil, fmt.Errorf("%w: outboxotel: %w", outbox.ErrMisconfigured, err)
 	}

@@ -216,6 +216,53 @@ func TestMetricsAfterARealDrain(t *testing.T) {
 	age := ms["outbox.backlog.oldest_age"].Data.(metricdata.Gauge[float64])
 	require.Len(t, age.DataPoints, 1)
 	require.Zero(t, age.DataPoints[0].Value, "nothing pending")
+	for _, name := range []string{"outbox.stream.lag.bytes", "outbox.stream.lag.age", "outbox.stream.active"} {
+		require.NotContains(t, ms, name, "a store without a stream reports no stream gauge")
+	}
+}
+
+// The stream's gauges report the lag of the store's stream (the SQL store's log mode)
+// that a backlog sample carries, and are absent from a sample without one.
+func TestStreamGauges(t *testing.T) {
+	ctx := context.Background()
+	reader := sdkmetric.NewManualReader()
+	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = provider.Shutdown(ctx) })
+	obs, err := outboxotel.New(outboxotel.Config{MeterProvider: provider, MessagingSystem: "kafka"})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = obs.Close() })
+	names := []string{"outbox.stream.lag.bytes", "outbox.stream.lag.age", "outbox.stream.active"}
+
+	obs.Backlog(ctx, driver.Backlog{Pending: []int{0, 0}}, time.Now())
+	ms := collect(t, reader)
+	require.Contains(t, ms, "outbox.backlog.parked")
+	for _, name := range names {
+		require.NotContains(t, ms, name, "a sample without a stream")
+	}
+
+	obs.Backlog(ctx, driver.Backlog{Pending: []int{0, 0}, Stream: &driver.StreamLag{Bytes: 4096, Active: true, Age: 1500 * time.Millisecond}}, time.Now())
+	ms = collect(t, reader)
+	require.Equal(t, int64(4096), gauge(t, ms, "outbox.stream.lag.bytes", map[string]string{"messaging.system": "kafka"}))
+	require.Equal(t, "By", ms["outbox.stream.lag.bytes"].Unit)
+	require.Equal(t, int64(1), gauge(t, ms, "outbox.stream.active", nil))
+	age := ms["outbox.stream.lag.age"]
+	require.Equal(t, "s", age.Unit)
+	points := age.Data.(metricdata.Gauge[float64]).DataPoints
+	require.Len(t, points, 1)
+	require.Equal(t, 1.5, points[0].Value)
+
+	// No reader: the slot is kept, its reader gone.
+	obs.Backlog(ctx, driver.Backlog{Pending: []int{0, 0}, Stream: &driver.StreamLag{Bytes: 1 << 20}}, time.Now())
+	ms = collect(t, reader)
+	require.Equal(t, int64(1<<20), gauge(t, ms, "outbox.stream.lag.bytes", nil))
+	require.Equal(t, int64(0), gauge(t, ms, "outbox.stream.active", nil))
+
+	// A sample older than BacklogTTL is no longer reported, the stream's neither.
+	obs.Backlog(ctx, driver.Backlog{Pending: []int{0, 0}, Stream: &driver.StreamLag{Bytes: 1}}, time.Now().Add(-2*outboxotel.DefaultBacklogTTL))
+	ms = collect(t, reader)
+	for _, name := range names {
+		require.NotContains(t, ms, name, "a stale sample")
+	}
 }
 
 // topicCounting counts, over every Publish call, the distinct topics each carried.

@@ -11,6 +11,7 @@ type (
 var (
 	errUsage          = storeconn.ErrUsage
 	openStore         = storeconn.Open
+	addLogModeFlags   = storeconn.AddLogModeFlags
 	awsConfig         = storeconn.AWSConfig
 	dynamoCreateTable = storeconn.CreateDynamoTable
 )

@@ -7,6 +7,13 @@
 //
 //	outbox-relay -store postgres://app@db/app -kafka-brokers kafka-1:9092,kafka-2:9092
 //
+// With -log-mode it relays a PostgreSQL store in the SQL store's log mode: one relay
+// of the fleet, the one holding the stream lease, reads the messages from the
+// replication slot (-slot, -publication, -replication-url), and moves what the broker
+// keeps refusing for -stream-retry-budget into the table, which every relay drains.
+//
+//	outbox-relay -store postgres://relay@db/app -log-mode -kafka-brokers kafka-1:9092
+//
 // Every flag can also be set through an environment variable: OUTBOX_ and the flag's
 // name in upper case with '-' as '_' (-kafka-brokers is OUTBOX_KAFKA_BROKERS). A flag
 // on the command line wins over the variable. Run with -help for every flag.
@@ -32,7 +39,8 @@
 //	   parsed or used (-batch-size 0, an unparsable -store, a -table that is no table
 //	   name), flags that contradict each other or the store (-kafka-ack-timeout
 //	   longer than a lease, tables migrated for another -buckets, tables that were
-//	   never migrated); the message names the flag
+//	   never migrated, -log-mode on a server without wal_level=logical or without
+//	   the slot); the message names the flag
 package main
 
 import (
@@ -98,6 +106,7 @@ type options struct {
 	kafkaAllowAutoCreate bool
 	kafkaAckTimeout      time.Duration
 	serviceName          string
+	streamRetryBudget    time.Duration
 }
 
 func main() {
@@ -120,7 +129,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.store.Buckets, "buckets", 0, "the store's bucket count; it must equal every writer's, and SQL tables migrated for another count refuse the relay (exit 2); default 8")
 	fs.StringVar(&o.store.Region, "aws-region", "", "DynamoDB and SQS: the AWS region; default the SDK's (AWS_REGION, shared config)")
 	fs.StringVar(&o.store.Endpoint, "aws-endpoint", "", "DynamoDB and SQS: an endpoint URL instead of AWS's (a local emulator); default none")
-	fs.BoolVar(&o.migrate, "migrate", false, "apply the SQL migrations, or create the DynamoDB table, before starting; default false")
+	addLogModeFlags(fs, &o.store)
+	fs.DurationVar(&o.streamRetryBudget, "stream-retry-budget", 0, "with -log-mode: how long the stream's reader retries a failed publish in place before it moves the message, and its key's later ones, into the table; default 3s, or half of -lease-duration minus -lease-renew-interval if that is shorter")
+	fs.BoolVar(&o.migrate, "migrate", false, "apply the SQL migrations (with -log-mode: and create the publication and the slot), or create the DynamoDB table, before starting; default false")
 	fs.StringVar(&o.kafkaBrokers, "kafka-brokers", "", "publish to Kafka through these seed brokers, comma-separated HOST:PORT (one of -kafka-brokers and -sqs is required)")
 	fs.BoolVar(&o.kafkaAllowAutoCreate, "kafka-allow-auto-create", false, "Kafka: let the broker create a missing topic on first publish; default false (a missing topic is retried, then parked)")
 	fs.DurationVar(&o.kafkaAckTimeout, "kafka-ack-timeout", kafkatransport.DefaultAckTimeout, "Kafka: the longest one publish waits for the brokers' acknowledgements (halfway, what was not sent yet is withdrawn); it must be under -lease-duration minus -lease-renew-interval")
@@ -206,6 +217,12 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	if o.retention < 0 {
 		return o, fmt.Errorf("-retention %s: give 0 (delete once acknowledged) or a positive duration", o.retention)
 	}
+	switch {
+	case o.streamRetryBudget < 0:
+		return o, fmt.Errorf("-stream-retry-budget %s: it must be positive (leave it unset for the default)", o.streamRetryBudget)
+	case o.streamRetryBudget > 0 && !o.store.LogMode:
+		return o, errors.New("-stream-retry-budget is a setting of the log mode: add -log-mode, or drop -stream-retry-budget")
+	}
 	return o, nil
 }
 
@@ -285,6 +302,10 @@ var configFlags = []struct {
 	{"Table", "-table", false},
 	{"Prefix", "-metrics-prefix", false},
 	{"AckTimeout", "-kafka-ack-timeout", false},
+	{"StreamRetryBudget", "-stream-retry-budget", true},
+	{"Slot", "-slot", false},
+	{"Publication", "-publication", false},
+	{"ReplicationURL", "-replication-url", false},
 }
 
 var flagTerms = func() *strings.Replacer {
@@ -337,6 +358,7 @@ func runRelay(ctx context.Context, o options, log *slog.Logger) error {
 		MaxConcurrency:     o.maxConcurrency,
 		BacklogInterval:    o.backlogInterval,
 		Unordered:          o.unordered,
+		StreamRetryBudget:  o.streamRetryBudget,
 		Logger:             log,
 	}
 	if err := cfg.Validate(); err != nil {
@@ -419,7 +441,7 @@ func runRelay(ctx context.Context, o options, log *slog.Logger) error {
 	if err := d.Start(context.WithoutCancel(ctx)); err != nil {
 		return err
 	}
-	log.Info("outbox-relay: started", "relay", d.RelayID(), "store", st.Kind, "broker", system, "buckets", st.BucketCount())
+	log.Info("outbox-relay: started", "relay", d.RelayID(), "store", st.Kind, "log_mode", o.store.LogMode, "broker", system, "buckets", st.BucketCount())
 
 	var runErr error
 	select {
@@ -493,7 +515,8 @@ func defaultRelayID() (string, error) {
 	return host + "-" + hex.EncodeToString(suffix[:]), nil
 }
 
-// migrate creates or upgrades the store's tables.
+// migrate creates or upgrades the store's tables (in log mode, and the publication and
+// the slot).
 func migrate(ctx context.Context, st *openedStore) error {
 	switch {
 	case st.SQL != nil:
@@ -580,7 +603,7 @@ func endpoints(d *relay.Relay, registry *prometheus.Registry) http.Handler {
 		}
 		st := d.Stats()
 		reply(w, ready, map[string]any{"status": status, "relay": d.RelayID(), "owned": owned,
-			"published": st.Published, "parked": st.Parked, "refused_writes": st.RefusedWrites})
+			"published": st.Published, "parked": st.Parked, "refused_writes": st.RefusedWrites, "diverted": st.Diverted})
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
 	return mux

@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/stretchr/testify/require"
@@ -28,6 +29,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
+	"github.com/outboxkit/outbox/internal/pgcluster"
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/store/sqlstore"
 )
@@ -351,6 +353,17 @@ func TestRelayBadFlags(t *testing.T) {
 		// The default ack timeout (10 s) does not fit in a 10 s lease renewed every 3 s.
 		{[]string{"-store", "sqlite:x.db", "-kafka-brokers", "127.0.0.1:1", "-lease-duration", "10s", "-lease-renew-interval", "3s"}, "-kafka-ack-timeout 10s must be under -lease-duration (10s) minus -lease-renew-interval (3s)"},
 		{[]string{"-store", "sqlite:x.db", "-kafka-brokers", "127.0.0.1:1", "-kafka-ack-timeout", "20s"}, "-kafka-ack-timeout 20s must be under"},
+		// The log mode's flags.
+		{[]string{"-store", "sqlite:x.db", "-kafka-brokers", "127.0.0.1:1", "-log-mode"}, "-log-mode is for PostgreSQL stores"},
+		{[]string{"-store", "dynamodb://outbox", "-aws-region", "us-east-1", "-kafka-brokers", "127.0.0.1:1", "-slot", "s"}, "-slot is for PostgreSQL stores"},
+		{[]string{"-store", "postgres://127.0.0.1:1/x", "-kafka-brokers", "127.0.0.1:1", "-publication", "p"}, "-publication is a setting of the log mode: add -log-mode"},
+		{[]string{"-store", "postgres://127.0.0.1:1/x", "-kafka-brokers", "127.0.0.1:1", "-log-mode", "-slot", "Bad-Slot"}, `-slot \"Bad-Slot\"`},
+		{[]string{"-store", "postgres://127.0.0.1:1/x", "-kafka-brokers", "127.0.0.1:1", "-log-mode", "-replication-url", "postgres://app:hunter2@[::1"}, "-replication-url"},
+		{[]string{"-store", "postgres://127.0.0.1:1/x", "-kafka-brokers", "127.0.0.1:1", "-stream-retry-budget", "1s"}, "-stream-retry-budget is a setting of the log mode: add -log-mode"},
+		{[]string{"-store", "postgres://127.0.0.1:1/x", "-kafka-brokers", "127.0.0.1:1", "-log-mode", "-stream-retry-budget", "-1s"}, "-stream-retry-budget -1s: it must be positive"},
+		{[]string{"-store", "postgres://127.0.0.1:1/x", "-kafka-brokers", "127.0.0.1:1", "-log-mode", "-stream-retry-budget", "soon"}, "-stream-retry-budget"},
+		// The reader must keep its lease while it retries: under -lease-duration minus -lease-renew-interval.
+		{[]string{"-store", "postgres://127.0.0.1:1/x", "-kafka-brokers", "127.0.0.1:1", "-log-mode", "-stream-retry-budget", "25s"}, "-stream-retry-budget is 25s; it must be shorter than -lease-duration − -lease-renew-interval (20s)"},
 	} {
 		var out strings.Builder
 		code := run(context.Background(), append(tc.args, "-listen", ""), &out)
@@ -361,7 +374,7 @@ func TestRelayBadFlags(t *testing.T) {
 	}
 	var out strings.Builder
 	require.Equal(t, 0, run(context.Background(), []string{"-help"}, &out))
-	for _, f := range []string{"-store", "-kafka-brokers", "-kafka-ack-timeout", "-sqs", "-listen", "-stop-timeout", "OUTBOX_KAFKA_BROKERS", "/readyz"} {
+	for _, f := range []string{"-store", "-kafka-brokers", "-kafka-ack-timeout", "-sqs", "-listen", "-stop-timeout", "-log-mode", "-slot", "-publication", "-replication-url", "-stream-retry-budget", "outbox_messages_slot", "OUTBOX_KAFKA_BROKERS", "/readyz"} {
 		require.Contains(t, out.String(), f)
 	}
 }
@@ -380,6 +393,33 @@ func TestRelayRefusesAnotherBucketCount(t *testing.T) {
 	require.Equal(t, 2, code, out.String())
 	require.Contains(t, out.String(), "migrated for 16 buckets, but this store is built with -buckets 8")
 	require.NotContains(t, out.String(), "Config.")
+}
+
+// A server without wal_level=logical refuses a relay in log mode at start, exit 2,
+// saying how to turn logical decoding on.
+func TestRelayInLogModeNeedsLogicalDecoding(t *testing.T) {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, testenv.PostgresURL())
+	if err == nil {
+		err = pool.Ping(ctx)
+	}
+	if err != nil {
+		testenv.Unavailable(t, "PostgreSQL", err)
+	}
+	defer pool.Close()
+	var level string
+	require.NoError(t, pool.QueryRow(ctx, "SHOW wal_level").Scan(&level))
+	if level == "logical" {
+		t.Skip("the shared server runs with wal_level=logical")
+	}
+	table := fmt.Sprintf("relay_test_%08x", rand.Uint32())
+	var out strings.Builder
+	code := run(ctx, []string{"-store", testenv.PostgresURL(), "-table", table, "-log-mode", "-migrate", "-kafka-brokers", "127.0.0.1:1", "-listen", ""}, &out)
+	require.Equal(t, 2, code, out.String())
+	require.Contains(t, out.String(), "wal_level = logical")
+	var tables int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT COUNT(*) FROM pg_tables WHERE tablename LIKE $1", table+"%").Scan(&tables))
+	require.Zero(t, tables, "nothing is created on a server that cannot run the log mode")
 }
 
 // The metrics' resource names the service: -service-name, else OTEL_SERVICE_NAME,
@@ -425,4 +465,120 @@ func grepLines(body, prefix string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// In log mode the relay reads the PostgreSQL store's stream: on a cluster of the
+// test's own with wal_level=logical, it creates the publication and the slot
+// (-migrate), takes the stream lease, publishes every message the writers put into
+// the write-ahead log (no row) to Kafka, reports the slot's lag in its metrics, and
+// on SIGTERM hands the stream lease back.
+func TestRelayInLogMode(t *testing.T) {
+	c := pgcluster.Start(t, pgcluster.Logical)
+	dsn := c.URL("postgres")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(8, "orders"))
+	require.NoError(t, err)
+	t.Cleanup(cluster.Close)
+
+	const relayID = "log-relay"
+	t.Setenv("OTEL_SERVICE_NAME", "")
+	t.Setenv("OTEL_RESOURCE_ATTRIBUTES", "")
+	p := startRelay(t,
+		"-store", dsn, "-log-mode", "-migrate",
+		"-kafka-brokers", strings.Join(cluster.ListenAddrs(), ","),
+		"-listen", "127.0.0.1:0", "-relay-id", relayID,
+		"-poll-interval", "50ms", "-lease-duration", "6s", "-lease-renew-interval", "1s", "-kafka-ack-timeout", "3s",
+		"-stream-retry-budget", "1s", "-backlog-interval", "1ms", "-log-level", "debug")
+	var addr string
+	select {
+	case addr = <-p.addr:
+	case <-p.done:
+		t.Fatalf("the relay exited: %v", p.exitErr)
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the relay did not report its endpoints")
+	}
+	base := "http://" + addr
+	eventually(t, 60*time.Second, "ready and reading the stream", func() bool {
+		code, _ := get(t, base+"/readyz")
+		return code == http.StatusOK && p.logged("relay: took the stream lease; reading the stream")
+	})
+
+	// The writers: units of work in the log mode, on the slot the relay created.
+	pool, err := pgxpool.New(ctx, dsn)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	store, err := sqlstore.NewPgx(pool, sqlstore.Config{Mode: sqlstore.LogMode})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = store.Close() })
+	sender, err := outbox.NewSender(store, outbox.SenderConfig{})
+	require.NoError(t, err)
+	const n = 200
+	ids := map[string]bool{}
+	for i := range n / 10 {
+		require.NoError(t, store.Transact(ctx, func(ctx context.Context) error {
+			for j := range 10 {
+				id := uuid.New()
+				ids[id.String()] = true
+				if err := sender.Send(ctx, outbox.Message{ID: id, Topic: "orders", Key: fmt.Appendf(nil, "order-%d", (i*10+j)%37), Payload: fmt.Appendf(nil, "payload %d", i*10+j)}); err != nil {
+					return err
+				}
+			}
+			return nil
+		}))
+	}
+	var rows int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT COUNT(*) FROM "+store.Config().Table).Scan(&rows))
+	require.Zero(t, rows, "the log mode writes no row")
+
+	consumer, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.ConsumeTopics("orders"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	require.NoError(t, err)
+	t.Cleanup(consumer.Close)
+	seen := map[string]bool{}
+	for len(seen) < n {
+		fetches := consumer.PollFetches(ctx)
+		require.NoError(t, ctx.Err(), "consumed %d of %d", len(seen), n)
+		fetches.EachRecord(func(r *kgo.Record) {
+			for _, h := range r.Headers {
+				if h.Key == outbox.HeaderMessageID && ids[string(h.Value)] {
+					seen[string(h.Value)] = true
+				}
+			}
+		})
+	}
+
+	// The metrics: every message sent, a reader on the slot, its lag.
+	var body string
+	eventually(t, 60*time.Second, "the sends and the stream's gauges", func() bool {
+		_, body = get(t, base+"/metrics")
+		sent, _ := metric(body, "messaging_client_sent_messages_total", []string{`messaging_destination_name="orders"`}, "error_type")
+		active, okA := metric(body, "outbox_stream_active", nil)
+		_, okB := metric(body, "outbox_stream_lag_bytes", nil)
+		_, okS := metric(body, "outbox_stream_lag_age_seconds", nil)
+		return sent >= n && okA && active == 1 && okB && okS
+	})
+	_, body = get(t, base+"/readyz")
+	var ready struct {
+		Diverted *int64 `json:"diverted"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &ready))
+	require.NotNil(t, ready.Diverted, "/readyz says how many messages went to the table lane: %s", body)
+	require.Zero(t, *ready.Diverted, "a broker that takes everything: nothing goes to the table lane")
+
+	// SIGTERM: the stream lease is handed back.
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case <-p.done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the relay did not stop after SIGTERM")
+	}
+	require.NoError(t, p.exitErr, "exit code 0 after a graceful stop")
+	var owner string
+	require.NoError(t, pool.QueryRow(ctx, "SELECT owner FROM "+store.Config().LeaseTable+" WHERE bucket = $1", driver.StreamLease).Scan(&owner))
+	require.Empty(t, owner, "the stream lease is handed back")
+	p.mu.Lock()
+	require.Empty(t, p.badLines, "every log line is JSON")
+	p.mu.Unlock()
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxkit/outbox/driver"
+	"github.com/outboxkit/outbox/store/sqlstore"
 )
 
 // envPrefix starts the environment variable of every flag.
@@ -37,6 +38,7 @@ func (c *cli) flags(name, args string) *flag.FlagSet {
 	fs.IntVar(&c.store.Buckets, "buckets", 0, "the store's bucket count; default the count the store records (SQL: its settings table; DynamoDB: its messages and relays), else 8; a count that differs from the recorded one is refused")
 	fs.StringVar(&c.store.Region, "aws-region", "", "DynamoDB: the AWS region; default the SDK's (AWS_REGION)")
 	fs.StringVar(&c.store.Endpoint, "aws-endpoint", "", "DynamoDB: an endpoint URL instead of AWS's; default none")
+	addLogModeFlags(fs, &c.store)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: outboxctl %s -store DSN %s\n\nFlags (each also OUTBOX_ + its name in upper case, '-' as '_'):\n", name, args)
 		fs.PrintDefaults()
@@ -672,6 +674,9 @@ func cmdPurge(ctx context.Context, c *cli, args []string) error {
 // leasesView is the JSON of leases.
 type leasesView struct {
 	Leases []leaseView `json:"leases"`
+	// Stream is the lease of the stream's reader (bucket -1) of a store that has a
+	// stream (the SQL store's log mode); absent otherwise.
+	Stream *leaseView  `json:"stream,omitempty"`
 	Relays []relayView `json:"relays"`
 }
 
@@ -717,29 +722,52 @@ func newLeasesView(view driver.Coordination, buckets int, now time.Time) leasesV
 	return v
 }
 
+// readLeases reads the leases and relays, and the stream lease of a store that has a
+// stream (driver.StreamLease, which ReadCoordination leaves out).
+func readLeases(ctx context.Context, st *openedStore, now time.Time) (leasesView, driver.Coordination, error) {
+	view, err := st.ReadCoordination(ctx)
+	if err != nil {
+		return leasesView{}, view, err
+	}
+	v := newLeasesView(view, st.BucketCount(), now)
+	if _, ok := st.Store.(driver.Streamer); ok {
+		l, _, err := st.StreamLease(ctx)
+		if err != nil {
+			return v, view, err
+		}
+		v.Stream = &leaseView{Bucket: driver.StreamLease, Owner: l.Owner, ExpiresAt: l.ExpiresAt, Free: l.Free(now)}
+	}
+	return v, view, nil
+}
+
 func cmdLeases(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags("leases", "[-json]")
 	fs.BoolVar(&c.json, "json", false, "print JSON")
 	return c.withStore(ctx, fs, args, c.noArgs("leases"), func(st *openedStore) error {
-		view, err := st.ReadCoordination(ctx)
+		now := time.Now()
+		v, _, err := readLeases(ctx, st, now)
 		if err != nil {
 			return err
 		}
-		now := time.Now()
-		v := newLeasesView(view, st.BucketCount(), now)
 		if c.json {
 			return c.printJSON(v)
 		}
 		tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "BUCKET\tOWNER\tEXPIRES")
-		for _, l := range v.Leases {
+		row := func(name string, l leaseView) {
 			owner, exp := l.Owner, "-"
 			if l.Free {
 				owner = "(free)"
 			} else {
 				exp = fmt.Sprintf("%s (in %s)", l.ExpiresAt.UTC().Format(time.RFC3339), l.ExpiresAt.Sub(now).Round(time.Second))
 			}
-			fmt.Fprintf(tw, "%d\t%s\t%s\n", l.Bucket, owner, exp)
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", name, owner, exp)
+		}
+		for _, l := range v.Leases {
+			row(fmt.Sprint(l.Bucket), l)
+		}
+		if v.Stream != nil {
+			row("stream", *v.Stream) // the reader of the log mode's slot
 		}
 		fmt.Fprintln(tw, "\nRELAY\tLAST SEEN\tSTATE\tBUCKETS\tINSTANCE")
 		for _, r := range v.Relays {
@@ -761,7 +789,7 @@ func cmdLeases(ctx context.Context, c *cli, args []string) error {
 }
 
 func cmdMigrate(ctx context.Context, c *cli, args []string) error {
-	fs := c.flags("migrate", "[-status]")
+	fs := c.flags("migrate", "[-status] [-log-mode]")
 	status := fs.Bool("status", false, "change nothing: list the migrations applied to the tables, when, and any this outboxctl would apply")
 	c.only = sqlOnly("migrate")
 	return c.withStore(ctx, fs, args, c.noArgs("migrate"), func(st *openedStore) error {
@@ -772,6 +800,9 @@ func cmdMigrate(ctx context.Context, c *cli, args []string) error {
 			return err
 		}
 		fmt.Fprintf(c.stdout, "migrated: the %s tables are up to date\n", st.Kind)
+		if cfg := st.SQL.Config(); cfg.Mode == sqlstore.LogMode {
+			fmt.Fprintf(c.stdout, "log mode: the publication %s and the replication slot %s exist\n", cfg.Publication, cfg.Slot)
+		}
 		return nil
 	})
 }
@@ -820,6 +851,40 @@ func sqlOnly(name string) func(*openedStore) error {
 		}
 		return nil
 	}
+}
+
+func cmdDropLog(ctx context.Context, c *cli, args []string) error {
+	fs := c.flags("drop-log", "-yes [-slot S] [-publication P]")
+	yes := fs.Bool("yes", false, "confirm the drop: the messages in the log that no relay has read yet are lost with the slot")
+	c.noLearn = true // nothing here depends on the bucket count
+	c.only = func(st *openedStore) error {
+		if st.Kind != "postgres" {
+			return fmt.Errorf("%w: drop-log is for PostgreSQL stores, the only ones with a log mode", errUsage)
+		}
+		return nil
+	}
+	check := func() error {
+		if err := c.noArgs("drop-log")(); err != nil {
+			return err
+		}
+		if !*yes {
+			return fmt.Errorf("%w: drop-log drops the log mode's replication slot and publication, and the messages in the log that no relay has read yet are lost with them: pass -yes to confirm", errUsage)
+		}
+		// The log mode's names, -slot and -publication included, whether or not the
+		// writers still run in it (a store switched back to the table mode).
+		if isPostgres(c.store.DSN) {
+			c.store.LogMode = true
+		}
+		return nil
+	}
+	return c.withStore(ctx, fs, args, check, func(st *openedStore) error {
+		cfg := st.SQL.Config()
+		if err := st.SQL.DropLog(ctx); err != nil {
+			return err
+		}
+		fmt.Fprintf(c.stdout, "dropped the replication slot %s and the publication %s (if they existed): the server keeps no write-ahead log for them; outboxctl migrate -log-mode creates them again\n", cfg.Slot, cfg.Publication)
+		return nil
+	})
 }
 
 func cmdDDL(ctx context.Context, c *cli, args []string) error {

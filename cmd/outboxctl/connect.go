@@ -11,5 +11,7 @@ type (
 var (
 	errUsage          = storeconn.ErrUsage
 	openStore         = storeconn.Open
+	addLogModeFlags   = storeconn.AddLogModeFlags
+	isPostgres        = storeconn.IsPostgres
 	dynamoCreateTable = storeconn.CreateDynamoTable
 )

@@ -5,7 +5,7 @@ go 1.26.0
 require (
 	github.com/outboxkit/outbox v0.0.0-00010101000000-000000000000
 	github.com/outboxkit/outbox/store/dynamostore v0.0.0-00010101000000-000000000000 // indirect
-	github.com/outboxkit/outbox/store/sqlstore v0.0.0-00010101000000-000000000000 // indirect
+	github.com/outboxkit/outbox/store/sqlstore v0.0.0-00010101000000-000000000000
 )
 
 require (

@@ -9,9 +9,16 @@
 //	outboxctl purge    -store … (-all | -topic T | ID…) [-dry-run]
 //	outboxctl leases   -store …
 //	outboxctl migrate  -store postgres://…|mysql://…|sqlite:PATH [-status]
+//	outboxctl drop-log -store postgres://… -yes
 //	outboxctl ddl      -store …
 //	outboxctl create-table -store dynamodb://TABLE -aws-region R [-aws-endpoint URL]
 //	outboxctl serve    -store … [-listen 127.0.0.1:8080] [-allow-writes] [-token T] [-host NAME]
+//
+// Every command takes -log-mode (with -slot, -publication and -replication-url) for a
+// PostgreSQL store in the SQL store's log mode: migrate then also creates the
+// publication and the replication slot, stats reports the slot's lag, leases shows
+// the stream reader's lease, and the admin page the slot's lag. drop-log drops the
+// slot and the publication (the log mode's names, with or without -log-mode).
 //
 // Every command reads the bucket count the store records (a SQL store's settings
 // table, a DynamoDB store's messages and relay heartbeats) and refuses a -buckets
@@ -29,7 +36,8 @@
 //	   argument the command cannot use (an unparsable -store, a -table that is no
 //	   table name, a -buckets the store's recorded count contradicts, a -bucket the
 //	   store does not have, a negative -limit, -allow-writes beyond loopback without
-//	   -token); the message names the flag. Nothing was changed.
+//	   -token, -log-mode for a store that is not PostgreSQL, drop-log without -yes);
+//	   the message names the flag. Nothing was changed.
 //	3  not found (show: no message has that ID)
 //	4  interrupted: a requeue or purge stopped early on SIGINT or SIGTERM; what
 //	   it reported as done is done, and running it again finishes the rest
@@ -84,7 +92,8 @@ func init() {
 		{"requeue", "(-all | -topic T | ID…) [-dry-run]", "make parked messages pending again, due now, attempts reset", cmdRequeue},
 		{"purge", "(-all | -topic T | ID…) [-dry-run]", "delete parked messages (by ID: any status)", cmdPurge},
 		{"leases", "[-json]", "buckets, their owners and expiries; relays and their heartbeats", cmdLeases},
-		{"migrate", "[-status]", "SQL stores: create or upgrade the tables (safe to repeat); -status lists the migrations applied", cmdMigrate},
+		{"migrate", "[-status] [-log-mode]", "SQL stores: create or upgrade the tables (safe to repeat), with -log-mode also the publication and the slot; -status lists the migrations applied", cmdMigrate},
+		{"drop-log", "-yes", "PostgreSQL: drop the log mode's replication slot and publication; the messages in the log no relay has read are lost", cmdDropLog},
 		{"ddl", "", "SQL stores: print the statements migrate applies", cmdDDL},
 		{"create-table", "", "DynamoDB: create the table unless it exists", cmdCreateTable},
 		{"serve", "[-listen ADDR] [-allow-writes] [-token T] [-host NAME]…", "serve the admin page: backlog, leases, relays, messages to page through and filter", cmdServe},
@@ -113,7 +122,8 @@ func usage(w io.Writer) {
 		fmt.Fprintf(w, "  %-13s %s\n      %s\n", c.name, c.args, c.summary)
 	}
 	fmt.Fprintf(w, "\nThe store: -store postgres://USER@HOST/DB?sslmode=…, mysql://USER@tcp(HOST:3306)/DB?parseTime=true,\n"+
-		"sqlite:PATH or dynamodb://TABLE (with -aws-region and, for a local server, -aws-endpoint).\n"+
+		"sqlite:PATH or dynamodb://TABLE (with -aws-region and, for a local server, -aws-endpoint);\n"+
+		"a PostgreSQL store in the log mode: -log-mode [-slot S] [-publication P] [-replication-url URL].\n"+
 		"Every flag may be set by an environment variable: %s and the flag in upper case, '-' as '_'.\n"+
 		"Run \"outboxctl COMMAND -help\" for a command's flags.\n\n"+
 		"Exit codes: 0 done (also when nothing matched), 1 the store failed or refused,\n"+

@@ -18,6 +18,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
+	"github.com/outboxkit/outbox/internal/pgcluster"
 	"github.com/outboxkit/outbox/internal/testenv"
 )
 
@@ -126,13 +127,31 @@ func newRunbookEnv(t *testing.T) *runbookEnv {
 		sep = "&"
 	}
 	// The guide's commands use the default table names; the schema keeps them apart.
-	e := &runbookEnv{dsn: testenv.PostgresURL() + sep + "search_path=" + schema, bin: t.TempDir()}
+	return prepareRunbookEnv(t, storeOptions{DSN: testenv.PostgresURL() + sep + "search_path=" + schema})
+}
+
+// newLogRunbookEnv is a runbook's environment on a PostgreSQL cluster of its own with
+// wal_level=logical, its store in the log mode (tables, publication and slot migrated).
+func newLogRunbookEnv(t *testing.T) *runbookEnv {
+	t.Helper()
+	return prepareRunbookEnv(t, storeOptions{DSN: pgcluster.Start(t, pgcluster.Logical).URL("postgres"), LogMode: true})
+}
+
+// prepareRunbookEnv puts outboxctl on the shell's PATH, migrates the store opts names
+// through it, and opens the store.
+func prepareRunbookEnv(t *testing.T, opts storeOptions) *runbookEnv {
+	t.Helper()
+	e := &runbookEnv{dsn: opts.DSN, bin: t.TempDir()}
 	self, err := os.Executable()
 	require.NoError(t, err)
 	wrapper := fmt.Sprintf("#!/bin/sh\n%s=1 exec '%s' \"$@\"\n", asMain, self)
 	require.NoError(t, os.WriteFile(filepath.Join(e.bin, "outboxctl"), []byte(wrapper), 0o755))
-	require.Contains(t, e.shell(t, "outboxctl migrate -store $DSN"), "migrated")
-	e.st, err = openStore(ctx, storeOptions{DSN: e.dsn})
+	migrate := "outboxctl migrate -store $DSN"
+	if opts.LogMode {
+		migrate += " -log-mode"
+	}
+	require.Contains(t, e.shell(t, migrate), "migrated")
+	e.st, err = openStore(context.Background(), opts)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = e.st.Close() })
 	return e
@@ -142,13 +161,7 @@ func newRunbookEnv(t *testing.T) *runbookEnv {
 // fail), without any OUTBOX_ variable but $DSN, and returns its output.
 func (e *runbookEnv) shell(t *testing.T, line string) string {
 	t.Helper()
-	cmd := exec.Command("bash", "-o", "pipefail", "-c", line)
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "OUTBOX_") && !strings.HasPrefix(kv, "PATH=") && !strings.HasPrefix(kv, "DSN=") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	cmd.Env = append(cmd.Env, "DSN="+e.dsn, "PATH="+e.bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+	cmd := e.command(line)
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	err := cmd.Run()
@@ -158,6 +171,18 @@ func (e *runbookEnv) shell(t *testing.T, line string) string {
 	}
 	require.NoError(t, err, line)
 	return out.String()
+}
+
+// command is the shell that runs line, as shell runs it.
+func (e *runbookEnv) command(line string) *exec.Cmd {
+	cmd := exec.Command("bash", "-o", "pipefail", "-c", line)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "OUTBOX_") && !strings.HasPrefix(kv, "PATH=") && !strings.HasPrefix(kv, "DSN=") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, "DSN="+e.dsn, "PATH="+e.bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+	return cmd
 }
 
 // follow runs the steps against what the guide writes, in order.
@@ -245,18 +270,27 @@ func TestRunbooks(t *testing.T) {
 	}
 	names, documented := runbooks(t)
 	tests := map[string]func(t *testing.T, e *runbookEnv, cmds []string){
-		"Parked messages":       parkedMessagesRunbook,
-		"A missing Kafka topic": missingTopicRunbook,
-		"A stuck bucket":        stuckBucketRunbook,
-		"Clock skew":            clockSkewRunbook,
-		"Refused writes":        refusedWritesRunbook,
-		"A shared relay ID":     sharedRelayIDRunbook,
+		"Parked messages":             parkedMessagesRunbook,
+		"A missing Kafka topic":       missingTopicRunbook,
+		"A stuck bucket":              stuckBucketRunbook,
+		"Clock skew":                  clockSkewRunbook,
+		"Refused writes":              refusedWritesRunbook,
+		"A shared relay ID":           sharedRelayIDRunbook,
+		"A slot that stops advancing": slotRunbook,
+	}
+	// The runbooks of the log mode need a server with wal_level=logical.
+	envs := map[string]func(t *testing.T) *runbookEnv{
+		"A slot that stops advancing": newLogRunbookEnv,
 	}
 	for _, name := range names {
 		t.Run(name, func(t *testing.T) {
 			follow, ok := tests[name]
 			require.True(t, ok, "the runbook %q of %s has no test here: add one", name, runbookPath)
-			follow(t, newRunbookEnv(t), documented[name])
+			env := newRunbookEnv
+			if e, ok := envs[name]; ok {
+				env = e
+			}
+			follow(t, env(t), documented[name])
 		})
 	}
 }
@@ -474,6 +508,65 @@ func sharedRelayIDRunbook(t *testing.T, e *runbookEnv, cmds []string) {
 	e.follow(t, cmds, []step{
 		{doc: "outboxctl leases -store $DSN", check: func(t *testing.T, out string) {
 			require.Regexp(t, `(?m)^relay-shared\s.*host-b/4242/n0nce`, out, "the instance that wrote the last heartbeat")
+		}},
+	})
+}
+
+func slotRunbook(t *testing.T, e *runbookEnv, cmds []string) {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, e.dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	slotExists := func() bool {
+		var n int
+		require.NoError(t, conn.QueryRow(ctx, "SELECT COUNT(*) FROM pg_replication_slots WHERE slot_name = 'outbox_messages_slot'").Scan(&n))
+		return n == 1
+	}
+	// Writers put messages into the log; the relay that holds the stream lease does
+	// not read it (it cannot open the slot), and the broker refused two messages,
+	// which went to the table.
+	var msgs []outbox.Message
+	for i := range 40 {
+		msgs = append(msgs, outbox.Message{Topic: "orders", Key: fmt.Appendf(nil, "order-%d", i), Payload: fmt.Appendf(nil, `{"n":%d}`, i)})
+	}
+	require.NoError(t, e.st.SQL.Enqueue(ctx, msgs...))
+	now := time.Now()
+	claimed, err := e.st.Claim(ctx, driver.StreamLease, "relay-a", now, now.Add(time.Minute))
+	require.NoError(t, err)
+	require.True(t, claimed)
+	require.True(t, slotExists())
+	var n int
+	diverted := []*driver.Envelope{e.message(t, "orders", -1, &n), e.message(t, "orders", -1, &n)}
+	e.enqueue(t, diverted...)
+
+	e.follow(t, cmds, []step{
+		{doc: "outboxctl stats -store $DSN -log-mode", check: func(t *testing.T, out string) {
+			m := regexp.MustCompile(`(?m)^stream:\s+(\d+) bytes behind, reader active: false,`).FindStringSubmatch(out)
+			require.NotNil(t, m, "the slot's lag and its reader")
+			require.NotEqual(t, "0", m[1], "the slot keeps the unread messages")
+		}},
+		{doc: "outboxctl leases -store $DSN -log-mode", check: func(t *testing.T, out string) {
+			require.Regexp(t, `(?m)^stream\s+relay-a\s+\S+ \(in `, out, "the relay holding the stream lease")
+		}},
+		{doc: "outboxctl list -store $DSN -log-mode -status pending", check: func(t *testing.T, out string) {
+			for _, d := range diverted {
+				require.Contains(t, out, d.ID.String())
+			}
+			require.Len(t, strings.Split(strings.TrimSpace(out), "\n"), 3, "a header and the two messages in the table")
+		}},
+		{doc: "outboxctl drop-log -store $DSN -log-mode -yes", check: func(t *testing.T, out string) {
+			require.Contains(t, out, "dropped the replication slot outbox_messages_slot")
+			require.False(t, slotExists(), "the slot is gone")
+			// Without -yes it refuses, exit 2.
+			out2, err := e.command(strings.Replace(cmds[3], " -yes", "", 1)).CombinedOutput()
+			var exit *exec.ExitError
+			require.ErrorAs(t, err, &exit, "%s", out2)
+			require.Equal(t, exitUsage, exit.ExitCode())
+			require.Contains(t, string(out2), "-yes")
+		}},
+		{doc: "outboxctl migrate -store $DSN -log-mode", check: func(t *testing.T, out string) {
+			require.Contains(t, out, "the replication slot outbox_messages_slot exist")
+			require.True(t, slotExists(), "the slot is back")
 		}},
 	})
 }

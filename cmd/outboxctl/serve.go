@@ -31,6 +31,10 @@ var webFiles embed.FS
 var pageTemplate = template.Must(template.New("page.html").Funcs(template.FuncMap{
 	"since": func(now, t time.Time) string { return now.Sub(t).Round(time.Second).String() },
 	"until": func(now, t time.Time) string { return t.Sub(now).Round(time.Second).String() },
+	"seconds": func(s float64) string {
+		return time.Duration(s * float64(time.Second)).Round(time.Millisecond).String()
+	},
+	"size": size,
 	"key": func(k []byte) string {
 		if k == nil {
 			return ""
@@ -39,6 +43,21 @@ var pageTemplate = template.Must(template.New("page.html").Funcs(template.FuncMa
 		return s
 	},
 }).ParseFS(webFiles, "web/page.html"))
+
+// size shows a byte count in binary units: 512 B, 1.5 KiB, 20.0 MiB.
+func size(n int64) string {
+	if n < 1024 {
+		return fmt.Sprintf("%d B", n)
+	}
+	v, unit := float64(n)/1024, "KiB"
+	for _, u := range []string{"MiB", "GiB", "TiB"} {
+		if v < 1024 {
+			break
+		}
+		v, unit = v/1024, u
+	}
+	return fmt.Sprintf("%.1f %s", v, unit)
+}
 
 // timeLayout shows a time with its zone.
 const timeLayout = "2006-01-02 15:04:05 MST"
@@ -291,12 +310,12 @@ func (s *adminServer) page(w http.ResponseWriter, r *http.Request) {
 		d.OldestAge = time.Duration(d.Stats.OldestPendingAge * float64(time.Second)).Round(time.Second).String()
 	}
 	d.Chart = newChart(st.Pending)
-	view, err := s.st.ReadCoordination(ctx)
+	leases, view, err := readLeases(ctx, s.st, now)
 	if err != nil {
 		s.fail(w, "reading the leases", err)
 		return
 	}
-	d.Leases = newLeasesView(view, s.st.BucketCount(), now)
+	d.Leases = leases
 	for _, rl := range view.Relays {
 		if !rl.Stopped() && now.Sub(rl.LastSeen) < time.Minute {
 			d.ActiveRelays++

@@ -290,6 +290,7 @@ func TestAdminPageReadOnly(t *testing.T) {
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible(chromedp.CSS("#messages"))))
 	require.Zero(t, eval[int](t, ctx, `document.querySelectorAll("form[method=post], button.requeue, button.purge").length`), "a read-only page offers no writes")
 	require.Equal(t, "read-only", pageText(t, ctx, ".mode"))
+	require.Zero(t, eval[int](t, ctx, `document.querySelectorAll("#stream-cards, #stream-lease").length`), "a store without a stream shows no slot")
 	require.Len(t, eval[[]string](t, ctx, `[...document.querySelectorAll("tr.parked")].map(tr => tr.dataset.id)`), 6)
 
 	// A forged form is refused before anything is read from it.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -102,6 +103,32 @@ func (s *Store) Migrations(ctx context.Context) ([]Migration, error) {
 		out = append(out, Migration{Version: int(r[0]), AppliedAt: time.UnixMicro(r[1]).UTC()})
 	}
 	return out, nil
+}
+
+// StreamLease reads the lease of the stream's reader ([driver.StreamLease]) of a store
+// that has a stream (a PostgreSQL store opened in log mode): the relay that reads the
+// replication slot, and until when its lease runs. The store's ReadCoordination leaves
+// this lease out (relays plan buckets with it); this reads it from the lease table.
+// found is false for a store without a stream, and when no relay ever took it; a
+// lease handed back has no owner.
+func (s *Store) StreamLease(ctx context.Context) (lease driver.Lease, found bool, err error) {
+	if _, ok := s.Store.(driver.Streamer); !ok || s.pool == nil {
+		return driver.Lease{}, false, nil
+	}
+	table := s.SQL.Config().LeaseTable
+	var expires int64
+	lease.Bucket = driver.StreamLease
+	err = s.pool.QueryRow(ctx, "SELECT owner, expires_at FROM "+table+" WHERE bucket = $1", driver.StreamLease).Scan(&lease.Owner, &expires)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows) || (err != nil && s.missing(err)):
+		return driver.Lease{}, false, nil
+	case err != nil:
+		return driver.Lease{}, false, fmt.Errorf("%s: read the stream lease from %s: %w", s.Kind, table, err)
+	}
+	if expires != 0 {
+		lease.ExpiresAt = time.UnixMicro(expires).UTC()
+	}
+	return lease, true, nil
 }
 
 // pgxQuery runs a SELECT of integer columns through a pgx pool.

@@ -1,7 +1,9 @@
 // Package storeconn opens the store a DSN names, for the project's programs
 // (outboxctl and outbox-relay): both connect to a store the same way, and both
 // refuse settings they cannot use the same way, with an error wrapping [ErrUsage]
-// that names the flag the operator typed (-store, -table, -buckets, -aws-endpoint).
+// that names the flag the operator typed (-store, -table, -buckets, -aws-endpoint,
+// -log-mode, -slot, -publication, -replication-url). [AddLogModeFlags] defines the
+// log-mode flags, the same in every program.
 //
 // An open store also reads what its tables record: the bucket count they were
 // migrated for ([Store.RecordedBucketCount]) and, for SQL stores, the schema versions
@@ -13,6 +15,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"flag"
 	"fmt"
 	"net/url"
 	"regexp"
@@ -23,6 +26,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	_ "github.com/glebarez/go-sqlite" // the pure-Go "sqlite" driver
 	"github.com/go-sql-driver/mysql"  // also registers the "mysql" driver
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outbox"
@@ -33,7 +37,7 @@ import (
 
 // Options say which store to open. Each field is one flag of the programs that take
 // it, and the errors about a field name its flag: -store, -table, -buckets,
-// -aws-region and -aws-endpoint.
+// -aws-region, -aws-endpoint, -log-mode, -slot, -publication and -replication-url.
 type Options struct {
 	// DSN names the store: postgres://… or postgresql://… (pgx), mysql://DSN (a
 	// go-sql-driver DSN after the scheme), sqlite:PATH or file:PATH (a SQLite file),
@@ -46,6 +50,23 @@ type Options struct {
 	Buckets int
 	// Region and Endpoint reach DynamoDB (and SQS); empty = the SDK's defaults.
 	Region, Endpoint string
+	// LogMode opens a PostgreSQL store in the SQL store's log mode
+	// (sqlstore.LogMode: messages in the write-ahead log, read through a logical
+	// replication slot). Other stores refuse it.
+	LogMode bool
+	// Slot, Publication and ReplicationURL are the log mode's settings (sqlstore.Config's
+	// fields of those names); "" = the store's defaults: TABLE_slot, TABLE_pub, and
+	// the -store connection's settings. Each needs LogMode.
+	Slot, Publication, ReplicationURL string
+}
+
+// AddLogModeFlags defines -log-mode, -slot, -publication and -replication-url on fs,
+// into o, with the store's defaults.
+func AddLogModeFlags(fs *flag.FlagSet, o *Options) {
+	fs.BoolVar(&o.LogMode, "log-mode", false, "PostgreSQL: the store's log mode: messages in the write-ahead log, read through a logical replication slot (the server needs wal_level=logical); default false, the table mode")
+	fs.StringVar(&o.Slot, "slot", "", "with -log-mode: the logical replication slot; default the messages table's name + _slot (outbox_messages_slot)")
+	fs.StringVar(&o.Publication, "publication", "", "with -log-mode: the publication; default the messages table's name + _pub (outbox_messages_pub)")
+	fs.StringVar(&o.ReplicationURL, "replication-url", "", "with -log-mode: the connection of the replication stream, postgres://… (a user with REPLICATION, not through a pooler in transaction mode); default the -store connection's settings")
 }
 
 // Store is a store's relay side and what it was built on. It is a [driver.Handle],
@@ -65,6 +86,8 @@ type Store struct {
 	// reports whether its error says that a table does not exist.
 	query   func(ctx context.Context, stmt string) ([][]int64, error)
 	missing func(error) bool
+	// pool is a PostgreSQL store's pool; nil otherwise.
+	pool *pgxpool.Pool
 }
 
 var _ driver.Handle = (*Store)(nil)
@@ -126,6 +149,50 @@ func checkOptions(opts Options) error {
 	return nil
 }
 
+// Names the log mode accepts, as the SQL store validates them.
+var (
+	slotName        = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
+	publicationName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+)
+
+// IsPostgres reports whether dsn names a PostgreSQL store (postgres:// or
+// postgresql://), the one store with a log mode.
+func IsPostgres(dsn string) bool {
+	scheme, _, _ := strings.Cut(dsn, ":")
+	scheme = strings.ToLower(scheme)
+	return scheme == "postgres" || scheme == "postgresql"
+}
+
+// checkLogMode validates the log mode's flags in their terms: only for PostgreSQL,
+// -slot, -publication and -replication-url only with -log-mode.
+func checkLogMode(opts Options) error {
+	given := []struct {
+		flag string
+		set  bool
+	}{{"-log-mode", opts.LogMode}, {"-slot", opts.Slot != ""}, {"-publication", opts.Publication != ""}, {"-replication-url", opts.ReplicationURL != ""}}
+	for _, g := range given {
+		switch {
+		case !g.set:
+		case !IsPostgres(opts.DSN):
+			return fmt.Errorf("%w: %s is for PostgreSQL stores (-store postgres://…), the only ones with a log mode", ErrUsage, g.flag)
+		case !opts.LogMode:
+			return fmt.Errorf("%w: %s is a setting of the log mode: add -log-mode, or drop %s", ErrUsage, g.flag, g.flag)
+		}
+	}
+	if opts.Slot != "" && !slotName.MatchString(opts.Slot) {
+		return fmt.Errorf("%w: -slot %q: a replication slot's name is lower-case letters, digits and underscores, at most 63", ErrUsage, opts.Slot)
+	}
+	if opts.Publication != "" && !publicationName.MatchString(opts.Publication) {
+		return fmt.Errorf("%w: -publication %q: a publication's name is a letter or underscore, then letters, digits or underscores, at most 63", ErrUsage, opts.Publication)
+	}
+	if opts.ReplicationURL != "" {
+		if _, err := pgconn.ParseConfig(opts.ReplicationURL); err != nil {
+			return fmt.Errorf("%w: -replication-url: not a PostgreSQL URL (postgres://USER:PASSWORD@HOST:5432/DB?sslmode=…): %v", ErrUsage, err)
+		}
+	}
+	return nil
+}
+
 // misconfigured turns an error a store's constructor returned about the settings this
 // package passed it into a usage error naming the flags they came from.
 func misconfigured(err error, flags string) error {
@@ -146,7 +213,14 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if err := checkOptions(opts); err != nil {
 		return nil, err
 	}
+	if err := checkLogMode(opts); err != nil {
+		return nil, err
+	}
 	sqlCfg := sqlstore.Config{Table: opts.Table, BucketCount: opts.Buckets}
+	if opts.LogMode {
+		sqlCfg.Mode = sqlstore.LogMode
+		sqlCfg.Slot, sqlCfg.Publication, sqlCfg.ReplicationURL = opts.Slot, opts.Publication, opts.ReplicationURL
+	}
 	scheme, rest, _ := strings.Cut(dsn, ":")
 	switch strings.ToLower(scheme) {
 	case "postgres", "postgresql", "mysql", "mariadb", "sqlite", "file":
@@ -171,13 +245,17 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		st, err := sqlstore.NewPgx(pool, sqlCfg)
 		if err != nil {
 			pool.Close()
-			return nil, misconfigured(err, "-table or -buckets")
+			flags := "-table or -buckets"
+			if opts.LogMode {
+				flags = "-table, -buckets, -slot or -publication"
+			}
+			return nil, misconfigured(err, flags)
 		}
 		return &Store{Store: st.Driver(), Kind: "postgres", SQL: st, closeAll: func() error {
 			err := st.Close()
 			pool.Close()
 			return err
-		}, query: pgxQuery(pool), missing: pgMissingTable}, nil
+		}, query: pgxQuery(pool), missing: pgMissingTable, pool: pool}, nil
 	case "mysql", "mariadb":
 		mdsn := strings.TrimPrefix(rest, "//")
 		if _, err := mysql.ParseDSN(mdsn); err != nil {

@@ -10,7 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxkit/outbox/driver"
+	"github.com/outboxkit/outbox/internal/pgcluster"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/store/sqlstore"
 )
 
 // Settings a program cannot use fail Open with ErrUsage and a message that names
@@ -34,6 +37,17 @@ func TestOpenNamesTheFlag(t *testing.T) {
 		{Options{DSN: "dynamodb://outbox", Region: "us-east-1", Table: "t"}, "-table is for SQL stores"},
 		{Options{DSN: "dynamodb://outbox", Region: "us-east-1", Endpoint: "localhost:8000"}, `-aws-endpoint "localhost:8000"`},
 		{Options{DSN: "redis://x"}, "the scheme must be"},
+		// The log mode: PostgreSQL only, and its settings only with -log-mode; nothing
+		// is connected to before the flags are checked.
+		{Options{DSN: sqlite, LogMode: true}, "-log-mode is for PostgreSQL stores"},
+		{Options{DSN: "mysql://root@tcp(127.0.0.1:1)/test", Publication: "p"}, "-publication is for PostgreSQL stores"},
+		{Options{DSN: "dynamodb://outbox", Region: "us-east-1", Slot: "s"}, "-slot is for PostgreSQL stores"},
+		{Options{DSN: "postgres://127.0.0.1:1/x", Slot: "s"}, "-slot is a setting of the log mode: add -log-mode"},
+		{Options{DSN: "postgres://127.0.0.1:1/x", Publication: "p"}, "-publication is a setting of the log mode"},
+		{Options{DSN: "postgres://127.0.0.1:1/x", ReplicationURL: "postgres://127.0.0.1:1/x"}, "-replication-url is a setting of the log mode"},
+		{Options{DSN: "postgres://127.0.0.1:1/x", LogMode: true, Slot: "Orders-Slot"}, `-slot "Orders-Slot"`},
+		{Options{DSN: "postgres://127.0.0.1:1/x", LogMode: true, Publication: "1pub"}, `-publication "1pub"`},
+		{Options{DSN: "postgres://127.0.0.1:1/x", LogMode: true, ReplicationURL: "postgres://app:hunter2@[::1"}, "-replication-url: not a PostgreSQL URL"},
 	} {
 		st, err := Open(context.Background(), tc.opts)
 		if err == nil {
@@ -131,5 +145,99 @@ func TestRecordedBucketCountAndMigrations(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// -log-mode opens a PostgreSQL store in the log mode, with the store's default slot
+// and publication or those of -slot and -publication; its relay side has a stream,
+// and StreamLease reads who holds the stream's lease.
+func TestLogMode(t *testing.T) {
+	c := pgcluster.Start(t, pgcluster.Logical)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dsn := c.URL("postgres")
+
+	st, err := Open(ctx, Options{DSN: dsn, LogMode: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	cfg := st.SQL.Config()
+	if cfg.Mode != sqlstore.LogMode || cfg.Slot != "outbox_messages_slot" || cfg.Publication != "outbox_messages_pub" {
+		t.Fatalf("-log-mode: mode %v, slot %q, publication %q; want the log mode with the defaults", cfg.Mode, cfg.Slot, cfg.Publication)
+	}
+	if _, ok := st.Store.(driver.Streamer); !ok {
+		t.Fatal("a store in log mode offers its stream to the relay")
+	}
+	if _, found, err := st.StreamLease(ctx); err != nil || found {
+		t.Fatalf("before migrating: stream lease found %t, %v", found, err)
+	}
+	if err := st.SQL.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.SQL.DropTables(context.Background()) })
+	if _, found, err := st.StreamLease(ctx); err != nil || found {
+		t.Fatalf("no relay took the stream: stream lease found %t, %v", found, err)
+	}
+
+	// A relay takes the stream, then hands it back.
+	now := time.Now().Truncate(time.Microsecond)
+	claimed, err := st.Claim(ctx, driver.StreamLease, "relay-a", now, now.Add(30*time.Second))
+	if err != nil || !claimed {
+		t.Fatalf("claim the stream lease: %t, %v", claimed, err)
+	}
+	lease, found, err := st.StreamLease(ctx)
+	if err != nil || !found || lease.Owner != "relay-a" || !lease.ExpiresAt.Equal(now.Add(30*time.Second)) || lease.Bucket != driver.StreamLease {
+		t.Fatalf("stream lease %+v, found %t, %v; want relay-a's, expiring in 30 s", lease, found, err)
+	}
+	if ok, err := st.Release(ctx, lease); err != nil || !ok {
+		t.Fatalf("release: %t, %v", ok, err)
+	}
+	if lease, found, err = st.StreamLease(ctx); err != nil || !found || !lease.Free(time.Now()) {
+		t.Fatalf("after release: %+v, found %t, %v; want a free lease", lease, found, err)
+	}
+
+	// -slot, -publication and -replication-url reach the store.
+	named, err := Open(ctx, Options{DSN: dsn, Table: "orders_outbox", LogMode: true, Slot: "orders_slot", Publication: "orders_pub", ReplicationURL: dsn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = named.Close() })
+	cfg = named.SQL.Config()
+	if cfg.Slot != "orders_slot" || cfg.Publication != "orders_pub" || cfg.ReplicationURL != dsn {
+		t.Fatalf("slot %q, publication %q, replication URL %q: want the flags'", cfg.Slot, cfg.Publication, cfg.ReplicationURL)
+	}
+	if err := named.SQL.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = named.SQL.DropTables(context.Background()) })
+	var slots []string
+	rows, err := named.pool.Query(ctx, "SELECT slot_name FROM pg_replication_slots ORDER BY slot_name")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		slots = append(slots, s)
+	}
+	rows.Close()
+	if strings.Join(slots, ",") != "orders_slot,outbox_messages_slot" {
+		t.Fatalf("slots %v: want each store's", slots)
+	}
+
+	// Without -log-mode: the table mode, no stream.
+	table, err := Open(ctx, Options{DSN: dsn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = table.Close() })
+	if _, ok := table.Store.(driver.Streamer); ok || table.SQL.Config().Mode != sqlstore.TableMode {
+		t.Fatal("a store opened without -log-mode is in the table mode, without a stream")
+	}
+	if _, found, err := table.StreamLease(ctx); err != nil || found {
+		t.Fatalf("table mode: stream lease found %t, %v", found, err)
 	}
 }
