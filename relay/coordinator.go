@@ -319,14 +319,27 @@ func (c *coordinator) resign(ctx context.Context) error {
 	if err := c.leases.waitIdle(ctx); err != nil {
 		return err
 	}
-	if err := c.store.StopRelay(ctx, self, c.cfg.now()); err != nil {
-		return storeErr(ctx, err, "stamp relay stopped")
-	}
-	c.lastBeat = time.Time{} // a later sweep beats first, to be counted again
+	// A store call that fails (a slow store runs past StoreTimeout) is tried again
+	// within the stop's own time: a graceful stop should not leave its leases to
+	// lapse for one slow write while its context still has room.
+	var failed error
+	stamped := false
 	for range resignRereads {
+		if ctx.Err() != nil {
+			break
+		}
+		if !stamped {
+			if err := c.store.StopRelay(ctx, self, c.cfg.now()); err != nil {
+				failed = storeErr(ctx, err, "stamp relay stopped")
+				continue
+			}
+			stamped = true
+			c.lastBeat = time.Time{} // a later sweep beats first, to be counted again
+		}
 		view, err := c.store.ReadCoordination(ctx)
 		if err != nil {
-			return storeErr(ctx, err, "read leases")
+			failed = storeErr(ctx, err, "read leases")
+			continue
 		}
 		var releases []func(context.Context) error
 		for _, l := range view.Leases {
@@ -347,9 +360,13 @@ func (c *coordinator) resign(ctx context.Context) error {
 		if len(releases) == 0 {
 			return nil
 		}
-		if err := c.concurrently(ctx, releases); err != nil {
-			return err
-		}
+		failed = c.concurrently(ctx, releases)
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if failed != nil {
+		return failed
 	}
 	return fmt.Errorf("relay: leases still name relay %q after %d releases; they will lapse", self, resignRereads)
 }

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -178,6 +179,45 @@ func TestStopRetriesAFailedRelease(t *testing.T) {
 	require.NoError(t, err)
 	for _, l := range view.Leases {
 		require.Empty(t, l.Owner)
+	}
+}
+
+// slowReleases is a store whose first three lease releases run past any deadline, as
+// writes on a busy store do, and whose later ones answer at once.
+type slowReleases struct {
+	memDriver
+	calls atomic.Int64
+}
+
+func (s *slowReleases) Driver() driver.Store { return s }
+
+func (s *slowReleases) Release(ctx context.Context, held driver.Lease) (bool, error) {
+	if s.calls.Add(1) <= 3 {
+		<-ctx.Done()
+		return false, ctx.Err()
+	}
+	return s.memDriver.Release(ctx, held)
+}
+
+// Releases that run past StoreTimeout do not end a graceful stop whose own context
+// has room: Stop tries again (more than once) and hands every lease back.
+func TestStopTriesASlowReleaseAgain(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := newStore(t, 2)
+	slow := &slowReleases{memDriver: relaySide(store)}
+	cfg := workerConfig("w")
+	cfg.StoreTimeout = 50 * time.Millisecond
+	d := newDispatcher(t, slow, outboxtest.NewRecorder(), cfg)
+	require.NoError(t, d.Start(ctx))
+	waitFor(t, "buckets", func() bool { return len(d.Owned()) == 2 })
+
+	require.NoError(t, d.Stop(ctx))
+	require.GreaterOrEqual(t, slow.calls.Load(), int64(5), "the slow releases were tried again")
+	view, err := store.Driver().ReadCoordination(ctx)
+	require.NoError(t, err)
+	for _, l := range view.Leases {
+		require.Empty(t, l.Owner, "bucket %d was handed back", l.Bucket)
 	}
 }
 

@@ -82,7 +82,8 @@ func (d *Relay) Run(ctx context.Context) error {
 // stopped and hands the leases back, trying for at most min(LeaseDuration, 5 s)
 // more, and returns ctx's error. So `defer d.Stop(ctx)` with a context that is
 // already cancelled at shutdown still hands the buckets over promptly. If the release
-// fails (the store is unreachable) the leases lapse after LeaseDuration, as after a
+// fails (the store is unreachable; a write that outlasts StoreTimeout is tried again
+// while there is time) the leases lapse after LeaseDuration, as after a
 // crash, and Stop returns the store's error (ctx's, if ctx ended); calling Stop again
 // retries the release.
 //
