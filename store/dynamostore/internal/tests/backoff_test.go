@@ -129,7 +129,9 @@ func TestBackedOffHeadCostsNothingUntilDue(t *testing.T) {
 			blocked, idle := requestsOf(d, 0).minus(reqs0), requestsOf(d, 1).minus(reqs1)
 			blockedPolls, idlePolls := store.polls[0].Load()-polls0, store.polls[1].Load()-polls1
 			require.True(t, time.Now().Before(due))
-			require.GreaterOrEqual(t, blockedPolls, int64(10), "too few polls to measure")
+			// Up to 30 polls are measured; a starved machine may poll far less often
+			// than every 20 ms, and a few polls still tell zero fetches from one a poll.
+			require.GreaterOrEqual(t, blockedPolls, int64(3), "too few polls to measure")
 			t.Logf("blocked bucket: %d polls, %+v; idle bucket: %d polls, %+v", blockedPolls, blocked, idlePolls, idle)
 			assert.Zero(t, blocked.fetches, "no fetch of the backed-off bucket before its head is due")
 			assert.Zero(t, blocked.probes, "the backed-off bucket needs no head probe")
