@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
@@ -357,4 +358,57 @@ func TestPoisonDoesNotCutOtherRetriesShort(t *testing.T) {
 		return err == nil && len(parked) == 2
 	}, time.Minute, 20*time.Millisecond, "the poison messages are parked in the table (the first by the reader, the second by the bucket's drainer)")
 	require.EqualValues(t, 2, r.Stats().Diverted, "the poison key's two messages went to the table, the flaky key's none")
+}
+
+// RunOnce and DispatchOne on a log-mode store drain the table lane and leave the
+// stream alone (the stream needs the worker): RunOnce publishes what the table holds
+// (messages the reader diverted there), DispatchOne the table's message it is given,
+// and a message that is only in the log is no row for them, as one already published
+// is; the log's messages are still there, unconfirmed, for the reader that comes.
+func TestRunOnceAndDispatchOneDrainTheTableLane(t *testing.T) {
+	need(t)
+	ctx := testContext(t)
+	s := open(t, clients[0], sqlstore.Config{})
+	inLog := sendKeyed(t, s, []string{"streamed"}, 4)["streamed"]
+	logged := message("streamed", 4)
+	logged.ID = uuid.New()
+	require.NoError(t, sender(t, s, outbox.Immediate).Send(ctx, logged))
+	inLog = append(inLog, string(logged.Payload))
+
+	// The table lane, written as the reader diverts: the relay side's Enqueue.
+	lane := func(i int) *driver.Envelope {
+		env, err := driver.NewEnvelope(message("diverted", i), s.Driver().BucketCount())
+		require.NoError(t, err)
+		require.NoError(t, s.Driver().Enqueue(ctx, env))
+		return env
+	}
+	for i := range 3 {
+		lane(i)
+	}
+	rec := outboxtest.NewRecorder()
+	r, err := relay.New(s, rec, fastRelay("sweeper"))
+	require.NoError(t, err)
+	res, err := r.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 3, res.Published, "RunOnce published the table lane")
+	requireKeyOrder(t, rec, map[string][]string{"diverted": {"diverted-0", "diverted-1", "diverted-2"}})
+	require.Zero(t, countRows(t, s))
+
+	last := lane(3)
+	res, err = r.DispatchOne(ctx, last.ID)
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Published, "DispatchOne published the table lane's message")
+	res, err = r.DispatchOne(ctx, logged.ID)
+	require.NoError(t, err)
+	require.Zero(t, res.Published, "a message only in the log is no row to dispatch")
+	require.Equal(t, 4, rec.Len())
+	require.Empty(t, rec.ByKey()["streamed"])
+
+	// Neither read nor confirmed the stream: the reader gets every logged message.
+	envs, _ := readN(t, openStream(t, s), len(inLog))
+	var got []string
+	for _, e := range envs {
+		got = append(got, string(e.Payload))
+	}
+	require.Equal(t, inLog, got)
 }
