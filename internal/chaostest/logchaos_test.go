@@ -349,7 +349,18 @@ func TestLogModePoisonKey(t *testing.T) {
 	sampler := rig.sampleSlot(t, 50*time.Millisecond)
 	keys := append(logKeys(10), poisonKey, stuckKey)
 	stopWriting := rig.write(t, keys, 2, 10*time.Millisecond)
-	time.Sleep(lease)
+	// Writers go on until the stuck message is parked (after StreamRetryBudget and
+	// MaxAttempts tries spaced by at most BackoffMax), and a while after, so the stuck
+	// key streams again.
+	finder := rig.store.Driver().(driver.Finder)
+	require.Eventually(t, func() bool {
+		refused.mu.Lock()
+		id := refused.stuck
+		refused.mu.Unlock()
+		env, err := finder.Find(context.Background(), id)
+		return err == nil && env.Status == driver.Parked
+	}, budget+maxAttempts*4*backoff+3*lease, 20*time.Millisecond, "the stuck message was never parked")
+	time.Sleep(lease / 2)
 	ledger := stopWriting()
 
 	// What is parked: every poison message, and the stuck one.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -411,4 +412,68 @@ func TestRunOnceAndDispatchOneDrainTheTableLane(t *testing.T) {
 		got = append(got, string(e.Payload))
 	}
 	require.Equal(t, inLog, got)
+}
+
+// records keeps the log records of one message.
+type records struct {
+	msg string
+	mu  sync.Mutex
+	got []slog.Record
+}
+
+func (r *records) Enabled(context.Context, slog.Level) bool { return true }
+func (r *records) Handle(_ context.Context, rec slog.Record) error {
+	if rec.Message == r.msg {
+		r.mu.Lock()
+		r.got = append(r.got, rec)
+		r.mu.Unlock()
+	}
+	return nil
+}
+func (r *records) WithAttrs([]slog.Attr) slog.Handler { return r }
+func (r *records) WithGroup(string) slog.Handler      { return r }
+
+func (r *records) levels() (warn, debug int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, rec := range r.got {
+		switch rec.Level {
+		case slog.LevelWarn:
+			warn++
+		case slog.LevelDebug:
+			debug++
+		}
+	}
+	return warn, debug
+}
+
+// While a key is held, every batch of the stream that holds one of its messages goes
+// to the table lane: through a broker outage, every batch. That is a WARN at most once
+// per LeaseRenewInterval, the writes in between DEBUG, as for failed publishes.
+func TestTableLaneWritesWarnOncePerInterval(t *testing.T) {
+	need(t)
+	ctx := testContext(t)
+	s := open(t, clients[0], sqlstore.Config{})
+	rec := outboxtest.NewRecorder()
+	rec.FailWhen(func(env *driver.Envelope) error {
+		if string(env.Key) == "down" {
+			return errBrokerDown
+		}
+		return nil
+	})
+	logged := &records{msg: "relay: messages the broker kept refusing went to the table lane; their keys follow them there until it is drained"}
+	cfg := fastRelay("r1")
+	cfg.LeaseDuration, cfg.LeaseRenewInterval = 30*time.Second, 10*time.Second
+	cfg.Logger = slog.New(logged)
+	r := startRelay(t, s, rec, cfg)
+	snd := sender(t, s, outbox.Immediate)
+	// Each message its own batch: the reader diverts it before the next is sent.
+	const n = 10
+	for i := range n {
+		require.NoError(t, snd.Send(ctx, message("down", i)))
+		require.Eventually(t, func() bool { return r.Stats().Diverted == int64(i+1) }, time.Minute, 5*time.Millisecond)
+	}
+	warn, debug := logged.levels()
+	require.Equal(t, 1, warn, "one WARN within a LeaseRenewInterval")
+	require.Equal(t, n-1, debug, "the writes after it are DEBUG")
 }
