@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,17 +31,17 @@ import (
 // transient fault caused, and the slot's confirmed position never ahead of what the
 // broker acknowledged or the table lane holds (requireSlotBehindAcks).
 
-// all selects every message.
-func all(uuid.UUID) bool { return true }
+// everyMessage selects every message.
+func everyMessage(uuid.UUID) bool { return true }
 
 // TestLogModeReaderKilledStandbyTakesOver runs three relay processes on a log-mode
-// store, SIGKILLs whichever holds the stream lease, three times, each right after the
-// broker acknowledged one of its publishes (before it could confirm the stream past
-// it) after it read for a while, and starts a fresh process after each kill. A standby takes the stream once
-// the dead reader's lease lapsed, and not before, within half a lease of it (it looks
-// every PollInterval); every committed message reaches Kafka, first deliveries in
-// commit order, and what the killed readers had published without confirming comes
-// again.
+// store and SIGKILLs whichever holds the stream lease, three times: each time after it
+// read for a while, right after the broker acknowledged one of its publishes (before
+// it could confirm the stream past it); a fresh process starts after each kill. A
+// standby takes the stream once the dead reader's lease lapsed, and not before, within
+// half a lease of it (it looks every PollInterval); every committed message reaches
+// Kafka, first deliveries in commit order, and what the killed readers had published
+// without confirming comes again.
 func TestLogModeReaderKilledStandbyTakesOver(t *testing.T) {
 	const (
 		lease = 2 * time.Second
@@ -134,9 +135,9 @@ func TestLogModeReaderKilledStandbyTakesOver(t *testing.T) {
 
 	time.Sleep(lease) // the last reader carries the load for a while
 	ledger := stopWriting()
-	first, copies := rig.readKafka(t, ledger, all, 15*lease)
+	first, copies := rig.readKafka(t, ledger, everyMessage, 15*lease)
 	t.Logf("committed %d, rolled back %d, %d copies in Kafka (%d duplicates)", len(ledger.committed), len(ledger.rolledBack), copies, copies-len(first))
-	requireDelivered(t, ledger, first, all)
+	requireDelivered(t, ledger, first, everyMessage)
 	commits := rig.commits(t)
 	requireSlotBehindAcks(t, sampler.finish(t, commits, 5*lease), commits, first, ledger)
 	require.Greater(t, copies, len(first), "what a killed reader published without confirming came again")
@@ -227,13 +228,13 @@ func TestLogModeBrokerDownForSeconds(t *testing.T) {
 	time.Sleep(lease) // writers go on after the broker came back
 	ledger := stopWriting()
 
-	first, copies := rig.readKafka(t, ledger, all, outage+10*lease)
+	first, copies := rig.readKafka(t, ledger, everyMessage, outage+10*lease)
 	var diverted int64
 	for _, r := range relays {
 		diverted += r.Stats().Diverted
 	}
 	t.Logf("committed %d, rolled back %d, %d copies in Kafka, %d diverted to the table lane", len(ledger.committed), len(ledger.rolledBack), copies, diverted)
-	requireDelivered(t, ledger, first, all)
+	requireDelivered(t, ledger, first, everyMessage)
 	commits := rig.commits(t)
 	requireSlotBehindAcks(t, sampler.finish(t, commits, 5*lease), commits, first, ledger)
 	require.Positive(t, diverted, "the outage outlasted StreamRetryBudget: messages went to the table lane")
@@ -270,6 +271,11 @@ type attempt struct {
 type refusingTransport struct {
 	next driver.Transport
 	r    *refusals
+}
+
+// Ping implements driver.Pinger: the broker answers.
+func (t *refusingTransport) Ping(ctx context.Context) error {
+	return t.next.(driver.Pinger).Ping(ctx)
 }
 
 func (t *refusingTransport) Publish(ctx context.Context, batch []*driver.Envelope) error {
@@ -403,9 +409,9 @@ func TestLogModePoisonKey(t *testing.T) {
 	// No key's message was tried before an earlier one of the key was settled: across
 	// the lanes, each key's attempts never go back in commit order.
 	refused.mu.Lock()
-	attempts := refused.attempts
+	attempts, firstStuck := slices.Clone(refused.attempts), refused.stuck
 	refused.mu.Unlock()
-	require.Equal(t, stuck, refused.stuck, "the first stuck message tried is the first committed")
+	require.Equal(t, stuck, firstStuck, "the first stuck message tried is the first committed")
 	latest := map[string]int{}
 	for _, a := range attempts {
 		seq := ledger.committed[a.id].seq
@@ -420,6 +426,7 @@ func TestLogModePoisonKey(t *testing.T) {
 			lastStuck = i
 		}
 	}
+	require.NotEqual(t, -1, lastStuck)
 	for i, a := range attempts[:lastStuck] {
 		require.False(t, a.key == stuckKey && a.id != stuck, "attempt %d: a later stuck message was tried before the stuck one was parked", i)
 	}
