@@ -88,12 +88,14 @@
 //   - Logging, through [Config.Logger]: a failed publish that will be retried is a
 //     WARN at most once per bucket per LeaseRenewInterval, with topic, message id,
 //     attempts, next attempt and cause; the failures in between are DEBUG, and the
-//     next WARN says how many there were (suppressed). A parked message is always a
-//     WARN. The worker stopping on its own (bucket count mismatch, closed store) is
-//     an ERROR, as is another live process found running under this relay's ID
-//     (both processes log it, naming both instances; [Stats.InstanceClashes] counts
-//     it); store errors, refused renewals, clock trouble and failed releases are
-//     WARNs. Nothing is logged per successful publish.
+//     next WARN says how many there were (suppressed). The stream reader's writes to
+//     the table lane are a WARN at most once per LeaseRenewInterval too, the rest
+//     DEBUG. A parked message is always a WARN. The worker stopping on its own
+//     (bucket count mismatch, closed store) is an ERROR, as is another live process
+//     found running under this relay's ID (both processes log it, naming both
+//     instances; [Stats.InstanceClashes] counts it); store errors, refused renewals,
+//     clock trouble and failed releases are WARNs. Nothing is logged per successful
+//     publish.
 //
 // # Inside
 //

@@ -47,6 +47,10 @@ type streamer struct {
 	held     map[string][]uuid.UUID // key → its pending envelopes in the table, oldest first
 	watched  time.Time              // last look at the held keys
 	diverted atomic.Int64
+	// divertWarned is when a write to the table lane was last logged at WARN;
+	// divertSuppressed counts those logged at DEBUG since.
+	divertWarned     time.Time
+	divertSuppressed int
 }
 
 // newStreamer returns the stream service, or nil if the store has no stream. The
@@ -440,9 +444,25 @@ func (s *streamer) divert(ctx context.Context, envs []*driver.Envelope, causes m
 			s.held[string(e.Key)] = append(s.held[string(e.Key)], e.ID)
 		}
 	}
-	s.log.Warn("relay: messages the broker kept refusing went to the table lane; their keys follow them there until it is drained",
-		"messages", len(out), "keys_held", len(s.held))
+	s.logDiverted(len(out))
 	return nil
+}
+
+// logDiverted logs a write to the table lane: at WARN at most once per
+// LeaseRenewInterval, with the number of writes logged at DEBUG since the previous
+// warning (while a key is held, every batch holding one of its messages is such a
+// write: through a broker outage, every batch); at DEBUG otherwise.
+func (s *streamer) logDiverted(n int) {
+	const msg = "relay: messages the broker kept refusing went to the table lane; their keys follow them there until it is drained"
+	now := s.cfg.now()
+	attrs := []any{"messages", n, "keys_held", len(s.held)}
+	if s.divertWarned.IsZero() || now.Sub(s.divertWarned) >= s.cfg.LeaseRenewInterval || now.Before(s.divertWarned) {
+		s.log.Warn(msg, append(attrs, "suppressed", s.divertSuppressed)...)
+		s.divertWarned, s.divertSuppressed = now, 0
+		return
+	}
+	s.divertSuppressed++
+	s.log.Debug(msg, attrs...)
 }
 
 // loadHeld reads the keys the table holds pending envelopes of, when the stream is

@@ -1,7 +1,9 @@
 // Package chaostest runs the chaos harness of package
 // github.com/outboxkit/outbox/outboxtest/chaos on every store, kills and stops real
-// relay processes (built from ./relay) against PostgreSQL and Kafka, and checks that
-// bad input gets a clear error and loses nothing on every store. It holds tests only.
+// relay processes (built from ./relay) against PostgreSQL and Kafka, puts the SQL
+// store's log mode through a killed stream reader, a broker cut off and a poison key
+// (on PostgreSQL clusters of its own with wal_level=logical), and checks that bad
+// input gets a clear error and loses nothing on every store. It holds tests only.
 //
 // # Semantics
 //

@@ -1,5 +1,7 @@
-// Command relay is one outbox relay process for the process-kill test: a relay
-// on a PostgreSQL store publishing to Kafka. It prints the buckets it owns whenever
+// Command relay is one outbox relay process for the process-kill tests: a relay
+// on a PostgreSQL store publishing to Kafka, the store in the table mode or, with
+// -log-mode, in the log mode (the relay then also reads the stream while it holds
+// the stream lease). It prints the buckets it owns whenever
 // they change (and every few hundred milliseconds), and how many messages it has
 // published, so the test can follow its leases from outside. SIGTERM or SIGINT stop
 // it gracefully, with Stop given the signal's (already cancelled) context; SIGKILL
@@ -55,6 +57,9 @@ func run() error {
 		poll         = flag.Duration("poll", 20*time.Millisecond, "poll interval")
 		publishDelay = flag.Duration("publish-delay", 0, "extra time every publish takes before it is sent")
 		ackDelay     = flag.Duration("ack-delay", 0, "time between the broker's acknowledgement and the relay hearing of it, so a kill can land there")
+		logMode      = flag.Bool("log-mode", false, "open the store in the log mode (PostgreSQL with wal_level=logical, migrated with its slot)")
+		retryBudget  = flag.Duration("stream-retry-budget", 0, "relay.Config.StreamRetryBudget (0: the default)")
+		maxAttempts  = flag.Int("max-attempts", 1_000_000, "relay.Config.MaxAttempts")
 	)
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -67,7 +72,11 @@ func run() error {
 		return err
 	}
 	defer pool.Close()
-	store, err := sqlstore.NewPgx(pool, sqlstore.Config{Table: *table, BucketCount: *buckets, Logger: log})
+	mode := sqlstore.TableMode
+	if *logMode {
+		mode = sqlstore.LogMode
+	}
+	store, err := sqlstore.NewPgx(pool, sqlstore.Config{Table: *table, BucketCount: *buckets, Mode: mode, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -93,7 +102,8 @@ func run() error {
 		LeaseRenewInterval: *renew,
 		BackoffBase:        10 * time.Millisecond,
 		BackoffMax:         200 * time.Millisecond,
-		MaxAttempts:        1_000_000,
+		MaxAttempts:        *maxAttempts,
+		StreamRetryBudget:  *retryBudget,
 		Logger:             log,
 	})
 	if err != nil {

@@ -15,7 +15,9 @@ import (
 // delay before the publish, ackDelay after the broker acknowledged it and before the
 // relay hears of it. It announces each acknowledgement on stdout ("acked N")
 // before that wait, so a test can kill the process while the broker holds a batch
-// the store has not forgotten.
+// the store has not forgotten. It passes on the inner transport's Ping and
+// KeepsKeyOrder, so the relay batches and fails over as it does on the transport
+// alone.
 type countingTransport struct {
 	next      driver.Transport
 	delay     time.Duration
@@ -56,6 +58,20 @@ func (c *countingTransport) Publish(ctx context.Context, batch []*driver.Envelop
 		}
 	}
 	return err
+}
+
+// Ping implements driver.Pinger when the inner transport does.
+func (c *countingTransport) Ping(ctx context.Context) error {
+	if p, ok := c.next.(driver.Pinger); ok {
+		return p.Ping(ctx)
+	}
+	return errors.ErrUnsupported
+}
+
+// KeepsKeyOrder implements driver.KeyOrderKeeper as the inner transport does.
+func (c *countingTransport) KeepsKeyOrder() bool {
+	k, ok := c.next.(driver.KeyOrderKeeper)
+	return ok && k.KeepsKeyOrder()
 }
 
 // syncWriter serialises lines written to stdout from several goroutines.

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
@@ -357,4 +359,122 @@ func TestPoisonDoesNotCutOtherRetriesShort(t *testing.T) {
 		return err == nil && len(parked) == 2
 	}, time.Minute, 20*time.Millisecond, "the poison messages are parked in the table (the first by the reader, the second by the bucket's drainer)")
 	require.EqualValues(t, 2, r.Stats().Diverted, "the poison key's two messages went to the table, the flaky key's none")
+}
+
+// RunOnce and DispatchOne on a log-mode store drain the table lane and leave the
+// stream alone (the stream needs the worker): RunOnce publishes what the table holds
+// (messages the reader diverted there), DispatchOne the table's message it is given,
+// and a message that is only in the log is no row for them, as one already published
+// is; the log's messages are still there, unconfirmed, for the reader that comes.
+func TestRunOnceAndDispatchOneDrainTheTableLane(t *testing.T) {
+	need(t)
+	ctx := testContext(t)
+	s := open(t, clients[0], sqlstore.Config{})
+	inLog := sendKeyed(t, s, []string{"streamed"}, 4)["streamed"]
+	logged := message("streamed", 4)
+	logged.ID = uuid.New()
+	require.NoError(t, sender(t, s, outbox.Immediate).Send(ctx, logged))
+	inLog = append(inLog, string(logged.Payload))
+
+	// The table lane, written as the reader diverts: the relay side's Enqueue.
+	lane := func(i int) *driver.Envelope {
+		env, err := driver.NewEnvelope(message("diverted", i), s.Driver().BucketCount())
+		require.NoError(t, err)
+		require.NoError(t, s.Driver().Enqueue(ctx, env))
+		return env
+	}
+	for i := range 3 {
+		lane(i)
+	}
+	rec := outboxtest.NewRecorder()
+	r, err := relay.New(s, rec, fastRelay("sweeper"))
+	require.NoError(t, err)
+	res, err := r.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 3, res.Published, "RunOnce published the table lane")
+	requireKeyOrder(t, rec, map[string][]string{"diverted": {"diverted-0", "diverted-1", "diverted-2"}})
+	require.Zero(t, countRows(t, s))
+
+	last := lane(3)
+	res, err = r.DispatchOne(ctx, last.ID)
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Published, "DispatchOne published the table lane's message")
+	res, err = r.DispatchOne(ctx, logged.ID)
+	require.NoError(t, err)
+	require.Zero(t, res.Published, "a message only in the log is no row to dispatch")
+	require.Equal(t, 4, rec.Len())
+	require.Empty(t, rec.ByKey()["streamed"])
+
+	// Neither read nor confirmed the stream: the reader gets every logged message.
+	envs, _ := readN(t, openStream(t, s), len(inLog))
+	var got []string
+	for _, e := range envs {
+		got = append(got, string(e.Payload))
+	}
+	require.Equal(t, inLog, got)
+}
+
+// records keeps the log records of one message.
+type records struct {
+	msg string
+	mu  sync.Mutex
+	got []slog.Record
+}
+
+func (r *records) Enabled(context.Context, slog.Level) bool { return true }
+func (r *records) Handle(_ context.Context, rec slog.Record) error {
+	if rec.Message == r.msg {
+		r.mu.Lock()
+		r.got = append(r.got, rec)
+		r.mu.Unlock()
+	}
+	return nil
+}
+func (r *records) WithAttrs([]slog.Attr) slog.Handler { return r }
+func (r *records) WithGroup(string) slog.Handler      { return r }
+
+func (r *records) levels() (warn, debug int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, rec := range r.got {
+		switch rec.Level {
+		case slog.LevelWarn:
+			warn++
+		case slog.LevelDebug:
+			debug++
+		}
+	}
+	return warn, debug
+}
+
+// While a key is held, every batch of the stream that holds one of its messages goes
+// to the table lane: through a broker outage, every batch. That is a WARN at most once
+// per LeaseRenewInterval, the writes in between DEBUG, as for failed publishes.
+func TestTableLaneWritesWarnOncePerInterval(t *testing.T) {
+	need(t)
+	ctx := testContext(t)
+	s := open(t, clients[0], sqlstore.Config{})
+	rec := outboxtest.NewRecorder()
+	rec.FailWhen(func(env *driver.Envelope) error {
+		if string(env.Key) == "down" {
+			return errBrokerDown
+		}
+		return nil
+	})
+	logged := &records{msg: "relay: messages the broker kept refusing went to the table lane; their keys follow them there until it is drained"}
+	cfg := fastRelay("r1")
+	// An interval far longer than the run, whatever the machine's load.
+	cfg.LeaseDuration, cfg.LeaseRenewInterval = time.Minute, 20*time.Second
+	cfg.Logger = slog.New(logged)
+	r := startRelay(t, s, rec, cfg)
+	snd := sender(t, s, outbox.Immediate)
+	// Each message its own batch: the reader diverts it before the next is sent.
+	const n = 10
+	for i := range n {
+		require.NoError(t, snd.Send(ctx, message("down", i)))
+		require.Eventually(t, func() bool { return r.Stats().Diverted == int64(i+1) }, time.Minute, 5*time.Millisecond)
+	}
+	warn, debug := logged.levels()
+	require.Equal(t, 1, warn, "one WARN within a LeaseRenewInterval")
+	require.Equal(t, n-1, debug, "the writes after it are DEBUG")
 }
