@@ -16,7 +16,6 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
-	"github.com/outboxkit/outbox/outboxtest/netfault"
 	"github.com/outboxkit/outbox/transport/natstransport"
 )
 
@@ -158,12 +157,6 @@ func count(tb testing.TB, s jetstream.Stream) uint64 {
 	info, err := s.Info(ctx)
 	require.NoError(tb, err)
 	return info.State.Msgs
-}
-
-// newProxy puts a TCP proxy in front of target, so a test can cut the connection.
-func newProxy(tb testing.TB, target string) *netfault.Proxy {
-	tb.Helper()
-	return netfault.New(tb, target)
 }
 
 // hostPort is the host:port of a nats:// URL.

@@ -1,9 +1,6 @@
 package tests
 
 import (
-	"context"
-	"errors"
-	"fmt"
 	"testing"
 	"time"
 
@@ -143,60 +140,4 @@ func TestNewChecksMaxMessageSizeAgainstMaxPayload(t *testing.T) {
 	var conn *nats.Conn
 	require.True(t, tr.As(&conn))
 	assert.Same(t, nc, conn)
-}
-
-// While the connection is cut, Publish fails transiently within AckTimeout and Ping
-// fails; once it is restored both succeed, and everything reported sent is in the
-// stream.
-func TestOutagePublishAndPing(t *testing.T) {
-	t.Parallel()
-	_, direct := connect(t, natsURL())
-	subject := streamName("outage")
-	s := createStream(t, direct, jetstream.StreamConfig{Subjects: []string{subject}})
-	p := newProxy(t, hostPort(natsURL()))
-	nc, js := connect(t, "nats://"+p.Addr(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
-	tr := newTransport(t, js, natstransport.Config{AckTimeout: 500 * time.Millisecond})
-	require.NoError(t, tr.Ping(t.Context()))
-
-	batch := func(n int) []*driver.Envelope {
-		out := make([]*driver.Envelope, n)
-		for i := range out {
-			out[i] = envelope(t, outbox.Message{Topic: subject, Key: fmt.Appendf(nil, "k%d", i%3), Payload: fmt.Appendf(nil, "%d", i)})
-		}
-		return out
-	}
-	require.NoError(t, tr.Publish(t.Context(), batch(10)))
-
-	p.Cut()
-	require.Eventually(t, func() bool { return !nc.IsConnected() }, 30*time.Second, 10*time.Millisecond)
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
-	err := tr.Ping(ctx)
-	cancel()
-	assert.Error(t, err, "the server is unreachable")
-	cut := batch(10)
-	failed := failures(t, tr.Publish(t.Context(), cut))
-	assert.Len(t, failed, len(cut), "nothing is acknowledged while cut off")
-	for _, err := range failed {
-		assert.False(t, driver.IsPermanent(err), "an outage is transient: %v", err)
-	}
-
-	p.Restore()
-	require.Eventually(t, func() bool { return nc.IsConnected() }, 30*time.Second, 10*time.Millisecond)
-	require.NoError(t, tr.Ping(t.Context()))
-	require.NoError(t, tr.Publish(t.Context(), cut), "the retry after the outage")
-	after := batch(10)
-	require.NoError(t, tr.Publish(t.Context(), after))
-	// 30 distinct messages; the copies the reconnect buffer may have delivered late
-	// are dropped by the duplicate window.
-	assert.Equal(t, uint64(30), count(t, s))
-}
-
-func TestPingHonoursContext(t *testing.T) {
-	t.Parallel()
-	_, js := connect(t, natsURL())
-	tr := newTransport(t, js, natstransport.Config{})
-	ctx, cancel := context.WithCancel(t.Context())
-	cancel()
-	err := tr.Ping(ctx)
-	assert.True(t, errors.Is(err, context.Canceled), "a cancelled ping says so: %v", err)
 }

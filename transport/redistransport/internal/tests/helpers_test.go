@@ -13,7 +13,6 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
-	"github.com/outboxkit/outbox/outboxtest/netfault"
 	"github.com/outboxkit/outbox/transport/redistransport"
 )
 
@@ -129,10 +128,4 @@ func length(tb testing.TB, client *redis.Client, stream string) int64 {
 	n, err := client.XLen(context.Background(), stream).Result()
 	require.NoError(tb, err)
 	return n
-}
-
-// newProxy puts a TCP proxy in front of target, so a test can cut the connection.
-func newProxy(tb testing.TB, target string) *netfault.Proxy {
-	tb.Helper()
-	return netfault.New(tb, target)
 }
