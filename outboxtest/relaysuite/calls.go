@@ -70,14 +70,6 @@ func envelope(t *testing.T, m outbox.Message) *driver.Envelope {
 	return env
 }
 
-// failed requires err to be a PublishError and indexes its failures by ID.
-func failed(t *testing.T, err error) map[uuid.UUID]error {
-	t.Helper()
-	out := failures(err)
-	require.NotNil(t, out, "want a *driver.PublishError, got %v", err)
-	return out
-}
-
 // readAll reads topic until every message of want arrived, and requires each to
 // arrive unchanged, once, with Features.Ordered the first deliveries of each key in
 // want's order. A message of mayRepeat may arrive again unless the broker
@@ -252,7 +244,7 @@ func (s suite) atTheLimit(t *testing.T) {
 	s.readUnordered(t, topic, at)
 
 	small := envelope(t, outbox.Message{Topic: topic, Payload: []byte("fine")})
-	fails := failed(t, publish(tr, append(over, small)...))
+	fails := outboxtest.Failures(t, publish(tr, append(over, small)...))
 	require.Len(t, fails, len(over), "only the messages over the limit fail")
 	for _, env := range over {
 		cause := fails[env.ID]
@@ -297,7 +289,7 @@ func (s suite) holdsBackItsKey(t *testing.T) {
 	keyless := envelope(t, outbox.Message{Topic: topic, Payload: []byte("keyless")})
 	other := envelope(t, outbox.Message{Topic: topic, Key: []byte("j"), Payload: []byte("other")})
 
-	fails := failed(t, publish(tr, first, big, later, keyless, other))
+	fails := outboxtest.Failures(t, publish(tr, first, big, later, keyless, other))
 	require.Len(t, fails, 2, "the refused message and its key's later one: %v", fails)
 	require.True(t, driver.IsPermanent(fails[big.ID]), "too large is permanent: %v", fails[big.ID])
 	require.ErrorIs(t, fails[big.ID], outbox.ErrTooLarge)

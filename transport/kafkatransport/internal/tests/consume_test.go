@@ -115,12 +115,7 @@ func TestConsumerAppliesEachRecordOnceInPartitionOrder(t *testing.T) {
 	require.Eventually(t, func() bool { return processed.Load() >= n }, time.Minute, 10*time.Millisecond)
 	require.NoError(t, stop())
 
-	applied, order := l.Snapshot()
-	require.Len(t, applied, n)
-	for id, times := range applied {
-		require.Equal(t, 1, times, "message %s", id)
-	}
-	require.Equal(t, sent, order, "each key's records were applied in publish order")
+	require.Equal(t, sent, l.RequireOnce(t, n), "each key's records were applied in publish order")
 
 	// Every offset was committed: the group's offsets sum to the records.
 	var total int64
@@ -144,8 +139,7 @@ func TestConsumerAppliesEachRecordOnceInPartitionOrder(t *testing.T) {
 	require.Eventually(t, func() bool { return dups.Load() >= n }, time.Minute, 10*time.Millisecond)
 	require.NoError(t, stop())
 	require.Zero(t, ran.Load())
-	applied, _ = l.Snapshot()
-	require.Len(t, applied, n)
+	l.RequireOnce(t, n)
 }
 
 func TestNewSourceRefusesMisconfiguredClient(t *testing.T) {

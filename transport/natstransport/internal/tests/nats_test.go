@@ -4,7 +4,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
@@ -12,33 +11,23 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
+	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/transport/natstransport"
 )
-
-// failures indexes a Publish error by message id.
-func failures(t *testing.T, err error) map[uuid.UUID]error {
-	t.Helper()
-	var pe *driver.PublishError
-	require.ErrorAs(t, err, &pe)
-	out := map[uuid.UUID]error{}
-	for _, f := range pe.Failed {
-		out[f.ID] = f.Err
-	}
-	return out
-}
 
 // A subject no stream captures fails permanently, saying so; the rest of the batch,
 // on a subject a stream captures, is delivered.
 func TestNoStreamIsPermanent(t *testing.T) {
 	t.Parallel()
-	_, js := connect(t, natsURL())
+	_, js := connect(t, testenv.NATSURL())
 	subject := streamName("captured")
 	s := createStream(t, js, jetstream.StreamConfig{Subjects: []string{subject}})
 	tr := newTransport(t, js, natstransport.Config{})
 	lost := envelope(t, outbox.Message{Topic: streamName("nowhere"), Key: []byte("k"), Payload: []byte("x")})
 	kept := envelope(t, outbox.Message{Topic: subject, Key: []byte("k"), Payload: []byte("y")})
 
-	failed := failures(t, tr.Publish(t.Context(), []*driver.Envelope{lost, kept}))
+	failed := outboxtest.Failures(t, tr.Publish(t.Context(), []*driver.Envelope{lost, kept}))
 	require.Len(t, failed, 1)
 	err := failed[lost.ID]
 	assert.True(t, driver.IsPermanent(err), "no stream is permanent: %v", err)
@@ -52,14 +41,14 @@ func TestNoStreamIsPermanent(t *testing.T) {
 // are stored.
 func TestStreamMaxMsgSizeIsPermanent(t *testing.T) {
 	t.Parallel()
-	_, js := connect(t, natsURL())
+	_, js := connect(t, testenv.NATSURL())
 	subject := streamName("small")
 	s := createStream(t, js, jetstream.StreamConfig{Subjects: []string{subject}, MaxMsgSize: 1024})
 	tr := newTransport(t, js, natstransport.Config{})
 	small := envelope(t, outbox.Message{Topic: subject, Key: []byte("a"), Payload: []byte("small")})
 	big := envelope(t, outbox.Message{Topic: subject, Key: []byte("b"), Payload: make([]byte, 4096)})
 
-	failed := failures(t, tr.Publish(t.Context(), []*driver.Envelope{small, big}))
+	failed := outboxtest.Failures(t, tr.Publish(t.Context(), []*driver.Envelope{small, big}))
 	require.Len(t, failed, 1)
 	assert.True(t, driver.IsPermanent(failed[big.ID]), "%v", failed[big.ID])
 	assert.ErrorIs(t, failed[big.ID], outbox.ErrTooLarge)
@@ -69,14 +58,14 @@ func TestStreamMaxMsgSizeIsPermanent(t *testing.T) {
 // A full stream that discards new messages refuses transiently: space may free up.
 func TestFullStreamIsTransient(t *testing.T) {
 	t.Parallel()
-	_, js := connect(t, natsURL())
+	_, js := connect(t, testenv.NATSURL())
 	subject := streamName("full")
 	createStream(t, js, jetstream.StreamConfig{Subjects: []string{subject}, MaxMsgs: 1, Discard: jetstream.DiscardNew})
 	tr := newTransport(t, js, natstransport.Config{})
 	first := envelope(t, outbox.Message{Topic: subject, Payload: []byte("1")})
 	second := envelope(t, outbox.Message{Topic: subject, Payload: []byte("2")})
 
-	failed := failures(t, tr.Publish(t.Context(), []*driver.Envelope{first, second}))
+	failed := outboxtest.Failures(t, tr.Publish(t.Context(), []*driver.Envelope{first, second}))
 	require.Len(t, failed, 1)
 	require.Contains(t, failed, second.ID)
 	assert.False(t, driver.IsPermanent(failed[second.ID]), "%v", failed[second.ID])
@@ -85,10 +74,10 @@ func TestFullStreamIsTransient(t *testing.T) {
 // A topic mapped to a subject that cannot be published to fails permanently.
 func TestInvalidSubjectIsPermanent(t *testing.T) {
 	t.Parallel()
-	_, js := connect(t, natsURL())
+	_, js := connect(t, testenv.NATSURL())
 	tr := newTransport(t, js, natstransport.Config{Subject: func(topic string) string { return "events." + topic }})
 	env := envelope(t, outbox.Message{Topic: "has space", Payload: []byte("x")})
-	failed := failures(t, tr.Publish(t.Context(), []*driver.Envelope{env}))
+	failed := outboxtest.Failures(t, tr.Publish(t.Context(), []*driver.Envelope{env}))
 	assert.True(t, driver.IsPermanent(failed[env.ID]))
 	assert.ErrorIs(t, failed[env.ID], outbox.ErrInvalidMessage)
 }
@@ -97,7 +86,7 @@ func TestInvalidSubjectIsPermanent(t *testing.T) {
 // duplicate window drop the copy, and the copy still counts as acknowledged.
 func TestRepublishIsDroppedByTheDuplicateWindow(t *testing.T) {
 	t.Parallel()
-	_, js := connect(t, natsURL())
+	_, js := connect(t, testenv.NATSURL())
 	subject := streamName("dedup")
 	s := createStream(t, js, jetstream.StreamConfig{Subjects: []string{subject}, Duplicates: time.Minute})
 	tr := newTransport(t, js, natstransport.Config{})
@@ -110,7 +99,7 @@ func TestRepublishIsDroppedByTheDuplicateWindow(t *testing.T) {
 // A subject mapping publishes on the mapped subject; Decode returns the topic.
 func TestSubjectMapping(t *testing.T) {
 	t.Parallel()
-	_, js := connect(t, natsURL())
+	_, js := connect(t, testenv.NATSURL())
 	prefix := streamName("events")
 	s := createStream(t, js, jetstream.StreamConfig{Subjects: []string{prefix + ".>"}})
 	tr := newTransport(t, js, natstransport.Config{Subject: func(topic string) string { return prefix + "." + topic }})
@@ -128,7 +117,7 @@ func TestSubjectMapping(t *testing.T) {
 // New takes its limit from the server and refuses a larger one.
 func TestNewChecksMaxMessageSizeAgainstMaxPayload(t *testing.T) {
 	t.Parallel()
-	nc, js := connect(t, natsURL())
+	nc, js := connect(t, testenv.NATSURL())
 	tr := newTransport(t, js, natstransport.Config{})
 	assert.Equal(t, int(nc.MaxPayload())-512, tr.MaxMessageSize())
 	_, err := natstransport.New(js, natstransport.Config{MaxMessageSize: int(nc.MaxPayload())})

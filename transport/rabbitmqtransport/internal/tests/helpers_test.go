@@ -1,14 +1,11 @@
-// Package tests holds the tests of package rabbitmq that need a RabbitMQ broker.
+// Package tests holds the tests of package rabbitmqtransport that need a RabbitMQ broker.
 package tests
 
 import (
-	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -19,14 +16,10 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxtest/netfault"
 	"github.com/outboxkit/outbox/transport/rabbitmqtransport"
 )
-
-// amqpURL is OUTBOX_TEST_AMQP_URL, or the local RabbitMQ's default virtual host.
-func amqpURL() string {
-	return cmp.Or(os.Getenv("OUTBOX_TEST_AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/")
-}
 
 var (
 	brokerOnce sync.Once
@@ -38,25 +31,21 @@ var (
 func needBroker(tb testing.TB) {
 	tb.Helper()
 	brokerOnce.Do(func() {
-		conn, err := amqp.DialConfig(amqpURL(), amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
+		conn, err := amqp.DialConfig(testenv.AMQPURL(), amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
 		if err == nil {
 			_ = conn.Close()
 		}
 		brokerErr = err
 	})
-	if brokerErr == nil {
-		return
+	if brokerErr != nil {
+		testenv.Missing(tb, "RabbitMQ", "OUTBOX_TEST_AMQP_URL", brokerErr)
 	}
-	if os.Getenv("CI") == "true" {
-		tb.Fatalf("RabbitMQ is required under CI=true: %v", brokerErr)
-	}
-	tb.Skipf("RabbitMQ is not available (%v); start it, or point OUTBOX_TEST_AMQP_URL at one, to run this test", brokerErr)
 }
 
 // dialer dials the broker, through addr when it is not empty (a proxy's address).
 func dialer(addr string) rabbitmqtransport.Dialer {
 	return func(ctx context.Context) (*amqp.Connection, error) {
-		u, err := url.Parse(amqpURL())
+		u, err := url.Parse(testenv.AMQPURL())
 		if err != nil {
 			return nil, err
 		}
@@ -157,25 +146,10 @@ func envelope(t testing.TB, topic string, key, payload []byte) *driver.Envelope 
 	return env
 }
 
-// failures indexes a Publish result's per-message failures by id.
-func failures(t testing.TB, err error) map[uuid.UUID]error {
-	t.Helper()
-	out := map[uuid.UUID]error{}
-	if err == nil {
-		return out
-	}
-	var pe *driver.PublishError
-	require.True(t, errors.As(err, &pe), "want a *driver.PublishError, got %v", err)
-	for _, f := range pe.Failed {
-		out[f.ID] = f.Err
-	}
-	return out
-}
-
 // newProxy puts a TCP proxy in front of the broker, so a test can cut the connection.
 func newProxy(tb testing.TB) *netfault.Proxy {
 	tb.Helper()
-	u, err := url.Parse(amqpURL())
+	u, err := url.Parse(testenv.AMQPURL())
 	require.NoError(tb, err)
 	return netfault.New(tb, u.Host)
 }

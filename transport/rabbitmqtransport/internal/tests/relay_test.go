@@ -12,6 +12,7 @@ import (
 
 	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/inbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/outboxtest/relaysuite"
 	"github.com/outboxkit/outbox/transport/rabbitmqtransport"
@@ -58,7 +59,7 @@ func (rt *relayTopics) transport(tb testing.TB, topic string, dial func(string) 
 	rt.mu.Unlock()
 	addr := ""
 	if dial != nil {
-		u, err := url.Parse(amqpURL())
+		u, err := url.Parse(testenv.AMQPURL())
 		require.NoError(tb, err)
 		addr = dial(u.Host)
 	}

@@ -1,9 +1,7 @@
 package tests
 
 import (
-	"cmp"
 	"context"
-	"os"
 	"testing"
 	"time"
 
@@ -13,22 +11,15 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/transport/redistransport"
 )
-
-// redisAddr is OUTBOX_TEST_REDIS_ADDR, or the local server.
-func redisAddr() string {
-	return cmp.Or(os.Getenv("OUTBOX_TEST_REDIS_ADDR"), "127.0.0.1:6379")
-}
 
 // unavailable fails the test under CI=true, where the server must be there, and
 // skips it otherwise.
 func unavailable(tb testing.TB, err error) {
 	tb.Helper()
-	if os.Getenv("CI") == "true" {
-		tb.Fatalf("Redis at %s is required under CI=true: %v", redisAddr(), err)
-	}
-	tb.Skipf("Redis at %s is not available (%v); start redis-server, or point OUTBOX_TEST_REDIS_ADDR at one, to run this test", redisAddr(), err)
+	testenv.Missing(tb, "Redis at "+testenv.RedisAddr(), "OUTBOX_TEST_REDIS_ADDR", err)
 }
 
 // connect returns a client of addr (the server's, or a proxy's), closed at cleanup.

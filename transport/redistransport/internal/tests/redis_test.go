@@ -6,33 +6,23 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
+	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/outboxtest/netfault"
 	"github.com/outboxkit/outbox/transport/redistransport"
 )
-
-func failures(t *testing.T, err error) map[uuid.UUID]error {
-	t.Helper()
-	var pe *driver.PublishError
-	require.ErrorAs(t, err, &pe)
-	out := map[uuid.UUID]error{}
-	for _, f := range pe.Failed {
-		out[f.ID] = f.Err
-	}
-	return out
-}
 
 // A topic whose key holds another type fails permanently, naming the fix; other
 // topics of the batch are appended.
 func TestWrongTypeIsPermanent(t *testing.T) {
 	t.Parallel()
-	client := connect(t, redisAddr())
+	client := connect(t, testenv.RedisAddr())
 	taken := streamKey(t, client, "string")
 	require.NoError(t, client.Set(t.Context(), taken, "not a stream", 0).Err())
 	good := streamKey(t, client, "good")
@@ -40,7 +30,7 @@ func TestWrongTypeIsPermanent(t *testing.T) {
 	bad := envelope(t, outbox.Message{Topic: taken, Key: []byte("k"), Payload: []byte("x")})
 	ok := envelope(t, outbox.Message{Topic: good, Key: []byte("other"), Payload: []byte("y")})
 
-	failed := failures(t, tr.Publish(t.Context(), []*driver.Envelope{bad, ok}))
+	failed := outboxtest.Failures(t, tr.Publish(t.Context(), []*driver.Envelope{bad, ok}))
 	require.Len(t, failed, 1)
 	assert.True(t, driver.IsPermanent(failed[bad.ID]), "%v", failed[bad.ID])
 	assert.ErrorIs(t, failed[bad.ID], outbox.ErrMisconfigured)
@@ -52,7 +42,7 @@ func TestWrongTypeIsPermanent(t *testing.T) {
 // dispatcher retries them after it.
 func TestFailureHoldsBackTheKeysLaterEntries(t *testing.T) {
 	t.Parallel()
-	client := connect(t, redisAddr())
+	client := connect(t, testenv.RedisAddr())
 	taken := streamKey(t, client, "string")
 	require.NoError(t, client.Set(t.Context(), taken, "not a stream", 0).Err())
 	good := streamKey(t, client, "good")
@@ -61,7 +51,7 @@ func TestFailureHoldsBackTheKeysLaterEntries(t *testing.T) {
 	second := envelope(t, outbox.Message{Topic: good, Key: []byte("k"), Payload: []byte("2")})
 	other := envelope(t, outbox.Message{Topic: good, Key: []byte("j"), Payload: []byte("3")})
 
-	failed := failures(t, tr.Publish(t.Context(), []*driver.Envelope{first, second, other}))
+	failed := outboxtest.Failures(t, tr.Publish(t.Context(), []*driver.Envelope{first, second, other}))
 	require.Len(t, failed, 2)
 	assert.True(t, driver.IsPermanent(failed[first.ID]))
 	assert.False(t, driver.IsPermanent(failed[second.ID]))
@@ -72,7 +62,7 @@ func TestFailureHoldsBackTheKeysLaterEntries(t *testing.T) {
 // reported failed, transient, saying why.
 func TestWaitReplicasUnmet(t *testing.T) {
 	t.Parallel()
-	client := connect(t, redisAddr())
+	client := connect(t, testenv.RedisAddr())
 	replicas, err := client.Info(t.Context(), "replication").Result()
 	require.NoError(t, err)
 	if !strings.Contains(replicas, "connected_slaves:0") {
@@ -82,7 +72,7 @@ func TestWaitReplicasUnmet(t *testing.T) {
 	tr := newTransport(t, client, redistransport.Config{WaitReplicas: 1, WaitTimeout: 50 * time.Millisecond})
 	env := envelope(t, outbox.Message{Topic: stream, Key: []byte("k"), Payload: []byte("x")})
 
-	failed := failures(t, tr.Publish(t.Context(), []*driver.Envelope{env}))
+	failed := outboxtest.Failures(t, tr.Publish(t.Context(), []*driver.Envelope{env}))
 	require.Contains(t, failed, env.ID)
 	assert.False(t, driver.IsPermanent(failed[env.ID]))
 	assert.ErrorContains(t, failed[env.ID], "only 0 of 1 replicas")
@@ -92,7 +82,7 @@ func TestWaitReplicasUnmet(t *testing.T) {
 // MAXLEN ~ n keeps the stream near n entries.
 func TestMaxLenTrims(t *testing.T) {
 	t.Parallel()
-	client := connect(t, redisAddr())
+	client := connect(t, testenv.RedisAddr())
 	stream := streamKey(t, client, "trim")
 	tr := newTransport(t, client, redistransport.Config{MaxLen: 100})
 	for round := range 10 {
@@ -110,7 +100,7 @@ func TestMaxLenTrims(t *testing.T) {
 // A stream mapping appends to the mapped key; Decode returns the topic.
 func TestStreamMapping(t *testing.T) {
 	t.Parallel()
-	client := connect(t, redisAddr())
+	client := connect(t, testenv.RedisAddr())
 	prefix := streamKey(t, client, "events")
 	stream := prefix + ":order-placed"
 	t.Cleanup(func() { deleteKeys(client, stream) })
@@ -133,9 +123,9 @@ func TestStreamMapping(t *testing.T) {
 // messages later, and checks Ping); the retry once the proxy heals appends them once.
 func TestCallDuringACutAppendsNothing(t *testing.T) {
 	t.Parallel()
-	direct := connect(t, redisAddr())
+	direct := connect(t, testenv.RedisAddr())
 	stream := streamKey(t, direct, "outage")
-	p := netfault.New(t, redisAddr())
+	p := netfault.New(t, testenv.RedisAddr())
 	tr := newTransport(t, connect(t, p.Addr()), redistransport.Config{})
 	batch := func() []*driver.Envelope {
 		out := make([]*driver.Envelope, 10)
@@ -148,7 +138,7 @@ func TestCallDuringACutAppendsNothing(t *testing.T) {
 
 	p.Cut()
 	cut := batch()
-	failed := failures(t, tr.Publish(t.Context(), cut))
+	failed := outboxtest.Failures(t, tr.Publish(t.Context(), cut))
 	assert.Len(t, failed, len(cut), "nothing is acknowledged while cut off")
 	assert.Equal(t, int64(10), length(t, direct, stream), "nothing is appended while cut off")
 

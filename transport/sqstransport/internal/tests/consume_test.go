@@ -88,12 +88,7 @@ func TestConsumerAppliesOnceInGroupOrderAndDeletesAfterCommit(t *testing.T) {
 	}, time.Minute, 100*time.Millisecond)
 	require.NoError(t, stop())
 
-	applied, order := l.Snapshot()
-	require.Len(t, applied, n)
-	for id, times := range applied {
-		require.Equal(t, 1, times, "message %s", id)
-	}
-	require.Equal(t, want, order, "each group's messages were applied in send order")
+	require.Equal(t, want, l.RequireOnce(t, n), "each group's messages were applied in send order")
 }
 
 func TestConsumerLeavesFailedMessageForRedelivery(t *testing.T) {
@@ -126,11 +121,7 @@ func TestConsumerLeavesFailedMessageForRedelivery(t *testing.T) {
 	_, first := redelivered.Load(false)
 	_, again := redelivered.Load(true)
 	require.True(t, first && again, "the queue's receive count tells the first receive from the next")
-	applied, _ := l.Snapshot()
-	require.Len(t, applied, 1)
-	for _, times := range applied {
-		require.Equal(t, 1, times)
-	}
+	l.RequireOnce(t, 1)
 }
 
 func TestSourceConfigValidate(t *testing.T) {

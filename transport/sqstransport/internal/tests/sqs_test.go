@@ -23,6 +23,7 @@ import (
 	"github.com/outboxkit/outbox/driver"
 	emulator "github.com/outboxkit/outbox/internal/sqsemulator"
 	"github.com/outboxkit/outbox/middleware"
+	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/transport/sqstransport"
 )
 
@@ -327,12 +328,9 @@ func (h *hookClient) SendMessageBatch(ctx context.Context, in *sqs.SendMessageBa
 // failedIDs checks that every failure is transient and returns the failed IDs.
 func failedIDs(t *testing.T, err error) map[uuid.UUID]error {
 	t.Helper()
-	var perr *driver.PublishError
-	require.ErrorAs(t, err, &perr)
-	failed := map[uuid.UUID]error{}
-	for _, f := range perr.Failed {
-		assert.False(t, driver.IsPermanent(f.Err), "an outage is transient: %v", f.Err)
-		failed[f.ID] = f.Err
+	failed := outboxtest.Failures(t, err)
+	for _, cause := range failed {
+		assert.False(t, driver.IsPermanent(cause), "an outage is transient: %v", cause)
 	}
 	return failed
 }

@@ -3,12 +3,10 @@
 package tests
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net/url"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -21,13 +19,9 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/transport/watermilltransport"
 )
-
-// amqpURL is OUTBOX_TEST_AMQP_URL, or the local RabbitMQ's default virtual host.
-func amqpURL() string {
-	return cmp.Or(os.Getenv("OUTBOX_TEST_AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/")
-}
 
 var (
 	brokerOnce sync.Once
@@ -39,24 +33,20 @@ var (
 func needBroker(tb testing.TB) {
 	tb.Helper()
 	brokerOnce.Do(func() {
-		conn, err := amqp.DialConfig(amqpURL(), amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
+		conn, err := amqp.DialConfig(testenv.AMQPURL(), amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
 		if err == nil {
 			_ = conn.Close()
 		}
 		brokerErr = err
 	})
-	if brokerErr == nil {
-		return
+	if brokerErr != nil {
+		testenv.Missing(tb, "RabbitMQ", "OUTBOX_TEST_AMQP_URL", brokerErr)
 	}
-	if os.Getenv("CI") == "true" {
-		tb.Fatalf("RabbitMQ is required under CI=true: %v", brokerErr)
-	}
-	tb.Skipf("RabbitMQ is not available (%v); start it, or point OUTBOX_TEST_AMQP_URL at one, to run this test", brokerErr)
 }
 
 // urlVia returns the broker URL, through addr when it is not empty (a proxy).
 func urlVia(tb testing.TB, addr string) string {
-	u, err := url.Parse(amqpURL())
+	u, err := url.Parse(testenv.AMQPURL())
 	require.NoError(tb, err)
 	if addr != "" {
 		u.Host = addr
@@ -110,7 +100,7 @@ type admin struct {
 func newAdmin(tb testing.TB) *admin {
 	tb.Helper()
 	needBroker(tb)
-	conn, err := amqp.DialConfig(amqpURL(), amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
+	conn, err := amqp.DialConfig(testenv.AMQPURL(), amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
 	require.NoError(tb, err)
 	tb.Cleanup(func() { _ = conn.Close() })
 	ch, err := conn.Channel()

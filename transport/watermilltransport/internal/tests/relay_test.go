@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox/driver"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/outboxtest/relaysuite"
 	"github.com/outboxkit/outbox/transport/watermilltransport"
@@ -47,7 +48,7 @@ type relayQueues struct {
 func (rq *relayQueues) transport(tb testing.TB, topic string, dial func(string) string) driver.Transport {
 	addr := ""
 	if dial != nil {
-		u, err := url.Parse(amqpURL())
+		u, err := url.Parse(testenv.AMQPURL())
 		require.NoError(tb, err)
 		addr = dial(u.Host)
 	}
