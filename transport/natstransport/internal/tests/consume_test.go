@@ -8,13 +8,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/transport/natstransport"
 )
 
 func TestSourceConfig(t *testing.T) {
 	t.Parallel()
-	_, js := connect(t, testenv.NATSURL())
+	_, js := connect(t, natsURL())
 	s := createStream(t, js, jetstream.StreamConfig{Subjects: []string{streamName("cfg")}})
 	none, err := s.CreateOrUpdateConsumer(t.Context(), jetstream.ConsumerConfig{Durable: "none", AckPolicy: jetstream.AckNonePolicy})
 	require.NoError(t, err)

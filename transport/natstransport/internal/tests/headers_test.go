@@ -12,7 +12,6 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
-	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/transport/natstransport"
 )
@@ -51,7 +50,7 @@ func appOnly(t *testing.T, d natstransport.Delivery) []outbox.Header {
 // values apart; plain headers beside them go as NATS headers of their own.
 func TestAwkwardHeadersRoundTripThroughTheServer(t *testing.T) {
 	t.Parallel()
-	_, js := connect(t, testenv.NATSURL())
+	_, js := connect(t, natsURL())
 	subject := streamName("headers")
 	s := createStream(t, js, jetstream.StreamConfig{Subjects: []string{subject}})
 	tr := newTransport(t, js, natstransport.Config{})

@@ -18,11 +18,14 @@ import (
 	"github.com/outboxkit/outbox/transport/natstransport"
 )
 
+// natsURL is where the server is (OUTBOX_TEST_NATS_URL).
+func natsURL() string { return testenv.NATSURL() }
+
 // unavailable fails the test under CI=true, where the server must be there, and
 // skips it otherwise.
 func unavailable(tb testing.TB, err error) {
 	tb.Helper()
-	testenv.Missing(tb, "NATS with JetStream (nats-server -js) at "+testenv.NATSURL(), "OUTBOX_TEST_NATS_URL", err)
+	testenv.Missing(tb, "NATS with JetStream (nats-server -js) at "+natsURL(), "OUTBOX_TEST_NATS_URL", err)
 }
 
 // connect opens a connection to url (the server's, or a proxy's) and a JetStream

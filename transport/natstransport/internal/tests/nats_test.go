@@ -11,7 +11,6 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
-	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/transport/natstransport"
 )
@@ -20,7 +19,7 @@ import (
 // on a subject a stream captures, is delivered.
 func TestNoStreamIsPermanent(t *testing.T) {
 	t.Parallel()
-	_, js := connect(t, testenv.NATSURL())
+	_, js := connect(t, natsURL())
 	subject := streamName("captured")
 	s := createStream(t, js, jetstream.StreamConfig{Subjects: []string{subject}})
 	tr := newTransport(t, js, natstransport.Config{})
@@ -41,7 +40,7 @@ func TestNoStreamIsPermanent(t *testing.T) {
 // are stored.
 func TestStreamMaxMsgSizeIsPermanent(t *testing.T) {
 	t.Parallel()
-	_, js := connect(t, testenv.NATSURL())
+	_, js := connect(t, natsURL())
 	subject := streamName("small")
 	s := createStream(t, js, jetstream.StreamConfig{Subjects: []string{subject}, MaxMsgSize: 1024})
 	tr := newTransport(t, js, natstransport.Config{})
@@ -58,7 +57,7 @@ func TestStreamMaxMsgSizeIsPermanent(t *testing.T) {
 // A full stream that discards new messages refuses transiently: space may free up.
 func TestFullStreamIsTransient(t *testing.T) {
 	t.Parallel()
-	_, js := connect(t, testenv.NATSURL())
+	_, js := connect(t, natsURL())
 	subject := streamName("full")
 	createStream(t, js, jetstream.StreamConfig{Subjects: []string{subject}, MaxMsgs: 1, Discard: jetstream.DiscardNew})
 	tr := newTransport(t, js, natstransport.Config{})
@@ -74,7 +73,7 @@ func TestFullStreamIsTransient(t *testing.T) {
 // A topic mapped to a subject that cannot be published to fails permanently.
 func TestInvalidSubjectIsPermanent(t *testing.T) {
 	t.Parallel()
-	_, js := connect(t, testenv.NATSURL())
+	_, js := connect(t, natsURL())
 	tr := newTransport(t, js, natstransport.Config{Subject: func(topic string) string { return "events." + topic }})
 	env := envelope(t, outbox.Message{Topic: "has space", Payload: []byte("x")})
 	failed := outboxtest.Failures(t, tr.Publish(t.Context(), []*driver.Envelope{env}))
@@ -86,7 +85,7 @@ func TestInvalidSubjectIsPermanent(t *testing.T) {
 // duplicate window drop the copy, and the copy still counts as acknowledged.
 func TestRepublishIsDroppedByTheDuplicateWindow(t *testing.T) {
 	t.Parallel()
-	_, js := connect(t, testenv.NATSURL())
+	_, js := connect(t, natsURL())
 	subject := streamName("dedup")
 	s := createStream(t, js, jetstream.StreamConfig{Subjects: []string{subject}, Duplicates: time.Minute})
 	tr := newTransport(t, js, natstransport.Config{})
@@ -99,7 +98,7 @@ func TestRepublishIsDroppedByTheDuplicateWindow(t *testing.T) {
 // A subject mapping publishes on the mapped subject; Decode returns the topic.
 func TestSubjectMapping(t *testing.T) {
 	t.Parallel()
-	_, js := connect(t, testenv.NATSURL())
+	_, js := connect(t, natsURL())
 	prefix := streamName("events")
 	s := createStream(t, js, jetstream.StreamConfig{Subjects: []string{prefix + ".>"}})
 	tr := newTransport(t, js, natstransport.Config{Subject: func(topic string) string { return prefix + "." + topic }})
@@ -117,7 +116,7 @@ func TestSubjectMapping(t *testing.T) {
 // New takes its limit from the server and refuses a larger one.
 func TestNewChecksMaxMessageSizeAgainstMaxPayload(t *testing.T) {
 	t.Parallel()
-	nc, js := connect(t, testenv.NATSURL())
+	nc, js := connect(t, natsURL())
 	tr := newTransport(t, js, natstransport.Config{})
 	assert.Equal(t, int(nc.MaxPayload())-512, tr.MaxMessageSize())
 	_, err := natstransport.New(js, natstransport.Config{MaxMessageSize: int(nc.MaxPayload())})

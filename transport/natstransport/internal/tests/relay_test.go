@@ -13,7 +13,6 @@ import (
 
 	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/inbox"
-	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/outboxtest/relaysuite"
 	"github.com/outboxkit/outbox/transport/natstransport"
@@ -56,10 +55,10 @@ type relayStreams struct {
 // nothing is given up within about a second, and a publish waits at most a second
 // for its acknowledgements.
 func (rs *relayStreams) transport(tb testing.TB, topic string, dial func(string) string) driver.Transport {
-	url, opts := testenv.NATSURL(), []nats.Option(nil)
+	url, opts := natsURL(), []nats.Option(nil)
 	cfg := natstransport.Config{PipelineKeys: rs.pipeline}
 	if dial != nil {
-		url = "nats://" + dial(hostPort(testenv.NATSURL()))
+		url = "nats://" + dial(hostPort(natsURL()))
 		opts = []nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(20 * time.Millisecond),
 			nats.PingInterval(500 * time.Millisecond), nats.MaxPingsOutstanding(2)}
 		cfg.AckTimeout = time.Second
@@ -68,7 +67,7 @@ func (rs *relayStreams) transport(tb testing.TB, topic string, dial func(string)
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	if rs.readers[topic] == nil {
-		_, direct := connect(tb, testenv.NATSURL())
+		_, direct := connect(tb, natsURL())
 		s := createStream(tb, direct, jetstream.StreamConfig{Subjects: []string{topic}})
 		rs.readers[topic] = newReader(tb, s, topic)
 		rs.streams[topic] = s
@@ -103,7 +102,7 @@ func (rs *relayStreams) source(tb testing.TB, topic string) inbox.Source {
 }
 
 func (rs *relayStreams) foreign(tb testing.TB, topic string) {
-	nc, _ := connect(tb, testenv.NATSURL())
+	nc, _ := connect(tb, natsURL())
 	require.NoError(tb, nc.Publish(topic, []byte("not from the outbox")))
 	require.NoError(tb, nc.Flush())
 }

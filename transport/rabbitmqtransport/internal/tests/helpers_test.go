@@ -21,6 +21,9 @@ import (
 	"github.com/outboxkit/outbox/transport/rabbitmqtransport"
 )
 
+// amqpURL is where the broker is (OUTBOX_TEST_AMQP_URL).
+func amqpURL() string { return testenv.AMQPURL() }
+
 var (
 	brokerOnce sync.Once
 	brokerErr  error
@@ -31,7 +34,7 @@ var (
 func needBroker(tb testing.TB) {
 	tb.Helper()
 	brokerOnce.Do(func() {
-		conn, err := amqp.DialConfig(testenv.AMQPURL(), amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
+		conn, err := amqp.DialConfig(amqpURL(), amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
 		if err == nil {
 			_ = conn.Close()
 		}
@@ -45,7 +48,7 @@ func needBroker(tb testing.TB) {
 // dialer dials the broker, through addr when it is not empty (a proxy's address).
 func dialer(addr string) rabbitmqtransport.Dialer {
 	return func(ctx context.Context) (*amqp.Connection, error) {
-		u, err := url.Parse(testenv.AMQPURL())
+		u, err := url.Parse(amqpURL())
 		if err != nil {
 			return nil, err
 		}
@@ -149,7 +152,7 @@ func envelope(t testing.TB, topic string, key, payload []byte) *driver.Envelope 
 // newProxy puts a TCP proxy in front of the broker, so a test can cut the connection.
 func newProxy(tb testing.TB) *netfault.Proxy {
 	tb.Helper()
-	u, err := url.Parse(testenv.AMQPURL())
+	u, err := url.Parse(amqpURL())
 	require.NoError(tb, err)
 	return netfault.New(tb, u.Host)
 }

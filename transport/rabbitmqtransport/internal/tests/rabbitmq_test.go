@@ -14,7 +14,6 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
-	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/transport/rabbitmqtransport"
 )
@@ -229,7 +228,7 @@ func TestClientRecoveryRefused(t *testing.T) {
 	t.Parallel()
 	needBroker(t)
 	tr, err := rabbitmqtransport.New(func(context.Context) (*amqp.Connection, error) {
-		return amqp.DialConfig(testenv.AMQPURL(), amqp.Config{Recovery: &amqp.Recovery{}})
+		return amqp.DialConfig(amqpURL(), amqp.Config{Recovery: &amqp.Recovery{}})
 	}, rabbitmqtransport.Config{})
 	require.NoError(t, err)
 	defer tr.Close()

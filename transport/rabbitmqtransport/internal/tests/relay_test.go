@@ -12,7 +12,6 @@ import (
 
 	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/inbox"
-	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/outboxtest/relaysuite"
 	"github.com/outboxkit/outbox/transport/rabbitmqtransport"
@@ -59,7 +58,7 @@ func (rt *relayTopics) transport(tb testing.TB, topic string, dial func(string) 
 	rt.mu.Unlock()
 	addr := ""
 	if dial != nil {
-		u, err := url.Parse(testenv.AMQPURL())
+		u, err := url.Parse(amqpURL())
 		require.NoError(tb, err)
 		addr = dial(u.Host)
 	}

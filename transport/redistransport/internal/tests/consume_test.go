@@ -15,7 +15,6 @@ import (
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/inbox"
-	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/store/memstore"
 	"github.com/outboxkit/outbox/transport/redistransport"
 )
@@ -25,7 +24,7 @@ import (
 // in stream order, and acknowledges every one.
 func TestConsumerHandsOutPendingEntriesFirst(t *testing.T) {
 	t.Parallel()
-	client := connect(t, testenv.RedisAddr())
+	client := connect(t, redisAddr())
 	stream := streamKey(t, client, "pending")
 	require.NoError(t, client.XGroupCreateMkStream(t.Context(), stream, "billing", "0").Err())
 	tr := newTransport(t, client, redistransport.Config{})
@@ -74,7 +73,7 @@ func TestConsumerHandsOutPendingEntriesFirst(t *testing.T) {
 
 func TestConsumerWithoutGroupIsMisconfigured(t *testing.T) {
 	t.Parallel()
-	client := connect(t, testenv.RedisAddr())
+	client := connect(t, redisAddr())
 	stream := streamKey(t, client, "nogroup")
 	require.NoError(t, client.XAdd(t.Context(), &redis.XAddArgs{Stream: stream, Values: []any{"a", "b"}}).Err())
 	store, err := memstore.New(memstore.Config{})

@@ -8,7 +8,6 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
-	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/transport/redistransport"
 )
@@ -27,7 +26,7 @@ func awkwardHeaders() []outbox.Header {
 // exactly, nil and empty values apart.
 func TestAwkwardHeadersRoundTripThroughTheServer(t *testing.T) {
 	t.Parallel()
-	client := connect(t, testenv.RedisAddr())
+	client := connect(t, redisAddr())
 	stream := streamKey(t, client, "headers")
 	tr := newTransport(t, client, redistransport.Config{})
 	env := envelope(t, outbox.Message{Topic: stream, Key: []byte("k"), Payload: []byte("p"), Headers: awkwardHeaders()})

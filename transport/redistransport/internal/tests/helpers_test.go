@@ -15,11 +15,14 @@ import (
 	"github.com/outboxkit/outbox/transport/redistransport"
 )
 
+// redisAddr is where the server is (OUTBOX_TEST_REDIS_ADDR).
+func redisAddr() string { return testenv.RedisAddr() }
+
 // unavailable fails the test under CI=true, where the server must be there, and
 // skips it otherwise.
 func unavailable(tb testing.TB, err error) {
 	tb.Helper()
-	testenv.Missing(tb, "Redis at "+testenv.RedisAddr(), "OUTBOX_TEST_REDIS_ADDR", err)
+	testenv.Missing(tb, "Redis at "+redisAddr(), "OUTBOX_TEST_REDIS_ADDR", err)
 }
 
 // connect returns a client of addr (the server's, or a proxy's), closed at cleanup.

@@ -12,7 +12,6 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
-	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/outboxtest/netfault"
 	"github.com/outboxkit/outbox/transport/redistransport"
@@ -22,7 +21,7 @@ import (
 // topics of the batch are appended.
 func TestWrongTypeIsPermanent(t *testing.T) {
 	t.Parallel()
-	client := connect(t, testenv.RedisAddr())
+	client := connect(t, redisAddr())
 	taken := streamKey(t, client, "string")
 	require.NoError(t, client.Set(t.Context(), taken, "not a stream", 0).Err())
 	good := streamKey(t, client, "good")
@@ -42,7 +41,7 @@ func TestWrongTypeIsPermanent(t *testing.T) {
 // dispatcher retries them after it.
 func TestFailureHoldsBackTheKeysLaterEntries(t *testing.T) {
 	t.Parallel()
-	client := connect(t, testenv.RedisAddr())
+	client := connect(t, redisAddr())
 	taken := streamKey(t, client, "string")
 	require.NoError(t, client.Set(t.Context(), taken, "not a stream", 0).Err())
 	good := streamKey(t, client, "good")
@@ -62,7 +61,7 @@ func TestFailureHoldsBackTheKeysLaterEntries(t *testing.T) {
 // reported failed, transient, saying why.
 func TestWaitReplicasUnmet(t *testing.T) {
 	t.Parallel()
-	client := connect(t, testenv.RedisAddr())
+	client := connect(t, redisAddr())
 	replicas, err := client.Info(t.Context(), "replication").Result()
 	require.NoError(t, err)
 	if !strings.Contains(replicas, "connected_slaves:0") {
@@ -82,7 +81,7 @@ func TestWaitReplicasUnmet(t *testing.T) {
 // MAXLEN ~ n keeps the stream near n entries.
 func TestMaxLenTrims(t *testing.T) {
 	t.Parallel()
-	client := connect(t, testenv.RedisAddr())
+	client := connect(t, redisAddr())
 	stream := streamKey(t, client, "trim")
 	tr := newTransport(t, client, redistransport.Config{MaxLen: 100})
 	for round := range 10 {
@@ -100,7 +99,7 @@ func TestMaxLenTrims(t *testing.T) {
 // A stream mapping appends to the mapped key; Decode returns the topic.
 func TestStreamMapping(t *testing.T) {
 	t.Parallel()
-	client := connect(t, testenv.RedisAddr())
+	client := connect(t, redisAddr())
 	prefix := streamKey(t, client, "events")
 	stream := prefix + ":order-placed"
 	t.Cleanup(func() { deleteKeys(client, stream) })
@@ -123,9 +122,9 @@ func TestStreamMapping(t *testing.T) {
 // messages later, and checks Ping); the retry once the proxy heals appends them once.
 func TestCallDuringACutAppendsNothing(t *testing.T) {
 	t.Parallel()
-	direct := connect(t, testenv.RedisAddr())
+	direct := connect(t, redisAddr())
 	stream := streamKey(t, direct, "outage")
-	p := netfault.New(t, testenv.RedisAddr())
+	p := netfault.New(t, redisAddr())
 	tr := newTransport(t, connect(t, p.Addr()), redistransport.Config{})
 	batch := func() []*driver.Envelope {
 		out := make([]*driver.Envelope, 10)

@@ -13,7 +13,6 @@ import (
 
 	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/inbox"
-	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/outboxtest/relaysuite"
 	"github.com/outboxkit/outbox/transport/redistransport"
@@ -50,16 +49,16 @@ type relayStreams struct {
 func (rs *relayStreams) transport(tb testing.TB, topic string, dial func(string) string) driver.Transport {
 	var client *redis.Client
 	if dial == nil {
-		client = connect(tb, testenv.RedisAddr())
+		client = connect(tb, redisAddr())
 	} else {
-		client = connect(tb, dial(testenv.RedisAddr()), func(o *redis.Options) {
+		client = connect(tb, dial(redisAddr()), func(o *redis.Options) {
 			o.ReadTimeout, o.WriteTimeout = time.Second, time.Second
 		})
 	}
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	if rs.readers[topic] == nil {
-		direct := connect(tb, testenv.RedisAddr())
+		direct := connect(tb, redisAddr())
 		tb.Cleanup(func() { deleteKeys(direct, topic) })
 		rs.readers[topic] = newReader(direct, topic)
 	}
@@ -80,7 +79,7 @@ func (rs *relayStreams) read(tb testing.TB, topic string, n int) []outboxtest.Re
 // source reads topic as the consumer "billing-1" of a group "billing" made at the
 // stream's start (by the first call).
 func (rs *relayStreams) source(tb testing.TB, topic string) inbox.Source {
-	client := connect(tb, testenv.RedisAddr())
+	client := connect(tb, redisAddr())
 	if err := client.XGroupCreateMkStream(context.Background(), topic, "billing", "0").Err(); err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
 		require.NoError(tb, err)
 	}
@@ -90,12 +89,12 @@ func (rs *relayStreams) source(tb testing.TB, topic string) inbox.Source {
 }
 
 func (rs *relayStreams) foreign(tb testing.TB, topic string) {
-	client := connect(tb, testenv.RedisAddr())
+	client := connect(tb, redisAddr())
 	require.NoError(tb, client.XAdd(context.Background(), &redis.XAddArgs{Stream: topic, Values: []any{"payload", "not from the outbox"}}).Err())
 }
 
 func (rs *relayStreams) settled(tb testing.TB, topic string) {
-	client := connect(tb, testenv.RedisAddr())
+	client := connect(tb, redisAddr())
 	pending, err := client.XPending(context.Background(), topic, "billing").Result()
 	require.NoError(tb, err)
 	assert.Zero(tb, pending.Count, "every entry acknowledged")

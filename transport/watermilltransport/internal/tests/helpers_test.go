@@ -23,6 +23,9 @@ import (
 	"github.com/outboxkit/outbox/transport/watermilltransport"
 )
 
+// amqpURL is where the broker is (OUTBOX_TEST_AMQP_URL).
+func amqpURL() string { return testenv.AMQPURL() }
+
 var (
 	brokerOnce sync.Once
 	brokerErr  error
@@ -33,7 +36,7 @@ var (
 func needBroker(tb testing.TB) {
 	tb.Helper()
 	brokerOnce.Do(func() {
-		conn, err := amqp.DialConfig(testenv.AMQPURL(), amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
+		conn, err := amqp.DialConfig(amqpURL(), amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
 		if err == nil {
 			_ = conn.Close()
 		}
@@ -46,7 +49,7 @@ func needBroker(tb testing.TB) {
 
 // urlVia returns the broker URL, through addr when it is not empty (a proxy).
 func urlVia(tb testing.TB, addr string) string {
-	u, err := url.Parse(testenv.AMQPURL())
+	u, err := url.Parse(amqpURL())
 	require.NoError(tb, err)
 	if addr != "" {
 		u.Host = addr
@@ -100,7 +103,7 @@ type admin struct {
 func newAdmin(tb testing.TB) *admin {
 	tb.Helper()
 	needBroker(tb)
-	conn, err := amqp.DialConfig(testenv.AMQPURL(), amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
+	conn, err := amqp.DialConfig(amqpURL(), amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
 	require.NoError(tb, err)
 	tb.Cleanup(func() { _ = conn.Close() })
 	ch, err := conn.Channel()

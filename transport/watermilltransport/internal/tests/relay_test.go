@@ -8,7 +8,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox/driver"
-	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/outboxtest/relaysuite"
 	"github.com/outboxkit/outbox/transport/watermilltransport"
@@ -48,7 +47,7 @@ type relayQueues struct {
 func (rq *relayQueues) transport(tb testing.TB, topic string, dial func(string) string) driver.Transport {
 	addr := ""
 	if dial != nil {
-		u, err := url.Parse(testenv.AMQPURL())
+		u, err := url.Parse(amqpURL())
 		require.NoError(tb, err)
 		addr = dial(u.Host)
 	}
