@@ -87,8 +87,9 @@ type Harness struct {
 	// without applying.
 	Foreign func(tb testing.TB, topic string)
 	// Settled, optional, fails tb unless the broker holds nothing unacknowledged (or
-	// uncommitted) for the consumer of the source Source made for topic, once that
-	// consumer stopped.
+	// uncommitted) for the consumer of the sources Source made for topic, once its
+	// last one stopped: foreign messages (Foreign) the broker keeps for a redrive
+	// policy aside.
 	Settled func(tb testing.TB, topic string)
 	// Features says what the transport can do.
 	Features Features
