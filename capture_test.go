@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
@@ -223,4 +224,33 @@ func TestTransactTakesWhatAScopeHolds(t *testing.T) {
 	require.Error(t, st.Transact(ctx, func(context.Context) error { return errors.New("rolled back") }))
 	require.Equal(t, 2, pending(t, st), "a rolled-back unit takes them with it")
 	require.Zero(t, scope.Release())
+}
+
+// Capture keeps a Message.ID the application set and gives a zero one a UUIDv7 of
+// its own; it stores the message's headers as they are, adding no idempotency key
+// (the transports stamp it at publish, and Config.OmitIdempotencyKey is theirs).
+func TestSendKeepsTheCallersIDAndAddsNoHeaders(t *testing.T) {
+	t.Parallel()
+	st := newStore(t, memstore.Config{BucketCount: 1})
+	send := newSender(t, st, outbox.SenderConfig{})
+	ctx := context.Background()
+	chosen := uuid.MustParse("6f1c2a4e-3b9d-4c1e-9a7f-2d5e8b0c4a11") // a v4: not what capture draws
+	require.NoError(t, st.Transact(ctx, func(ctx context.Context) error {
+		if err := send.Send(ctx, outbox.Message{ID: chosen, Topic: "t", Key: []byte("k"), Payload: []byte("chosen")}); err != nil {
+			return err
+		}
+		return send.Send(ctx, outbox.Message{Topic: "t", Payload: []byte("drawn"), Headers: []outbox.Header{{Key: "a", Value: []byte("1")}}})
+	}))
+	batch, err := st.Driver().Fetch(ctx, 0, 10)
+	require.NoError(t, err)
+	require.Len(t, batch.Envelopes, 2)
+	byPayload := map[string]*driver.Envelope{}
+	for _, env := range batch.Envelopes {
+		byPayload[string(env.Payload)] = env
+	}
+	require.Equal(t, chosen, byPayload["chosen"].ID, "the caller's ID")
+	require.Empty(t, byPayload["chosen"].Headers)
+	drawn := byPayload["drawn"]
+	require.EqualValues(t, 7, drawn.ID.Version(), "a zero ID gets a UUIDv7")
+	require.Equal(t, []outbox.Header{{Key: "a", Value: []byte("1")}}, drawn.Headers, "no idempotency key, nor any other header, is added")
 }

@@ -32,7 +32,8 @@ type KeyOrderKeeper interface {
 // reach their broker. A relay whose publishes keep failing asks it whether the
 // broker or the messages are at fault: a relay that cannot reach its broker for
 // longer than a lease hands its buckets to peers that can, and parks nothing for
-// attempts it made while cut off. Ping returns nil when the broker answers.
+// attempts it made while cut off. Ping returns nil when the broker answers, and
+// ctx's error once ctx has ended.
 type Pinger interface {
 	Ping(ctx context.Context) error
 }

@@ -660,6 +660,7 @@ func TestConsumerConfigValidate(t *testing.T) {
 		require.ErrorContains(t, err, field)
 		_, err = inbox.NewConsumer(newSource(), newInbox(t), func(context.Context, *inbox.Delivery) error { return nil }, cfg)
 		require.ErrorIs(t, err, outbox.ErrMisconfigured, field)
+		require.ErrorContains(t, err, field)
 	}
 	require.NoError(t, inbox.ConsumerConfig{}.Validate())
 

@@ -3,7 +3,8 @@
 // fault-injecting wrappers. Third-party stores and transports run the same suites.
 //
 // A store passes [RunStoreTests] with a [StoreHarness]; a transport passes
-// [RunTransportTests] with a [TransportHarness]. [Recorder] is a transport that keeps
+// [RunTransportTests] with a [TransportHarness], which package relaysuite's Run also
+// runs from its own harness. [Recorder] is a transport that keeps
 // what it was asked to publish, for assertions and for benchmarks; [FaultTransport]
 // wraps any transport and injects errors, latency and outages.
 //

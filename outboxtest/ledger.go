@@ -3,6 +3,9 @@ package outboxtest
 import (
 	"context"
 	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox/inbox"
 	"github.com/outboxkit/outbox/store/memstore"
@@ -55,4 +58,16 @@ func (l *Ledger) Snapshot() (applied map[string]int, order map[string][]string) 
 		order[k] = append([]string(nil), v...)
 	}
 	return applied, order
+}
+
+// RequireOnce fails tb unless n messages were applied, each once, and returns the
+// payloads applied per key, in order.
+func (l *Ledger) RequireOnce(tb testing.TB, n int) (order map[string][]string) {
+	tb.Helper()
+	applied, order := l.Snapshot()
+	require.Len(tb, applied, n, "messages applied")
+	for id, times := range applied {
+		require.Equal(tb, 1, times, "message %s applied once", id)
+	}
+	return order
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -137,4 +138,92 @@ func (a *applied) run(t *testing.T, src inbox.Source) (stop func()) {
 	require.NoError(t, err)
 	run := outboxtest.RunConsumer(t, c)
 	return func() { require.NoError(t, run(), "Run returns nil once its ctx ends") }
+}
+
+// consumeStopsGracefully stops a consumer while a delivery is in its handler: Run
+// waits for it, starts no other delivery, and returns nil once what was in progress
+// was applied and acknowledged. A consumer on a fresh source for the same consumer
+// (a restart) then gets exactly what the first did not apply, and a message
+// published since: nothing the first acknowledged comes again, and the broker holds
+// nothing unacknowledged once it stopped (Harness.Settled).
+func (s suite) consumeStopsGracefully(t *testing.T) {
+	if s.h.Source == nil {
+		t.Skip("the harness has no Source")
+	}
+	topic := topicName("consume-stop")
+	tr := s.h.New(t, topic, nil)
+	src := s.h.Source(t, topic)
+	// One key: a lane, where the broker has lanes.
+	var envs []*driver.Envelope
+	for i := range 3 {
+		envs = append(envs, envelope(t, outbox.Message{Topic: topic, Key: []byte("k"), Payload: fmt.Appendf(nil, "%d", i)}))
+	}
+	require.NoError(t, publish(tr, envs...))
+
+	st, err := memstore.New(memstore.Config{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = st.Close() })
+	in, err := inbox.New(st, inbox.Config{Consumer: "billing", Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	first := outboxtest.NewLedger()
+	entered, release := make(chan struct{}), make(chan struct{})
+	var enter sync.Once
+	var started atomic.Int64
+	c, err := inbox.NewConsumer(src, in, func(ctx context.Context, d *inbox.Delivery) error {
+		started.Add(1)
+		enter.Do(func() { close(entered) })
+		<-release
+		return first.Apply(ctx, d)
+	}, inbox.ConsumerConfig{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	select {
+	case <-entered:
+	case <-time.After(within):
+		close(release)
+		t.Fatalf("no delivery reached the handler within %s", within)
+	}
+	cancel() // stop while a delivery is in its handler
+	select {
+	case err := <-done:
+		close(release)
+		t.Fatalf("Run returned (%v) while a delivery was in its handler", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	select {
+	case err := <-done:
+		require.NoError(t, err, "Run returns nil once its ctx ends")
+	case <-time.After(callTimeout):
+		t.Fatalf("Run did not return within %s of the delivery in progress finishing", callTimeout)
+	}
+	first.RequireOnce(t, int(started.Load()))
+	took, _ := first.Snapshot()
+	if s.h.Features.Ordered {
+		require.Equal(t, map[string]int{envs[0].ID.String(): 1}, took, "the key's first message was applied and no further delivery started")
+	}
+
+	// The restart: what the first consumer did not apply, then a message published
+	// since (so the second consumer has something to wait for, which comes after
+	// whatever an unacknowledged delivery left with the broker).
+	tail := envelope(t, outbox.Message{Topic: topic, Key: []byte("k"), Payload: []byte("tail")})
+	want := map[string]int{tail.ID.String(): 1}
+	for _, env := range envs {
+		if took[env.ID.String()] == 0 {
+			want[env.ID.String()] = 1
+		}
+	}
+	second := &applied{Ledger: outboxtest.NewLedger()}
+	stopSecond := second.run(t, s.h.Source(t, topic))
+	require.NoError(t, publish(tr, tail))
+	waitFor(t, "the restarted consumer to apply what the first did not", func() bool { return second.Len() >= len(want) })
+	stopSecond()
+	got, _ := second.Snapshot()
+	require.Equal(t, want, got, "the restarted consumer gets exactly what the first did not apply: nothing the first acknowledged comes again")
+	if s.h.Settled != nil {
+		s.h.Settled(t, topic)
+	}
 }

@@ -75,17 +75,21 @@ type Harness struct {
 	Store func(tb testing.TB, bucketCount int) outboxtest.Store
 	// Source, optional, returns a source that receives what arrives on topic from
 	// its start, under a consumer (group, durable consumer, queue) of its own: the
-	// transport's NewSource on a client of the harness's. It is called once per
-	// topic, after New made the topic and before anything is published to it. Without
-	// it the Consume subtest is skipped.
+	// transport's NewSource on a client of the harness's. It is first called after New
+	// made the topic and before anything is published to it. It may be called again
+	// for the topic once the consumer of the last source it returned stopped: the new
+	// source is that same consumer's (as after a restart), receives what the earlier
+	// one left unacknowledged, and the harness may let go of the earlier one's client.
+	// Without it the Consume subtests are skipped.
 	Source func(tb testing.TB, topic string) inbox.Source
 	// Foreign, optional, writes to topic a message the outbox did not write (no
 	// message ID, no inbox key), which the Consume subtest's consumer must settle
 	// without applying.
 	Foreign func(tb testing.TB, topic string)
 	// Settled, optional, fails tb unless the broker holds nothing unacknowledged (or
-	// uncommitted) for the consumer of the source Source made for topic, once that
-	// consumer stopped.
+	// uncommitted) for the consumer of the sources Source made for topic, once its
+	// last one stopped: foreign messages (Foreign) the broker keeps for a redrive
+	// policy aside.
 	Settled func(tb testing.TB, topic string)
 	// Features says what the transport can do.
 	Features Features
@@ -134,6 +138,20 @@ type Features struct {
 	SizeLimiter bool
 	// PublishTimeouter declares a [driver.PublishTimeouter].
 	PublishTimeouter bool
+
+	// IdempotencyKey reports that the transport stamps an
+	// [outbox.HeaderIdempotencyKey] header equal to the message ID on every message
+	// the application gave none (the default of every transport of this
+	// repository). The suite then requires it on every delivery.
+	IdempotencyKey bool
+	// HeadersAtLimit is how many application headers of a few bytes a message of
+	// the transport's MaxMessageSize may carry and still be published: the framing
+	// its limit always leaves room for (28 on Kafka, 32 on SQS). The SizeLimit
+	// subtests publish a message at the limit with a key and that many headers.
+	HeadersAtLimit int
+	// EmptyIsNil reports that the broker cannot tell an empty key or payload from a
+	// nil one, as [outboxtest.TransportHarness] EmptyIsNil does.
+	EmptyIsNil bool
 }
 
 // Run runs the relay suite against the transport h makes:
@@ -141,10 +159,17 @@ type Features struct {
 //   - Capabilities: the transport implements the optional interfaces
 //     Features declares (Pinger, KeepsKeyOrder, SizeLimiter, PublishTimeouter), and
 //     no other.
+//   - Transport: the conformance suite of package outboxtest
+//     ([outboxtest.RunTransportTests]) on the transports New makes: bytes pass
+//     through unchanged, an empty batch, a large batch in one call, a per-message
+//     failure (Features.SizeLimiter), a key's order where nothing fails
+//     (Features.Ordered or KeepsKeyOrder, whose relay hands a key's messages over in
+//     order in one call), a cancelled context.
 //   - RelaysEveryMessage: a backlog written in units of work through the store is
 //     relayed by a worker (Relay.Run) and every message arrives once acknowledged:
-//     ID, key, payload and headers intact, per-key order kept (Features.Ordered),
-//     nothing parked, each message acknowledged once.
+//     ID, key, payload and headers intact (the idempotency key stamped, with
+//     Features.IdempotencyKey), per-key order kept (Features.Ordered), nothing
+//     parked, each message acknowledged once.
 //   - Redelivery: publishes fail before anything is sent, fail for one key's
 //     messages, or reach the broker and lose their acknowledgement; every message
 //     is published again until acknowledged, nothing is lost, nothing parked, and
@@ -158,16 +183,34 @@ type Features struct {
 //     black-holes the open connections. Messages written before, during and after
 //     all arrive, nothing is parked, key order holds. CutOffParksNothing
 //     (Features.Pinger): a cut that outlasts a message's attempts and a lease parks
-//     nothing, and a relay started once the proxy heals delivers everything.
-//   - Consume (Harness.Source): keyed messages, a copy of one and a message the
-//     outbox did not write are consumed through the transport's source by an
-//     [inbox.Consumer] whose handler refuses one message twice: each message is
-//     applied once, in its key's order (Features.Ordered), the copy is a duplicate
-//     (unless the broker deduplicates), and nothing is left unacknowledged.
+//     nothing, and a relay started once the proxy heals delivers everything. Call:
+//     one Publish call during a cut fails, transiently, claiming nothing sent, and
+//     Ping fails (Features.Pinger); once the proxy heals Ping answers, the retry
+//     and the next call succeed, and every message is on the broker once.
 //   - CutOffRelayHandsOver (Features.Proxy and Features.Pinger): of two relays on
 //     one store, the one whose broker connection is cut hands its buckets to the
 //     other, which delivers everything; nothing is parked; the first takes its share
 //     back once the proxy heals.
+//   - PingHonoursContext (Features.Pinger): a Ping with an ended context returns
+//     the context's error.
+//   - SizeLimit (Features.SizeLimiter, with a positive limit): AtTheLimit, a message
+//     whose Size is exactly the limit arrives intact, whatever its shape (binary or
+//     text payload, a key and Features.HeadersAtLimit headers), and one byte more
+//     fails alone, permanently, with [outbox.ErrTooLarge], the rest of its batch
+//     delivered; HoldsBackItsKey (Features.KeepsKeyOrder), the refused message's
+//     later messages of its key fail transiently and the others go;
+//     Capture, wired through outbox.SenderConfig.Transport, capture refuses a message
+//     over the limit before writing it, takes one at the limit, which is relayed and
+//     delivered, and without the wiring the relay parks an oversized one at once.
+//   - Consume (Harness.Source): EachOnce, keyed messages, a copy of one and a
+//     message the outbox did not write are consumed through the transport's source
+//     by an [inbox.Consumer] whose handler refuses one message twice: each message
+//     is applied once, in its key's order (Features.Ordered), the copy is a
+//     duplicate (unless the broker deduplicates), and nothing is left
+//     unacknowledged (Harness.Settled). StopsGracefully, a consumer stopped while a
+//     delivery is in its handler waits for it, starts no other, and returns nil
+//     once it is acknowledged; a consumer on a fresh source then gets exactly what
+//     the first did not apply.
 //
 // Messages whose attempts an outage spent park on their next failure once the
 // broker answers again, so the outage subtests other than CutOffParksNothing allow a
@@ -181,36 +224,39 @@ func Run(t *testing.T, h Harness) {
 	require.NotNil(t, h.New, "Harness.New is required")
 	require.NotNil(t, h.Read, "Harness.Read is required")
 	s := suite{h: h}
-	t.Run("Capabilities", func(t *testing.T) {
-		t.Parallel()
-		s.capabilities(t)
-	})
-	t.Run("RelaysEveryMessage", func(t *testing.T) {
-		t.Parallel()
-		s.relaysEveryMessage(t)
-	})
-	t.Run("Redelivery", func(t *testing.T) {
-		t.Parallel()
-		group(t, map[string]func(*testing.T){
-			"KeysTogether":     func(t *testing.T) { s.redelivery(t, true) },
-			"OneMessagePerKey": func(t *testing.T) { s.redelivery(t, false) },
-		})
-	})
-	t.Run("Outage", func(t *testing.T) {
-		t.Parallel()
-		group(t, map[string]func(*testing.T){
-			"Cut":                func(t *testing.T) { s.outage(t, false) },
-			"Blackhole":          func(t *testing.T) { s.outage(t, true) },
-			"CutOffParksNothing": s.cutOffParksNothing,
-		})
-	})
-	t.Run("CutOffRelayHandsOver", func(t *testing.T) {
-		t.Parallel()
-		s.cutOffRelayHandsOver(t)
-	})
-	t.Run("Consume", func(t *testing.T) {
-		t.Parallel()
-		s.consume(t)
+	group(t, map[string]func(*testing.T){
+		"Capabilities":       s.capabilities,
+		"Transport":          s.transport,
+		"RelaysEveryMessage": s.relaysEveryMessage,
+		"Redelivery": func(t *testing.T) {
+			group(t, map[string]func(*testing.T){
+				"KeysTogether":     func(t *testing.T) { s.redelivery(t, true) },
+				"OneMessagePerKey": func(t *testing.T) { s.redelivery(t, false) },
+			})
+		},
+		"Outage": func(t *testing.T) {
+			group(t, map[string]func(*testing.T){
+				"Cut":                func(t *testing.T) { s.outage(t, false) },
+				"Blackhole":          func(t *testing.T) { s.outage(t, true) },
+				"CutOffParksNothing": s.cutOffParksNothing,
+				"Call":               s.outageCall,
+			})
+		},
+		"CutOffRelayHandsOver": s.cutOffRelayHandsOver,
+		"PingHonoursContext":   s.pingHonoursContext,
+		"SizeLimit": func(t *testing.T) {
+			group(t, map[string]func(*testing.T){
+				"AtTheLimit":      s.atTheLimit,
+				"HoldsBackItsKey": s.holdsBackItsKey,
+				"Capture":         s.captureRefuses,
+			})
+		},
+		"Consume": func(t *testing.T) {
+			group(t, map[string]func(*testing.T){
+				"EachOnce":        s.consume,
+				"StopsGracefully": s.consumeStopsGracefully,
+			})
+		},
 	})
 }
 

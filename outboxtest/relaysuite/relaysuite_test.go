@@ -252,11 +252,57 @@ type pingingKeeper struct{ *wire }
 
 func (pingingKeeper) KeepsKeyOrder() bool { return true }
 
-func keeper(tr driver.Transport) driver.Transport {
-	if w, ok := tr.(*wire); ok {
-		return pingingKeeper{w}
+// sizeLimit is the limit of the suite's own transport over TCP.
+const sizeLimit = 64 << 10
+
+// limitedKeeper is the transport over TCP as a key-order keeper with a size limit:
+// it refuses a message over the limit before sending it, permanently, and (unless
+// it is broken) fails its key's later messages in the call, as a key-order keeper
+// must.
+type limitedKeeper struct {
+	pingingKeeper
+	holdsNothingBack bool
+}
+
+func (limitedKeeper) MaxMessageSize() int { return sizeLimit }
+
+func (l limitedKeeper) Publish(ctx context.Context, batch []*driver.Envelope) error {
+	var send []*driver.Envelope
+	pe := &driver.PublishError{}
+	refused := map[string]bool{}
+	for _, env := range batch {
+		switch {
+		case env.Size() > sizeLimit:
+			pe.Failed = append(pe.Failed, driver.MessageError{ID: env.ID, Err: driver.Permanent(fmt.Errorf("%w: %d bytes", outbox.ErrTooLarge, env.Size()))})
+			if env.Key != nil && !l.holdsNothingBack {
+				refused[string(env.Key)] = true
+			}
+		case env.Key != nil && refused[string(env.Key)]:
+			pe.Failed = append(pe.Failed, driver.MessageError{ID: env.ID, Err: errors.New("held back behind a refused message of its key")})
+		default:
+			send = append(send, env)
+		}
 	}
-	return keepsOrder{tr}
+	if len(send) > 0 {
+		if err := l.pingingKeeper.Publish(ctx, send); err != nil {
+			return err
+		}
+	}
+	if len(pe.Failed) == 0 {
+		return nil
+	}
+	return pe
+}
+
+// limited is a harness over TCP whose transport is a limitedKeeper.
+func limited(readWait time.Duration, holdsNothingBack bool) relaysuite.Harness {
+	h := harness(newRecorders(readWait), true, func(tr driver.Transport) driver.Transport {
+		return limitedKeeper{pingingKeeper{tr.(*wire)}, holdsNothingBack}
+	})
+	h.Features.KeepsKeyOrder = true
+	h.Features.SizeLimiter = true
+	h.Features.HeadersAtLimit = 28
+	return h
 }
 
 func TestRecorderInProcess(t *testing.T) {
@@ -264,9 +310,7 @@ func TestRecorderInProcess(t *testing.T) {
 }
 
 func TestRecorderOverTCP(t *testing.T) {
-	h := harness(newRecorders(30*time.Second), true, keeper)
-	h.Features.KeepsKeyOrder = true
-	relaysuite.Run(t, h)
+	relaysuite.Run(t, limited(30*time.Second, false))
 }
 
 func BenchmarkRecorder(b *testing.B) {
@@ -331,6 +375,9 @@ var broken = map[string]struct {
 		h := harness(newRecorders(10*time.Second), true, nil)
 		h.Features.Pinger = false
 		return h
+	}},
+	"HoldsNothingBack": {"SizeLimit/HoldsBackItsKey", "the refused message and its key's later one", func() relaysuite.Harness {
+		return limited(10*time.Second, true)
 	}},
 	"BypassesTheProxy": {"Outage/Cut", "never dialled through the proxy", func() relaysuite.Harness {
 		h := harness(newRecorders(10*time.Second), true, nil)

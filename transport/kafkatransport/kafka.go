@@ -388,10 +388,13 @@ func cutOff(err error) bool {
 
 // Ping implements [driver.Pinger]: it asks the cluster for its metadata, which
 // succeeds when any broker answers. After [Transport.Close] it returns an error
-// wrapping [outbox.ErrClosed].
+// wrapping [outbox.ErrClosed], and once ctx has ended ctx's error.
 func (t *Transport) Ping(ctx context.Context) error {
 	if t.isClosed() {
 		return errClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return err
 	}
 	if err := t.client.Ping(ctx); err != nil {
 		return fmt.Errorf("kafkatransport: no broker answers: %w", err)

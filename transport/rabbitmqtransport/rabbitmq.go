@@ -296,8 +296,11 @@ func (t *Transport) abandon(pc *pubChannel) {
 // Ping implements [driver.Pinger]: it dials if the transport has no connection, and
 // asks the broker for the amq.direct exchange every virtual host has (a passive
 // declare: one round trip, nothing published). It returns nil when the broker
-// answers.
+// answers, and ctx's error once ctx has ended.
 func (t *Transport) Ping(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	pc, err := t.acquire(ctx)
 	if err != nil {
 		return err

@@ -116,7 +116,11 @@ func (t *Transport) MaxMessageSize() int { return t.cfg.MaxMessageSize }
 func (t *Transport) KeepsKeyOrder() bool { return !t.cfg.PartialFailures }
 
 // Ping implements [driver.Pinger] with [Config.Ping]; without one it reports nil.
+// Once ctx has ended it returns ctx's error, whatever Config.Ping would say.
 func (t *Transport) Ping(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	if t.cfg.Ping == nil {
 		return nil
 	}

@@ -115,12 +115,7 @@ func TestConsumerAppliesEachRecordOnceInPartitionOrder(t *testing.T) {
 	require.Eventually(t, func() bool { return processed.Load() >= n }, time.Minute, 10*time.Millisecond)
 	require.NoError(t, stop())
 
-	applied, order := l.Snapshot()
-	require.Len(t, applied, n)
-	for id, times := range applied {
-		require.Equal(t, 1, times, "message %s", id)
-	}
-	require.Equal(t, sent, order, "each key's records were applied in publish order")
+	require.Equal(t, sent, l.RequireOnce(t, n), "each key's records were applied in publish order")
 
 	// Every offset was committed: the group's offsets sum to the records.
 	var total int64
@@ -144,77 +139,12 @@ func TestConsumerAppliesEachRecordOnceInPartitionOrder(t *testing.T) {
 	require.Eventually(t, func() bool { return dups.Load() >= n }, time.Minute, 10*time.Millisecond)
 	require.NoError(t, stop())
 	require.Zero(t, ran.Load())
-	applied, _ = l.Snapshot()
-	require.Len(t, applied, n)
-}
-
-func TestConsumerStopsGracefully(t *testing.T) {
-	const topic = "consume-stop"
-	c := newCluster(t, 1, topic)
-	publishKeyed(t, c, topic, 3, 1)
-	store, err := memstore.New(memstore.Config{})
-	require.NoError(t, err)
-	defer store.Close()
-	in, err := inbox.New(store, inbox.Config{Consumer: "billing"})
-	require.NoError(t, err)
-	l := outboxtest.NewLedger()
-	entered, release := make(chan struct{}), make(chan struct{})
-	var calls atomic.Int64
-	cs := newInboxConsumer(t, groupClient(t, c, "g", topic, kgo.BlockRebalanceOnPoll()), in, func(ctx context.Context, d *inbox.Delivery) error {
-		if calls.Add(1) == 1 {
-			close(entered)
-			<-release
-		}
-		return l.Apply(ctx, d)
-	}, inbox.ConsumerConfig{})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- cs.Run(ctx) }()
-	<-entered
-	cancel() // stop while the first record is in its handler
-	select {
-	case err := <-done:
-		t.Fatalf("Run returned (%v) while a record was in progress", err)
-	case <-time.After(100 * time.Millisecond):
-	}
-	close(release)
-	require.NoError(t, <-done)
-	applied, _ := l.Snapshot()
-	require.Len(t, applied, 1, "the record in progress finished; no further record was started")
-	require.Equal(t, map[int32]int64{0: 1}, committed(t, c, "g", topic, 1), "its offset was committed before Run returned")
-}
-
-func TestConsumerSkipsRecordWithoutKey(t *testing.T) {
-	const topic = "consume-nokey"
-	c := newCluster(t, 1, topic)
-	cl := newClient(t, c)
-	require.NoError(t, cl.ProduceSync(context.Background(), &kgo.Record{Topic: topic, Value: []byte("foreign")}).FirstErr())
-	publishKeyed(t, c, topic, 1, 1)
-	store, err := memstore.New(memstore.Config{})
-	require.NoError(t, err)
-	defer store.Close()
-	in, err := inbox.New(store, inbox.Config{Consumer: "billing"})
-	require.NoError(t, err)
-	var processed atomic.Int64
-	cs := newInboxConsumer(t, groupClient(t, c, "g", topic), in, func(context.Context, *inbox.Delivery) error { return nil },
-		inbox.ConsumerConfig{Processed: func(*inbox.Delivery, inbox.Result) { processed.Add(1) }})
-	stop := outboxtest.RunConsumer(t, cs)
-	require.Eventually(t, func() bool { return processed.Load() == 1 }, time.Minute, 10*time.Millisecond)
-	require.Eventually(t, func() bool { return committed(t, c, "g", topic, 1)[0] == 2 }, time.Minute, 10*time.Millisecond,
-		"the record without a key is skipped and committed past")
-	require.NoError(t, stop())
+	l.RequireOnce(t, n)
 }
 
 func TestNewSourceRefusesMisconfiguredClient(t *testing.T) {
 	c := newCluster(t, 1, "t")
-	store, err := memstore.New(memstore.Config{})
-	require.NoError(t, err)
-	defer store.Close()
-	in, err := inbox.New(store, inbox.Config{Consumer: "billing"})
-	require.NoError(t, err)
-	h := func(context.Context, *inbox.Delivery) error { return nil }
-
-	_, err = kafkatransport.NewSource(newClient(t, c, kgo.ConsumeTopics("t")), kafkatransport.SourceConfig{})
+	_, err := kafkatransport.NewSource(newClient(t, c, kgo.ConsumeTopics("t")), kafkatransport.SourceConfig{})
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
 	require.ErrorContains(t, err, "kgo.ConsumerGroup")
 	_, err = kafkatransport.NewSource(newClient(t, c, kgo.ConsumerGroup("g"), kgo.ConsumeTopics("t")), kafkatransport.SourceConfig{})
@@ -226,11 +156,6 @@ func TestNewSourceRefusesMisconfiguredClient(t *testing.T) {
 	_, err = kafkatransport.NewSource(ok, kafkatransport.SourceConfig{MaxPollRecords: -1})
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
 	require.ErrorContains(t, err, "SourceConfig.MaxPollRecords")
-	src, err := kafkatransport.NewSource(ok, kafkatransport.SourceConfig{})
+	_, err = kafkatransport.NewSource(ok, kafkatransport.SourceConfig{})
 	require.NoError(t, err)
-	_, err = inbox.NewConsumer(src, nil, h, inbox.ConsumerConfig{})
-	require.ErrorIs(t, err, outbox.ErrMisconfigured)
-	_, err = inbox.NewConsumer(src, in, h, inbox.ConsumerConfig{StopTimeout: -1})
-	require.ErrorIs(t, err, outbox.ErrMisconfigured)
-	require.ErrorContains(t, err, "ConsumerConfig.StopTimeout")
 }

@@ -191,28 +191,8 @@ func TestPartitionerHonoursExplicitPartitions(t *testing.T) {
 	}
 }
 
-func TestMessageOverTheLimitFailsPermanentlyAlone(t *testing.T) {
-	t.Parallel()
-	c := newCluster(t, 1, "sized")
-	tr := newTransport(t, c, kafkatransport.Config{MaxMessageSize: 4096})
-	small := envelope(t, outbox.Message{Topic: "sized", Key: []byte("k"), Payload: make([]byte, 1000)})
-	big := envelope(t, outbox.Message{Topic: "sized", Key: []byte("k"), Payload: make([]byte, 5000)})
-	after := envelope(t, outbox.Message{Topic: "sized", Key: []byte("other"), Payload: []byte("x")})
-
-	err := tr.Publish(context.Background(), []*driver.Envelope{small, big, after})
-	var pe *driver.PublishError
-	require.ErrorAs(t, err, &pe)
-	require.Len(t, pe.Failed, 1)
-	assert.Equal(t, big.ID, pe.Failed[0].ID)
-	assert.True(t, driver.IsPermanent(pe.Failed[0].Err))
-	assert.ErrorIs(t, pe.Failed[0].Err, outbox.ErrTooLarge)
-
-	got := decodeAll(t, newConsumer(t, c, "sized").readAll(t, 2))
-	require.Len(t, got, 2)
-	assert.Equal(t, small.ID, got[0].ID)
-	assert.Equal(t, after.ID, got[1].ID)
-}
-
+// The relay suite's SizeLimit/HoldsBackItsKey checks what a refused message's key
+// reports; this checks that Kafka does not send the held-back record at all.
 func TestRefusedMessageHoldsBackItsKey(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t, 1, "held")

@@ -7,7 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -21,14 +23,18 @@ import (
 
 // relayHarness runs the transport under the relay suite.
 func relayHarness() relaysuite.Harness {
-	rc := &relayClusters{clusters: map[string]*kfake.Cluster{}, consumers: map[string]*consumer{}}
+	rc := &relayClusters{clusters: map[string]*kfake.Cluster{}, consumers: map[string]*consumer{}, groups: map[string]*kgo.Client{}}
 	return relaysuite.Harness{
-		New:      rc.transport,
-		Read:     rc.read,
-		Raw:      rawProduce,
-		Source:   rc.source,
-		Foreign:  rc.foreign,
-		Features: relaysuite.Features{Ordered: true, Proxy: true, Pinger: true, KeepsKeyOrder: true, SizeLimiter: true, PublishTimeouter: true},
+		New:     rc.transport,
+		Read:    rc.read,
+		Raw:     rawProduce,
+		Source:  rc.source,
+		Foreign: rc.foreign,
+		Settled: rc.settled,
+		Features: relaysuite.Features{
+			Ordered: true, Proxy: true, Pinger: true, KeepsKeyOrder: true, SizeLimiter: true, PublishTimeouter: true,
+			IdempotencyKey: true, HeadersAtLimit: 28,
+		},
 	}
 }
 
@@ -38,6 +44,7 @@ type relayClusters struct {
 	mu        sync.Mutex
 	clusters  map[string]*kfake.Cluster
 	consumers map[string]*consumer
+	groups    map[string]*kgo.Client // the group client of each topic's last source
 }
 
 // transport builds a client of its own. Through dial, when it is set, the client
@@ -85,11 +92,45 @@ func (rc *relayClusters) cluster(topic string) *kfake.Cluster {
 	return rc.clusters[topic]
 }
 
-// source reads topic from its start in a consumer group of its own.
+// source reads topic from its start in the consumer group "billing". Called again,
+// it closes the last source's client first, which leaves the group, so the new one
+// is given every partition from the committed offsets.
 func (rc *relayClusters) source(tb testing.TB, topic string) inbox.Source {
-	src, err := kafkatransport.NewSource(groupClient(tb, rc.cluster(topic), "billing", topic), kafkatransport.SourceConfig{})
+	rc.mu.Lock()
+	last := rc.groups[topic]
+	rc.mu.Unlock()
+	if last != nil {
+		last.Close()
+	}
+	cl := groupClient(tb, rc.cluster(topic), "billing", topic)
+	rc.mu.Lock()
+	rc.groups[topic] = cl
+	rc.mu.Unlock()
+	src, err := kafkatransport.NewSource(cl, kafkatransport.SourceConfig{})
 	require.NoError(tb, err)
 	return src
+}
+
+// settled requires the group "billing" to have committed every partition of topic
+// up to its end: every record processed, skipped or found a duplicate.
+func (rc *relayClusters) settled(tb testing.TB, topic string) {
+	adm := kadm.NewClient(newClient(tb, rc.cluster(topic)))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ends, err := adm.ListEndOffsets(ctx, topic)
+	require.NoError(tb, err)
+	committed, err := adm.FetchOffsets(ctx, "billing")
+	require.NoError(tb, err)
+	ends.Each(func(end kadm.ListedOffset) {
+		require.NoError(tb, end.Err)
+		if end.Offset <= 0 {
+			return
+		}
+		c, ok := committed.Lookup(topic, end.Partition)
+		require.True(tb, ok, "partition %d holds %d records and nothing is committed", end.Partition, end.Offset)
+		require.NoError(tb, c.Err)
+		assert.Equal(tb, end.Offset, c.At, "partition %d is committed up to its end", end.Partition)
+	})
 }
 
 // foreign produces a record with no key and no outbox headers.

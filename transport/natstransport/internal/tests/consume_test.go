@@ -1,7 +1,6 @@
 package tests
 
 import (
-	"context"
 	"testing"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -9,8 +8,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/inbox"
-	"github.com/outboxkit/outbox/store/memstore"
 	"github.com/outboxkit/outbox/transport/natstransport"
 )
 
@@ -18,11 +15,6 @@ func TestSourceConfig(t *testing.T) {
 	t.Parallel()
 	_, js := connect(t, natsURL())
 	s := createStream(t, js, jetstream.StreamConfig{Subjects: []string{streamName("cfg")}})
-	store, err := memstore.New(memstore.Config{})
-	require.NoError(t, err)
-	in, err := inbox.New(store, inbox.Config{Consumer: "c"})
-	require.NoError(t, err)
-	h := func(context.Context, *inbox.Delivery) error { return nil }
 	none, err := s.CreateOrUpdateConsumer(t.Context(), jetstream.ConsumerConfig{Durable: "none", AckPolicy: jetstream.AckNonePolicy})
 	require.NoError(t, err)
 	_, err = natstransport.NewSource(none, natstransport.SourceConfig{})
@@ -34,10 +26,6 @@ func TestSourceConfig(t *testing.T) {
 	assert.ErrorContains(t, err, "SourceConfig.FetchBatch")
 	_, err = natstransport.NewSource(nil, natstransport.SourceConfig{})
 	assert.ErrorIs(t, err, outbox.ErrMisconfigured)
-	src, err := natstransport.NewSource(explicit, natstransport.SourceConfig{})
-	require.NoError(t, err)
-	_, err = inbox.NewConsumer(src, nil, h, inbox.ConsumerConfig{})
-	assert.ErrorIs(t, err, outbox.ErrMisconfigured)
-	_, err = inbox.NewConsumer(src, in, h, inbox.ConsumerConfig{})
+	_, err = natstransport.NewSource(explicit, natstransport.SourceConfig{})
 	assert.NoError(t, err)
 }

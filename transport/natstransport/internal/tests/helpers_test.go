@@ -1,10 +1,8 @@
 package tests
 
 import (
-	"cmp"
 	"context"
 	"errors"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -16,23 +14,18 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
-	"github.com/outboxkit/outbox/outboxtest/netfault"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/transport/natstransport"
 )
 
-// natsURL is OUTBOX_TEST_NATS_URL, or the local server.
-func natsURL() string {
-	return cmp.Or(os.Getenv("OUTBOX_TEST_NATS_URL"), "nats://127.0.0.1:4222")
-}
+// natsURL is where the server is (OUTBOX_TEST_NATS_URL).
+func natsURL() string { return testenv.NATSURL() }
 
 // unavailable fails the test under CI=true, where the server must be there, and
 // skips it otherwise.
 func unavailable(tb testing.TB, err error) {
 	tb.Helper()
-	if os.Getenv("CI") == "true" {
-		tb.Fatalf("NATS with JetStream at %s is required under CI=true: %v", natsURL(), err)
-	}
-	tb.Skipf("NATS with JetStream at %s is not available (%v); start nats-server -js, or point OUTBOX_TEST_NATS_URL at one, to run this test", natsURL(), err)
+	testenv.Missing(tb, "NATS with JetStream (nats-server -js) at "+natsURL(), "OUTBOX_TEST_NATS_URL", err)
 }
 
 // connect opens a connection to url (the server's, or a proxy's) and a JetStream
@@ -158,12 +151,6 @@ func count(tb testing.TB, s jetstream.Stream) uint64 {
 	info, err := s.Info(ctx)
 	require.NoError(tb, err)
 	return info.State.Msgs
-}
-
-// newProxy puts a TCP proxy in front of target, so a test can cut the connection.
-func newProxy(tb testing.TB, target string) *netfault.Proxy {
-	tb.Helper()
-	return netfault.New(tb, target)
 }
 
 // hostPort is the host:port of a nats:// URL.

@@ -1,13 +1,9 @@
 package tests
 
 import (
-	"context"
-	"errors"
-	"fmt"
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
@@ -15,20 +11,9 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
+	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/transport/natstransport"
 )
-
-// failures indexes a Publish error by message id.
-func failures(t *testing.T, err error) map[uuid.UUID]error {
-	t.Helper()
-	var pe *driver.PublishError
-	require.ErrorAs(t, err, &pe)
-	out := map[uuid.UUID]error{}
-	for _, f := range pe.Failed {
-		out[f.ID] = f.Err
-	}
-	return out
-}
 
 // A subject no stream captures fails permanently, saying so; the rest of the batch,
 // on a subject a stream captures, is delivered.
@@ -41,7 +26,7 @@ func TestNoStreamIsPermanent(t *testing.T) {
 	lost := envelope(t, outbox.Message{Topic: streamName("nowhere"), Key: []byte("k"), Payload: []byte("x")})
 	kept := envelope(t, outbox.Message{Topic: subject, Key: []byte("k"), Payload: []byte("y")})
 
-	failed := failures(t, tr.Publish(t.Context(), []*driver.Envelope{lost, kept}))
+	failed := outboxtest.Failures(t, tr.Publish(t.Context(), []*driver.Envelope{lost, kept}))
 	require.Len(t, failed, 1)
 	err := failed[lost.ID]
 	assert.True(t, driver.IsPermanent(err), "no stream is permanent: %v", err)
@@ -62,7 +47,7 @@ func TestStreamMaxMsgSizeIsPermanent(t *testing.T) {
 	small := envelope(t, outbox.Message{Topic: subject, Key: []byte("a"), Payload: []byte("small")})
 	big := envelope(t, outbox.Message{Topic: subject, Key: []byte("b"), Payload: make([]byte, 4096)})
 
-	failed := failures(t, tr.Publish(t.Context(), []*driver.Envelope{small, big}))
+	failed := outboxtest.Failures(t, tr.Publish(t.Context(), []*driver.Envelope{small, big}))
 	require.Len(t, failed, 1)
 	assert.True(t, driver.IsPermanent(failed[big.ID]), "%v", failed[big.ID])
 	assert.ErrorIs(t, failed[big.ID], outbox.ErrTooLarge)
@@ -79,7 +64,7 @@ func TestFullStreamIsTransient(t *testing.T) {
 	first := envelope(t, outbox.Message{Topic: subject, Payload: []byte("1")})
 	second := envelope(t, outbox.Message{Topic: subject, Payload: []byte("2")})
 
-	failed := failures(t, tr.Publish(t.Context(), []*driver.Envelope{first, second}))
+	failed := outboxtest.Failures(t, tr.Publish(t.Context(), []*driver.Envelope{first, second}))
 	require.Len(t, failed, 1)
 	require.Contains(t, failed, second.ID)
 	assert.False(t, driver.IsPermanent(failed[second.ID]), "%v", failed[second.ID])
@@ -91,7 +76,7 @@ func TestInvalidSubjectIsPermanent(t *testing.T) {
 	_, js := connect(t, natsURL())
 	tr := newTransport(t, js, natstransport.Config{Subject: func(topic string) string { return "events." + topic }})
 	env := envelope(t, outbox.Message{Topic: "has space", Payload: []byte("x")})
-	failed := failures(t, tr.Publish(t.Context(), []*driver.Envelope{env}))
+	failed := outboxtest.Failures(t, tr.Publish(t.Context(), []*driver.Envelope{env}))
 	assert.True(t, driver.IsPermanent(failed[env.ID]))
 	assert.ErrorIs(t, failed[env.ID], outbox.ErrInvalidMessage)
 }
@@ -143,60 +128,4 @@ func TestNewChecksMaxMessageSizeAgainstMaxPayload(t *testing.T) {
 	var conn *nats.Conn
 	require.True(t, tr.As(&conn))
 	assert.Same(t, nc, conn)
-}
-
-// While the connection is cut, Publish fails transiently within AckTimeout and Ping
-// fails; once it is restored both succeed, and everything reported sent is in the
-// stream.
-func TestOutagePublishAndPing(t *testing.T) {
-	t.Parallel()
-	_, direct := connect(t, natsURL())
-	subject := streamName("outage")
-	s := createStream(t, direct, jetstream.StreamConfig{Subjects: []string{subject}})
-	p := newProxy(t, hostPort(natsURL()))
-	nc, js := connect(t, "nats://"+p.Addr(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
-	tr := newTransport(t, js, natstransport.Config{AckTimeout: 500 * time.Millisecond})
-	require.NoError(t, tr.Ping(t.Context()))
-
-	batch := func(n int) []*driver.Envelope {
-		out := make([]*driver.Envelope, n)
-		for i := range out {
-			out[i] = envelope(t, outbox.Message{Topic: subject, Key: fmt.Appendf(nil, "k%d", i%3), Payload: fmt.Appendf(nil, "%d", i)})
-		}
-		return out
-	}
-	require.NoError(t, tr.Publish(t.Context(), batch(10)))
-
-	p.Cut()
-	require.Eventually(t, func() bool { return !nc.IsConnected() }, 30*time.Second, 10*time.Millisecond)
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
-	err := tr.Ping(ctx)
-	cancel()
-	assert.Error(t, err, "the server is unreachable")
-	cut := batch(10)
-	failed := failures(t, tr.Publish(t.Context(), cut))
-	assert.Len(t, failed, len(cut), "nothing is acknowledged while cut off")
-	for _, err := range failed {
-		assert.False(t, driver.IsPermanent(err), "an outage is transient: %v", err)
-	}
-
-	p.Restore()
-	require.Eventually(t, func() bool { return nc.IsConnected() }, 30*time.Second, 10*time.Millisecond)
-	require.NoError(t, tr.Ping(t.Context()))
-	require.NoError(t, tr.Publish(t.Context(), cut), "the retry after the outage")
-	after := batch(10)
-	require.NoError(t, tr.Publish(t.Context(), after))
-	// 30 distinct messages; the copies the reconnect buffer may have delivered late
-	// are dropped by the duplicate window.
-	assert.Equal(t, uint64(30), count(t, s))
-}
-
-func TestPingHonoursContext(t *testing.T) {
-	t.Parallel()
-	_, js := connect(t, natsURL())
-	tr := newTransport(t, js, natstransport.Config{})
-	ctx, cancel := context.WithCancel(t.Context())
-	cancel()
-	err := tr.Ping(ctx)
-	assert.True(t, errors.Is(err, context.Canceled), "a cancelled ping says so: %v", err)
 }

@@ -20,17 +20,23 @@ import (
 
 // relayHarness runs the transport under the relay suite. The stream's duplicate
 // window drops a republished message. With PipelineKeys a key's order holds only
-// while nothing fails, so the suite does not check it.
+// while nothing fails, so the suite checks it only there (the transport keeps key
+// order). The limit leaves room for a few plain headers (in name order, they travel
+// as NATS headers).
 func relayHarness(pipeline bool) relaysuite.Harness {
 	rs := &relayStreams{pipeline: pipeline, readers: map[string]*reader{}, streams: map[string]jetstream.Stream{}}
 	return relaysuite.Harness{
-		New:      rs.transport,
-		Read:     rs.read,
-		Raw:      rawPublish,
-		Source:   rs.source,
-		Foreign:  rs.foreign,
-		Settled:  rs.settled,
-		Features: relaysuite.Features{Ordered: !pipeline, Deduplicates: true, Proxy: true, Pinger: true, KeepsKeyOrder: pipeline, SizeLimiter: true},
+		New:     rs.transport,
+		Read:    rs.read,
+		Raw:     rawPublish,
+		Source:  rs.source,
+		Foreign: rs.foreign,
+		Settled: rs.settled,
+		Features: relaysuite.Features{
+			Ordered: !pipeline, Deduplicates: true, Proxy: true,
+			Pinger: true, KeepsKeyOrder: pipeline, SizeLimiter: true,
+			IdempotencyKey: true, HeadersAtLimit: 8,
+		},
 	}
 }
 
@@ -82,9 +88,13 @@ func (rs *relayStreams) stream(topic string) jetstream.Stream {
 	return rs.streams[topic]
 }
 
-// source reads topic's stream through a durable consumer "billing".
+// source reads topic's stream through a durable consumer "billing" (the same one
+// when called again). What a stopped consumer left unacknowledged comes again after
+// a 10 s AckWait, not the default 30 s.
 func (rs *relayStreams) source(tb testing.TB, topic string) inbox.Source {
-	cons, err := rs.stream(topic).CreateOrUpdateConsumer(context.Background(), jetstream.ConsumerConfig{Durable: "billing", AckPolicy: jetstream.AckExplicitPolicy})
+	cons, err := rs.stream(topic).CreateOrUpdateConsumer(context.Background(), jetstream.ConsumerConfig{
+		Durable: "billing", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 10 * time.Second,
+	})
 	require.NoError(tb, err)
 	src, err := natstransport.NewSource(cons, natstransport.SourceConfig{})
 	require.NoError(tb, err)

@@ -1,14 +1,11 @@
-// Package tests holds the tests of package rabbitmq that need a RabbitMQ broker.
+// Package tests holds the tests of package rabbitmqtransport that need a RabbitMQ broker.
 package tests
 
 import (
-	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -19,14 +16,13 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxtest/netfault"
 	"github.com/outboxkit/outbox/transport/rabbitmqtransport"
 )
 
-// amqpURL is OUTBOX_TEST_AMQP_URL, or the local RabbitMQ's default virtual host.
-func amqpURL() string {
-	return cmp.Or(os.Getenv("OUTBOX_TEST_AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/")
-}
+// amqpURL is where the broker is (OUTBOX_TEST_AMQP_URL).
+func amqpURL() string { return testenv.AMQPURL() }
 
 var (
 	brokerOnce sync.Once
@@ -44,13 +40,9 @@ func needBroker(tb testing.TB) {
 		}
 		brokerErr = err
 	})
-	if brokerErr == nil {
-		return
+	if brokerErr != nil {
+		testenv.Missing(tb, "RabbitMQ", "OUTBOX_TEST_AMQP_URL", brokerErr)
 	}
-	if os.Getenv("CI") == "true" {
-		tb.Fatalf("RabbitMQ is required under CI=true: %v", brokerErr)
-	}
-	tb.Skipf("RabbitMQ is not available (%v); start it, or point OUTBOX_TEST_AMQP_URL at one, to run this test", brokerErr)
 }
 
 // dialer dials the broker, through addr when it is not empty (a proxy's address).
@@ -155,21 +147,6 @@ func envelope(t testing.TB, topic string, key, payload []byte) *driver.Envelope 
 	env, err := driver.NewEnvelope(outbox.Message{Topic: topic, Key: key, Payload: payload}, driver.DefaultBucketCount)
 	require.NoError(t, err)
 	return env
-}
-
-// failures indexes a Publish result's per-message failures by id.
-func failures(t testing.TB, err error) map[uuid.UUID]error {
-	t.Helper()
-	out := map[uuid.UUID]error{}
-	if err == nil {
-		return out
-	}
-	var pe *driver.PublishError
-	require.True(t, errors.As(err, &pe), "want a *driver.PublishError, got %v", err)
-	for _, f := range pe.Failed {
-		out[f.ID] = f.Err
-	}
-	return out
 }
 
 // newProxy puts a TCP proxy in front of the broker, so a test can cut the connection.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
+	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/transport/rabbitmqtransport"
 )
 
@@ -39,7 +40,7 @@ func TestConfirmTimeoutAndCloseLeaveNothingBehind(t *testing.T) {
 		batch = append(batch, envelope(t, topic, []byte("k"), make([]byte, 1024)))
 	}
 	p.SetLatency(time.Second)
-	failed := failures(t, tr.Publish(context.Background(), batch))
+	failed := outboxtest.Failures(t, tr.Publish(context.Background(), batch))
 	p.SetLatency(0)
 	require.Len(t, failed, len(batch), "no confirm arrives within the window")
 	for id, cause := range failed {

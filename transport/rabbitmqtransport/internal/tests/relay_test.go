@@ -21,18 +21,23 @@ import (
 func relayHarness() relaysuite.Harness {
 	rt := &relayTopics{declared: map[string]bool{}}
 	return relaysuite.Harness{
-		New:      rt.transport,
-		Read:     rt.read,
-		Raw:      rawPublisher,
-		Source:   rt.source,
-		Foreign:  rt.foreign,
-		Settled:  rt.settled,
-		Features: relaysuite.Features{Ordered: true, Proxy: true, Pinger: true, SizeLimiter: true},
+		New:     rt.transport,
+		Read:    rt.read,
+		Raw:     rawPublisher,
+		Source:  rt.source,
+		Foreign: rt.foreign,
+		Settled: rt.settled,
+		Features: relaysuite.Features{
+			Ordered: true, Proxy: true, Pinger: true, SizeLimiter: true,
+			IdempotencyKey: true, HeadersAtLimit: 28,
+		},
 	}
 }
 
 // relayTopics gives each topic of the relay suite a fanout exchange with one durable
-// queue of the same name, routed by topic alone (as in the conformance suite).
+// queue of the same name, routed by topic alone: the conformance suite's keys go past
+// AMQP's 255-byte routing keys (the key still travels, in
+// rabbitmqtransport.HeaderKey; TestDefaultRoute covers the default route).
 type relayTopics struct {
 	mu       sync.Mutex
 	declared map[string]bool
@@ -40,7 +45,8 @@ type relayTopics struct {
 
 // transport dials the broker, through dial when it is set. The connections' 2 s
 // heartbeat gives up on one that forwards nothing within seconds, and a confirm
-// that does not come within 2 s fails the call.
+// that does not come within 2 s fails the call. Its 64 KiB limit keeps the suite's
+// messages at the limit small (the default is the broker's 16 MiB).
 func (rt *relayTopics) transport(tb testing.TB, topic string, dial func(string) string) driver.Transport {
 	rt.mu.Lock()
 	if !rt.declared[topic] {
@@ -57,6 +63,7 @@ func (rt *relayTopics) transport(tb testing.TB, topic string, dial func(string) 
 		addr = dial(u.Host)
 	}
 	return newTransport(tb, addr, rabbitmqtransport.Config{
+		MaxMessageSize: 64 << 10,
 		ConfirmTimeout: 2 * time.Second,
 		Route:          func(env *driver.Envelope) (string, string) { return env.Topic, "" },
 	})

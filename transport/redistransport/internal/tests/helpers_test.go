@@ -1,9 +1,7 @@
 package tests
 
 import (
-	"cmp"
 	"context"
-	"os"
 	"testing"
 	"time"
 
@@ -13,23 +11,18 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
-	"github.com/outboxkit/outbox/outboxtest/netfault"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/transport/redistransport"
 )
 
-// redisAddr is OUTBOX_TEST_REDIS_ADDR, or the local server.
-func redisAddr() string {
-	return cmp.Or(os.Getenv("OUTBOX_TEST_REDIS_ADDR"), "127.0.0.1:6379")
-}
+// redisAddr is where the server is (OUTBOX_TEST_REDIS_ADDR).
+func redisAddr() string { return testenv.RedisAddr() }
 
 // unavailable fails the test under CI=true, where the server must be there, and
 // skips it otherwise.
 func unavailable(tb testing.TB, err error) {
 	tb.Helper()
-	if os.Getenv("CI") == "true" {
-		tb.Fatalf("Redis at %s is required under CI=true: %v", redisAddr(), err)
-	}
-	tb.Skipf("Redis at %s is not available (%v); start redis-server, or point OUTBOX_TEST_REDIS_ADDR at one, to run this test", redisAddr(), err)
+	testenv.Missing(tb, "Redis at "+redisAddr(), "OUTBOX_TEST_REDIS_ADDR", err)
 }
 
 // connect returns a client of addr (the server's, or a proxy's), closed at cleanup.
@@ -129,10 +122,4 @@ func length(tb testing.TB, client *redis.Client, stream string) int64 {
 	n, err := client.XLen(context.Background(), stream).Result()
 	require.NoError(tb, err)
 	return n
-}
-
-// newProxy puts a TCP proxy in front of target, so a test can cut the connection.
-func newProxy(tb testing.TB, target string) *netfault.Proxy {
-	tb.Helper()
-	return netfault.New(tb, target)
 }

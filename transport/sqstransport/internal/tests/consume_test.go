@@ -88,12 +88,7 @@ func TestConsumerAppliesOnceInGroupOrderAndDeletesAfterCommit(t *testing.T) {
 	}, time.Minute, 100*time.Millisecond)
 	require.NoError(t, stop())
 
-	applied, order := l.Snapshot()
-	require.Len(t, applied, n)
-	for id, times := range applied {
-		require.Equal(t, 1, times, "message %s", id)
-	}
-	require.Equal(t, want, order, "each group's messages were applied in send order")
+	require.Equal(t, want, l.RequireOnce(t, n), "each group's messages were applied in send order")
 }
 
 func TestConsumerLeavesFailedMessageForRedelivery(t *testing.T) {
@@ -126,58 +121,10 @@ func TestConsumerLeavesFailedMessageForRedelivery(t *testing.T) {
 	_, first := redelivered.Load(false)
 	_, again := redelivered.Load(true)
 	require.True(t, first && again, "the queue's receive count tells the first receive from the next")
-	applied, _ := l.Snapshot()
-	require.Len(t, applied, 1)
-	for _, times := range applied {
-		require.Equal(t, 1, times)
-	}
-}
-
-func TestConsumerStopsGracefully(t *testing.T) {
-	srv, _, url := setup(t, false, nil)
-	tr := newTransport(t, srv.Client(), sqstransport.Config{Resolver: sqstransport.Queues{"orders": url}})
-	require.NoError(t, tr.Publish(context.Background(), []*driver.Envelope{envelope(t, "orders", []byte("k"), []byte("v"))}))
-	store, err := memstore.New(memstore.Config{})
-	require.NoError(t, err)
-	defer store.Close()
-	in, err := inbox.New(store, inbox.Config{Consumer: "billing"})
-	require.NoError(t, err)
-	l := outboxtest.NewLedger()
-	entered, release := make(chan struct{}), make(chan struct{})
-	c := newConsumer(t, srv.Client(), sqstransport.SourceConfig{QueueURL: url, WaitTime: time.Second, VisibilityTimeout: 600 * time.Second}, in, func(ctx context.Context, d *inbox.Delivery) error {
-		close(entered)
-		<-release
-		return l.Apply(ctx, d)
-	}, inbox.ConsumerConfig{})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	<-entered
-	cancel()
-	select {
-	case err := <-done:
-		t.Fatalf("Run returned (%v) while a message was in progress", err)
-	case <-time.After(100 * time.Millisecond):
-	}
-	close(release)
-	require.NoError(t, <-done)
-	applied, _ := l.Snapshot()
-	require.Len(t, applied, 1)
-	// It was deleted before Run returned: with a 600 s visibility timeout, a message
-	// not deleted would still count as in flight.
-	attrs, err := srv.Client().GetQueueAttributes(context.Background(), &sqs.GetQueueAttributesInput{QueueUrl: &url, AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameAll}})
-	require.NoError(t, err)
-	require.Equal(t, "0", attrs.Attributes["ApproximateNumberOfMessagesNotVisible"])
-	require.Equal(t, "0", attrs.Attributes["ApproximateNumberOfMessages"])
+	l.RequireOnce(t, 1)
 }
 
 func TestSourceConfigValidate(t *testing.T) {
-	store, err := memstore.New(memstore.Config{})
-	require.NoError(t, err)
-	defer store.Close()
-	in, err := inbox.New(store, inbox.Config{Consumer: "billing"})
-	require.NoError(t, err)
-	h := func(context.Context, *inbox.Delivery) error { return nil }
 	for field, cfg := range map[string]sqstransport.SourceConfig{
 		"QueueURL":          {},
 		"MaxMessages":       {QueueURL: "q", MaxMessages: 11},
@@ -188,13 +135,8 @@ func TestSourceConfigValidate(t *testing.T) {
 		require.ErrorIs(t, err, outbox.ErrMisconfigured, field)
 		require.ErrorContains(t, err, "SourceConfig."+field)
 	}
-	_, err = sqstransport.NewSource(nil, sqstransport.SourceConfig{QueueURL: "q"})
+	_, err := sqstransport.NewSource(nil, sqstransport.SourceConfig{QueueURL: "q"})
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
-	src, err := sqstransport.NewSource(&sqs.Client{}, sqstransport.SourceConfig{QueueURL: "q"})
+	_, err = sqstransport.NewSource(&sqs.Client{}, sqstransport.SourceConfig{QueueURL: "q"})
 	require.NoError(t, err)
-	_, err = inbox.NewConsumer(src, in, h, inbox.ConsumerConfig{StopTimeout: -1})
-	require.ErrorIs(t, err, outbox.ErrMisconfigured)
-	require.ErrorContains(t, err, "ConsumerConfig.StopTimeout")
-	_, err = inbox.NewConsumer(src, nil, h, inbox.ConsumerConfig{})
-	require.ErrorIs(t, err, outbox.ErrMisconfigured)
 }

@@ -2,7 +2,9 @@ package tests
 
 import (
 	"context"
+	"errors"
 	"net/url"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -15,6 +17,7 @@ import (
 	"github.com/outboxkit/outbox/driver"
 	"github.com/outboxkit/outbox/inbox"
 	emulator "github.com/outboxkit/outbox/internal/sqsemulator"
+	"github.com/outboxkit/outbox/internal/transportkit"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/outboxtest/relaysuite"
 	"github.com/outboxkit/outbox/transport/sqstransport"
@@ -29,26 +32,51 @@ func relayHarness(fifo bool) relaysuite.Harness {
 		New:  rq.transport,
 		Read: rq.read,
 		Raw:  rq.raw,
-		// On FIFO queues the transport comes wrapped in fifoKeepsKeyOrder, which
-		// keeps Publish alone of its methods.
-		Features: relaysuite.Features{Ordered: fifo, Deduplicates: fifo, Proxy: true, KeepsKeyOrder: fifo, SizeLimiter: !fifo},
+		Features: relaysuite.Features{
+			Ordered: fifo, Deduplicates: fifo, Proxy: true, KeepsKeyOrder: fifo, SizeLimiter: true,
+			IdempotencyKey: true, HeadersAtLimit: 32,
+		},
 	}
-	// The Consume subtest runs on the standard queue only: the emulator hands out a
+	// The Consume subtests run on the standard queue only: the emulator hands out a
 	// FIFO group's later messages while an earlier one is in flight, which SQS does
-	// not. A foreign message stays on the queue for its redrive policy, so the
-	// harness has no Settled.
+	// not.
 	if !fifo {
-		h.Source, h.Foreign = rq.source, rq.foreign
+		h.Source, h.Foreign, h.Settled = rq.source, rq.foreign, rq.settled
 	}
 	return h
 }
 
-// fifoKeepsKeyOrder declares what the transport does on FIFO queues: it never
-// acknowledges a key's message after failing an earlier one in the same call (it
-// holds back the later messages of a failed group).
-type fifoKeepsKeyOrder struct{ driver.Transport }
+// fifoKeepsKeyOrder is the transport on a FIFO queue as a key-order keeper, which it
+// does not declare (the relay then never puts two messages of a key in one call).
+// SQS holds a group's later messages back behind a transient failure; behind a
+// permanent one, which the relay parks, it sends them. A key-order keeper must never
+// acknowledge them, so Publish reports those failed too: the queue's deduplication
+// drops the relay's retry of what was sent.
+type fifoKeepsKeyOrder struct{ *sqstransport.Transport }
 
 func (fifoKeepsKeyOrder) KeepsKeyOrder() bool { return true }
+
+func (f fifoKeepsKeyOrder) Publish(ctx context.Context, batch []*driver.Envelope) error {
+	err := f.Transport.Publish(ctx, batch)
+	var pe *driver.PublishError
+	if !errors.As(err, &pe) {
+		return err
+	}
+	errs := make([]error, len(batch))
+	for _, m := range pe.Failed {
+		errs[slices.IndexFunc(batch, func(env *driver.Envelope) bool { return env.ID == m.ID })] = m.Err
+	}
+	transportkit.HoldBackTails(batch, errs, errHeldBack)
+	held := &driver.PublishError{}
+	for i, err := range errs {
+		if err != nil {
+			held.Failed = append(held.Failed, driver.MessageError{ID: batch[i].ID, Err: err})
+		}
+	}
+	return held
+}
+
+var errHeldBack = errors.New("held back behind an earlier message of its key that failed")
 
 // relayQueues gives each topic of the relay suite a queue of its own in the shared
 // emulator, FIFO (named after the topic plus ".fifo") when fifo is set.
@@ -78,7 +106,7 @@ func (rq *relayQueues) url(tb testing.TB, topic string) string {
 // source receives from topic's queue, with a short wait and visibility timeout.
 func (rq *relayQueues) source(tb testing.TB, topic string) inbox.Source {
 	src, err := sqstransport.NewSource(emulator.Shared(tb).Client(), sqstransport.SourceConfig{
-		QueueURL: rq.url(tb, topic), WaitTime: time.Second, VisibilityTimeout: 5 * time.Second,
+		QueueURL: rq.url(tb, topic), WaitTime: time.Second, VisibilityTimeout: sourceVisibility,
 	})
 	require.NoError(tb, err)
 	return src
@@ -89,6 +117,33 @@ func (rq *relayQueues) foreign(tb testing.TB, topic string) {
 	in := &sqs.SendMessageInput{QueueUrl: aws.String(rq.url(tb, topic)), MessageBody: aws.String("not from the outbox")}
 	_, err := emulator.Shared(tb).Client().SendMessage(context.Background(), in)
 	require.NoError(tb, err)
+}
+
+// sourceVisibility is the visibility timeout of the sources the harness makes.
+const sourceVisibility = 5 * time.Second
+
+// settled requires every message the outbox wrote to have been deleted: once the
+// source's visibility timeout has passed since the consumer stopped, whatever it
+// left is visible again, and receiving everything finds only foreign messages (the
+// source leaves those for the queue's redrive policy).
+func (rq *relayQueues) settled(tb testing.TB, topic string) {
+	url := rq.url(tb, topic)
+	client := emulator.Shared(tb).Client()
+	visibleAgain := time.Now().Add(sourceVisibility + time.Second)
+	for {
+		out, err := client.ReceiveMessage(context.Background(), &sqs.ReceiveMessageInput{
+			QueueUrl: aws.String(url), MaxNumberOfMessages: 10, WaitTimeSeconds: 1, VisibilityTimeout: 600,
+			MessageAttributeNames: []string{"All"},
+		})
+		require.NoError(tb, err)
+		for _, m := range out.Messages {
+			d, err := sqstransport.Decode(m)
+			require.Error(tb, err, "message %v, which the outbox wrote, is still on the queue", d)
+		}
+		if len(out.Messages) == 0 && time.Now().After(visibleAgain) {
+			return
+		}
+	}
 }
 
 // transport builds a client of its own: through dial, when it is set, it sends every

@@ -23,6 +23,7 @@ import (
 	"github.com/outboxkit/outbox/driver"
 	emulator "github.com/outboxkit/outbox/internal/sqsemulator"
 	"github.com/outboxkit/outbox/middleware"
+	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/transport/sqstransport"
 )
 
@@ -225,27 +226,6 @@ func mustIndex(t *testing.T, batch []*driver.Envelope, id uuid.UUID) int {
 	return -1
 }
 
-func TestPublishTooLargeIsPermanentAndTheRestArrive(t *testing.T) {
-	t.Parallel()
-	srv, name, url := setup(t, false, nil)
-	client := srv.Client()
-	tr := newTransport(t, client, sqstransport.Config{})
-	big := envelope(t, name, []byte("big"), bytes.Repeat([]byte("x"), sqstransport.DefaultQueueLimit))
-	ok1 := envelope(t, name, []byte("a"), []byte("fine"))
-	ok2 := envelope(t, name, []byte("b"), []byte("fine"))
-
-	err := tr.Publish(context.Background(), []*driver.Envelope{ok1, big, ok2})
-	var perr *driver.PublishError
-	require.ErrorAs(t, err, &perr)
-	require.Len(t, perr.Failed, 1)
-	assert.Equal(t, big.ID, perr.Failed[0].ID)
-	assert.True(t, driver.IsPermanent(perr.Failed[0].Err))
-	assert.ErrorIs(t, perr.Failed[0].Err, outbox.ErrTooLarge)
-
-	got, _ := receive(t, client, url, 2)
-	assert.ElementsMatch(t, []uuid.UUID{ok1.ID, ok2.ID}, []uuid.UUID{got[0].ID, got[1].ID})
-}
-
 // A queue whose MaximumMessageSize is below the transport's limit: SQS itself
 // refuses the entry, and that per-entry failure is permanent while its neighbours in
 // the same request are sent.
@@ -348,12 +328,9 @@ func (h *hookClient) SendMessageBatch(ctx context.Context, in *sqs.SendMessageBa
 // failedIDs checks that every failure is transient and returns the failed IDs.
 func failedIDs(t *testing.T, err error) map[uuid.UUID]error {
 	t.Helper()
-	var perr *driver.PublishError
-	require.ErrorAs(t, err, &perr)
-	failed := map[uuid.UUID]error{}
-	for _, f := range perr.Failed {
-		assert.False(t, driver.IsPermanent(f.Err), "an outage is transient: %v", f.Err)
-		failed[f.ID] = f.Err
+	failed := outboxtest.Failures(t, err)
+	for _, cause := range failed {
+		assert.False(t, driver.IsPermanent(cause), "an outage is transient: %v", cause)
 	}
 	return failed
 }

@@ -3,12 +3,10 @@
 package tests
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net/url"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -21,13 +19,12 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/driver"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/transport/watermilltransport"
 )
 
-// amqpURL is OUTBOX_TEST_AMQP_URL, or the local RabbitMQ's default virtual host.
-func amqpURL() string {
-	return cmp.Or(os.Getenv("OUTBOX_TEST_AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/")
-}
+// amqpURL is where the broker is (OUTBOX_TEST_AMQP_URL).
+func amqpURL() string { return testenv.AMQPURL() }
 
 var (
 	brokerOnce sync.Once
@@ -45,13 +42,9 @@ func needBroker(tb testing.TB) {
 		}
 		brokerErr = err
 	})
-	if brokerErr == nil {
-		return
+	if brokerErr != nil {
+		testenv.Missing(tb, "RabbitMQ", "OUTBOX_TEST_AMQP_URL", brokerErr)
 	}
-	if os.Getenv("CI") == "true" {
-		tb.Fatalf("RabbitMQ is required under CI=true: %v", brokerErr)
-	}
-	tb.Skipf("RabbitMQ is not available (%v); start it, or point OUTBOX_TEST_AMQP_URL at one, to run this test", brokerErr)
 }
 
 // urlVia returns the broker URL, through addr when it is not empty (a proxy).

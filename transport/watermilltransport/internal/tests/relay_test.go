@@ -22,10 +22,13 @@ import (
 func relayHarness() relaysuite.Harness {
 	rq := &relayQueues{declared: map[string]bool{}}
 	return relaysuite.Harness{
-		New:      rq.transport,
-		Read:     rq.read,
-		Raw:      rawPublish,
-		Features: relaysuite.Features{Ordered: true, Proxy: true, ReconnectRaces: true, Pinger: true, KeepsKeyOrder: true, SizeLimiter: true},
+		New:  rq.transport,
+		Read: rq.read,
+		Raw:  rawPublish,
+		Features: relaysuite.Features{
+			Ordered: true, Proxy: true, ReconnectRaces: true, Pinger: true, KeepsKeyOrder: true, SizeLimiter: true,
+			IdempotencyKey: true, HeadersAtLimit: 28,
+		},
 	}
 }
 
@@ -38,7 +41,9 @@ type relayQueues struct {
 }
 
 // transport builds a publisher of its own, through dial when it is set. Watermill's
-// publisher reconnects by itself; Config.Ping reports its connection state.
+// publisher reconnects by itself; Config.Ping reports its connection state. The
+// transport's 64 KiB limit stands for what the broker takes less the metadata
+// (Watermill's publisher has none of its own).
 func (rq *relayQueues) transport(tb testing.TB, topic string, dial func(string) string) driver.Transport {
 	addr := ""
 	if dial != nil {
@@ -53,7 +58,7 @@ func (rq *relayQueues) transport(tb testing.TB, topic string, dial func(string) 
 		rq.declared[topic] = true
 	}
 	rq.mu.Unlock()
-	return newTransport(tb, pub, watermilltransport.Config{})
+	return newTransport(tb, pub, watermilltransport.Config{MaxMessageSize: 64 << 10})
 }
 
 // read takes n messages off the topic's queue, on a connection of its own, as a
