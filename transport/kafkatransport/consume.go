@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sort"
 	"sync"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -43,7 +44,7 @@ func (c SourceConfig) Validate() error {
 //   - The offsets of a poll are committed in one commit, per partition up to the
 //     last record done: never past a record that failed (it is retried in place,
 //     holding its partition and so the next poll) or that the consumer stopped
-//     before. A crash, a failed commit or a rebalance redelivers records whose units
+//     before; a later Run on the same source receives those again. A crash, a failed commit or a rebalance redelivers records whose units
 //     committed, and the inbox finds them duplicates.
 //   - A record whose inbox key cannot be derived (no idempotency-key or message id
 //     header and no inbox.Config.KeyFunc) is skipped, its offset committed with the
@@ -62,6 +63,13 @@ type Source struct {
 
 	mu      sync.Mutex
 	skipped []*kgo.Record // rejected in this poll: committed with the others
+
+	polled map[partition][]*kgo.Record // the last poll's records, for Ack's rewind
+}
+
+type partition struct {
+	topic string
+	id    int32
 }
 
 // NewSource returns a source on client, which the caller builds with
@@ -102,10 +110,12 @@ func (s *Source) Receive(ctx context.Context) ([][]*inbox.Delivery, error) {
 		}
 	})
 	var lanes [][]*inbox.Delivery
+	s.polled = map[partition][]*kgo.Record{}
 	fetches.EachPartition(func(p kgo.FetchTopicPartition) {
 		if len(p.Records) == 0 {
 			return
 		}
+		s.polled[partition{p.Topic, p.Partition}] = p.Records
 		lane := make([]*inbox.Delivery, len(p.Records))
 		for i, rec := range p.Records {
 			// A record without the outbox's message id still goes to the inbox, which
@@ -119,8 +129,10 @@ func (s *Source) Receive(ctx context.Context) ([][]*inbox.Delivery, error) {
 }
 
 // Ack commits, per partition, the offset after the last record done (processed or
-// skipped), in one commit, and then allows a rebalance if the client blocks them on
-// poll.
+// skipped), in one commit; moves the client's fetch position back to the first
+// record the consumer stopped before, so that a later Run on this source receives it
+// instead of committing past it; and then allows a rebalance if the client blocks
+// them on poll.
 func (s *Source) Ack(ctx context.Context, ds []*inbox.Delivery) error {
 	s.mu.Lock()
 	recs := s.skipped
@@ -128,10 +140,6 @@ func (s *Source) Ack(ctx context.Context, ds []*inbox.Delivery) error {
 	s.mu.Unlock()
 	for _, d := range ds {
 		recs = append(recs, d.Raw.(*kgo.Record))
-	}
-	type partition struct {
-		topic string
-		id    int32
 	}
 	last := map[partition]*kgo.Record{}
 	for _, rec := range recs {
@@ -148,10 +156,37 @@ func (s *Source) Ack(ctx context.Context, ds []*inbox.Delivery) error {
 		}
 		err = s.client.CommitRecords(ctx, commit...)
 	}
+	s.rewind(last)
 	if s.block {
 		s.client.AllowRebalance()
 	}
 	return err
+}
+
+// rewind sets the fetch position of each partition of the last poll whose records
+// were not all done to its first record not done: the client has fetched past it, and
+// the next poll would otherwise start after it. It runs on the polling goroutine
+// before a rebalance is allowed, as kgo asks of SetOffsets in a group.
+func (s *Source) rewind(last map[partition]*kgo.Record) {
+	back := map[string]map[int32]kgo.EpochOffset{}
+	for p, recs := range s.polled {
+		done := last[p]
+		i := 0
+		if done != nil {
+			i = sort.Search(len(recs), func(i int) bool { return recs[i].Offset > done.Offset })
+		}
+		if i == len(recs) {
+			continue
+		}
+		if back[p.topic] == nil {
+			back[p.topic] = map[int32]kgo.EpochOffset{}
+		}
+		back[p.topic][p.id] = kgo.EpochOffset{Epoch: recs[i].LeaderEpoch, Offset: recs[i].Offset}
+	}
+	s.polled = nil
+	if len(back) > 0 {
+		s.client.SetOffsets(back)
+	}
 }
 
 // Reject skips a record that can never be processed: its offset is committed with

@@ -159,3 +159,51 @@ func TestNewSourceRefusesMisconfiguredClient(t *testing.T) {
 	_, err = kafkatransport.NewSource(ok, kafkatransport.SourceConfig{})
 	require.NoError(t, err)
 }
+
+// TestRunAgainOnTheSameSourceGetsWhatTheStopLeft stops a consumer in the middle of a
+// poll and runs a new one on the same source and client: the records the first
+// stopped before are received again, not committed past by the second.
+func TestRunAgainOnTheSameSourceGetsWhatTheStopLeft(t *testing.T) {
+	const topic, n = "consume-again", 20
+	c := newCluster(t, 1, topic)
+	publishKeyed(t, c, topic, n, 1)
+	store, err := memstore.New(memstore.Config{})
+	require.NoError(t, err)
+	defer store.Close()
+	in, err := inbox.New(store, inbox.Config{Consumer: "billing"})
+	require.NoError(t, err)
+	src, err := kafkatransport.NewSource(groupClient(t, c, "g", topic, kgo.BlockRebalanceOnPoll()), kafkatransport.SourceConfig{})
+	require.NoError(t, err)
+	l := outboxtest.NewLedger()
+	entered, release := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int64
+	first, err := inbox.NewConsumer(src, in, func(ctx context.Context, d *inbox.Delivery) error {
+		if calls.Add(1) == 3 {
+			close(entered)
+			<-release
+		}
+		return l.Apply(ctx, d)
+	}, inbox.ConsumerConfig{})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- first.Run(ctx) }()
+	<-entered
+	cancel() // the third record is in its handler; the poll holds the rest
+	close(release)
+	require.NoError(t, <-done)
+	require.Equal(t, 3, l.Len(), "the first consumer finished the record in progress and started no other")
+	require.Equal(t, map[int32]int64{0: 3}, committed(t, c, "g", topic, 1))
+
+	second, err := inbox.NewConsumer(src, in, l.Apply, inbox.ConsumerConfig{})
+	require.NoError(t, err)
+	stop := outboxtest.RunConsumer(t, second)
+	require.Eventually(t, func() bool { return committed(t, c, "g", topic, 1)[0] == n }, time.Minute, 10*time.Millisecond,
+		"the second consumer commits to the end")
+	require.NoError(t, stop())
+	applied, _ := l.Snapshot()
+	require.Len(t, applied, n, "every record applied, none skipped between the two runs")
+	for id, times := range applied {
+		require.Equal(t, 1, times, "record %s applied once", id)
+	}
+}
