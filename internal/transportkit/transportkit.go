@@ -15,8 +15,10 @@
 package transportkit
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/google/uuid"
 
@@ -112,6 +114,59 @@ func Positive[T ~int | ~int64](transport, field string, v T, zero string) error 
 		return fmt.Errorf("%w: %s: %s is %v; it must be positive (or 0 for %s)", outbox.ErrMisconfigured, transport, field, v, zero)
 	}
 	return nil
+}
+
+// Required is a Config.Validate check of a setting that has no default: the error
+// it returns for an empty v wraps [outbox.ErrMisconfigured] and reads
+// "<transport>: <field> is required", followed by " (<hint>)" when hint is set.
+func Required(transport, field, v, hint string) error {
+	switch {
+	case v != "":
+		return nil
+	case hint != "":
+		return fmt.Errorf("%w: %s: %s is required (%s)", outbox.ErrMisconfigured, transport, field, hint)
+	}
+	return fmt.Errorf("%w: %s: %s is required", outbox.ErrMisconfigured, transport, field)
+}
+
+// Between is a Config.Validate check of a setting the broker bounds: the error it
+// returns for a v outside lo to hi wraps [outbox.ErrMisconfigured] and reads
+// "<transport>: <field> is <v>; <bounds>", where bounds says what the broker takes.
+func Between[T cmp.Ordered](transport, field string, v, lo, hi T, bounds string) error {
+	if v < lo || v > hi {
+		return fmt.Errorf("%w: %s: %s is %v; %s", outbox.ErrMisconfigured, transport, field, v, bounds)
+	}
+	return nil
+}
+
+// MessageID is the id a decoded message carries in its last [outbox.HeaderMessageID]
+// header. Its error says that there is none or that it is not a UUID; a transport's
+// Decode wraps it with [outbox.ErrInvalidMessage] and the broker's name for the
+// message.
+func MessageID(m *outbox.Message) (uuid.UUID, error) {
+	raw, ok := m.Header(outbox.HeaderMessageID)
+	if !ok {
+		return uuid.Nil, fmt.Errorf("no %s header: it did not come through the outbox", outbox.HeaderMessageID)
+	}
+	id, err := uuid.ParseBytes(raw)
+	if err != nil {
+		return uuid.Nil, fmt.Errorf("%s header %q: %w", outbox.HeaderMessageID, raw, err)
+	}
+	return id, nil
+}
+
+// OtherNames returns, sorted, the names in m that the transport does not reserve
+// for itself: the header names of a message another producer published (or whose
+// header order was lost), which a Decode then lists in name order.
+func OtherNames[M ~map[string]V, V any](m M, reserved func(name string) bool) []string {
+	names := make([]string, 0, len(m))
+	for name := range m {
+		if !reserved(name) {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	return names
 }
 
 // Payload is a decoded message's payload: nil for a tombstone, and otherwise the

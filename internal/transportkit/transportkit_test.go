@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -115,6 +116,44 @@ func TestPositive(t *testing.T) {
 		outbox.ErrMisconfigured.Error()+": x: Config.Len is -2; it must be positive (or 0 for none)")
 }
 
+func TestRequired(t *testing.T) {
+	assert.NoError(t, Required("x", "SourceConfig.Queue", "q", ""))
+	err := Required("x", "SourceConfig.Queue", "", "")
+	assert.ErrorIs(t, err, outbox.ErrMisconfigured)
+	assert.EqualError(t, err, outbox.ErrMisconfigured.Error()+": x: SourceConfig.Queue is required")
+	assert.EqualError(t, Required("x", "SourceConfig.Name", "", "a stable name per process"),
+		outbox.ErrMisconfigured.Error()+": x: SourceConfig.Name is required (a stable name per process)")
+}
+
+func TestBetween(t *testing.T) {
+	for _, v := range []int{0, 7, 10} {
+		assert.NoError(t, Between("x", "Config.N", v, 0, 10, "the broker takes 0 to 10"), "%d", v)
+	}
+	for _, v := range []int{-1, 11} {
+		err := Between("x", "Config.N", v, 0, 10, "the broker takes 0 to 10")
+		assert.ErrorIs(t, err, outbox.ErrMisconfigured)
+		assert.EqualError(t, err, fmt.Sprintf("%s: x: Config.N is %d; the broker takes 0 to 10", outbox.ErrMisconfigured, v))
+	}
+	assert.EqualError(t, Between("x", "Config.Wait", 21*time.Second, 0, 20*time.Second, "at most 20 s"),
+		outbox.ErrMisconfigured.Error()+": x: Config.Wait is 21s; at most 20 s")
+}
+
+func TestMessageID(t *testing.T) {
+	id := uuid.New()
+	m := &outbox.Message{Headers: []outbox.Header{
+		{Key: outbox.HeaderMessageID, Value: []byte("stale")},
+		{Key: outbox.HeaderMessageID, Value: []byte(id.String())},
+	}}
+	got, err := MessageID(m)
+	require.NoError(t, err)
+	assert.Equal(t, id, got, "the last header counts")
+
+	_, err = MessageID(&outbox.Message{Headers: []outbox.Header{{Key: "other", Value: []byte(id.String())}}})
+	assert.EqualError(t, err, "no "+outbox.HeaderMessageID+" header: it did not come through the outbox")
+	_, err = MessageID(&outbox.Message{Headers: []outbox.Header{{Key: outbox.HeaderMessageID, Value: []byte("nope")}}})
+	assert.ErrorContains(t, err, outbox.HeaderMessageID+` header "nope": `)
+}
+
 func TestPayload(t *testing.T) {
 	assert.Nil(t, Payload([]byte("p"), true), "a tombstone")
 	assert.Nil(t, Payload(nil, true))
@@ -139,4 +178,11 @@ func TestDelivery(t *testing.T) {
 	assert.Equal(t, raw, bad.Raw)
 	assert.Zero(t, bad.ID, "nothing decoded is passed on")
 	assert.Empty(t, bad.Payload)
+}
+
+func TestOtherNames(t *testing.T) {
+	m := map[string][]string{"b": nil, "x-own": nil, "a": nil, "c": nil}
+	own := func(name string) bool { return name == "x-own" }
+	assert.Equal(t, []string{"a", "b", "c"}, OtherNames(m, own))
+	assert.Empty(t, OtherNames(map[string]int{"x-own": 1}, own))
 }

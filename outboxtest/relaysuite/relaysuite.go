@@ -119,6 +119,12 @@ type Features struct {
 	// a data race that the race detector reports while it reconnects. The outage
 	// subtests are then skipped in builds with -race, and run without it.
 	ReconnectRaces bool
+	// ReconnectBackoff reports that the broker's client waits out a backoff of its
+	// own before it reconnects once a connection healed (Kafka's producer), so the
+	// first publish after the heal may still fail transiently. The Outage/Call
+	// subtest then retries until one succeeds; otherwise the first retry must
+	// (after Ping answers, for a [driver.Pinger]).
+	ReconnectBackoff bool
 
 	// Pinger, KeepsKeyOrder, SizeLimiter and PublishTimeouter declare the optional
 	// interfaces of package driver that the transport New returns implements, which

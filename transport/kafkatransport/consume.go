@@ -13,6 +13,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/inbox"
+	"github.com/outboxkit/outbox/internal/transportkit"
 )
 
 // DefaultMaxPollRecords is the default of [SourceConfig.MaxPollRecords].
@@ -30,10 +31,7 @@ type SourceConfig struct {
 // Validate reports the first invalid field, naming it, with an error wrapping
 // [outbox.ErrMisconfigured].
 func (c SourceConfig) Validate() error {
-	if c.MaxPollRecords < 0 {
-		return fmt.Errorf("%w: kafkatransport: SourceConfig.MaxPollRecords %d is negative", outbox.ErrMisconfigured, c.MaxPollRecords)
-	}
-	return nil
+	return transportkit.Positive("kafkatransport", "SourceConfig.MaxPollRecords", c.MaxPollRecords, "the default")
 }
 
 // Source is Kafka's side of an [inbox.Consumer]. Each partition of a poll is a

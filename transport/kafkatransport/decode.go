@@ -8,6 +8,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/transportkit"
 )
 
 // Delivery is a record the outbox published, read back by a consumer.
@@ -47,13 +48,9 @@ func Decode(rec *kgo.Record) (Delivery, error) {
 			d.Headers[i] = outbox.Header{Key: h.Key, Value: h.Value}
 		}
 	}
-	raw, ok := d.Header(outbox.HeaderMessageID)
-	if !ok {
-		return d, fmt.Errorf("%w: kafkatransport: record %s/%d@%d has no %s header", outbox.ErrInvalidMessage, rec.Topic, rec.Partition, rec.Offset, outbox.HeaderMessageID)
-	}
-	id, err := uuid.ParseBytes(raw)
+	id, err := transportkit.MessageID(&d.Message)
 	if err != nil {
-		return d, fmt.Errorf("%w: kafkatransport: record %s/%d@%d: %s header %q: %w", outbox.ErrInvalidMessage, rec.Topic, rec.Partition, rec.Offset, outbox.HeaderMessageID, raw, err)
+		return d, fmt.Errorf("%w: kafkatransport: record %s/%d@%d: %w", outbox.ErrInvalidMessage, rec.Topic, rec.Partition, rec.Offset, err)
 	}
 	d.ID = id
 	return d, nil

@@ -29,10 +29,7 @@ type SourceConfig struct {
 // Validate reports the first invalid field, naming it, with an error wrapping
 // [outbox.ErrMisconfigured].
 func (c SourceConfig) Validate() error {
-	if c.FetchBatch < 0 {
-		return fmt.Errorf("%w: natstransport: SourceConfig.FetchBatch %d is negative", outbox.ErrMisconfigured, c.FetchBatch)
-	}
-	return nil
+	return transportkit.Positive("natstransport", "SourceConfig.FetchBatch", c.FetchBatch, "the default")
 }
 
 // Source is JetStream's side of an [inbox.Consumer], which processes one message at

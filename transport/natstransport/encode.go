@@ -3,7 +3,6 @@ package natstransport
 import (
 	"encoding/base64"
 	"fmt"
-	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -182,14 +181,7 @@ func decode(subject string, h nats.Header, data []byte) (Delivery, error) {
 			d.Headers = append(d.Headers, outbox.Header{Key: outbox.HeaderIdempotencyKey, Value: []byte(v)})
 		}
 	} else {
-		names := make([]string, 0, len(h))
-		for k := range h {
-			if !stamped[k] {
-				names = append(names, k)
-			}
-		}
-		slices.Sort(names)
-		for _, k := range names {
+		for _, k := range transportkit.OtherNames(h, func(name string) bool { return stamped[name] }) {
 			for _, v := range h[k] {
 				d.Headers = append(d.Headers, outbox.Header{Key: k, Value: []byte(v)})
 			}

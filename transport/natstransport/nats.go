@@ -123,8 +123,8 @@ func New(js jetstream.JetStream, cfg Config) (*Transport, error) {
 // KeepsKeyOrder implements [driver.KeyOrderKeeper]: it reports [Config.PipelineKeys].
 func (t *Transport) KeepsKeyOrder() bool { return t.cfg.PipelineKeys }
 
-// MaxMessageSize implements [driver.SizeLimiter]: [Config.MaxMessageSize], or its
-// default.
+// MaxMessageSize implements [driver.SizeLimiter]: [Config.MaxMessageSize], or, where
+// that is 0, the connection's max_payload less the room the headers need.
 func (t *Transport) MaxMessageSize() int { return t.cfg.MaxMessageSize }
 
 // As reaches the underlying clients: target must be a *jetstream.JetStream or a

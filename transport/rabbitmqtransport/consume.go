@@ -29,13 +29,10 @@ type SourceConfig struct {
 // Validate reports the first invalid field, naming it, with an error wrapping
 // [outbox.ErrMisconfigured].
 func (c SourceConfig) Validate() error {
-	switch {
-	case c.Queue == "":
-		return fmt.Errorf("%w: rabbitmqtransport: SourceConfig.Queue is required", outbox.ErrMisconfigured)
-	case c.Prefetch < 0 || c.Prefetch > 65535:
-		return fmt.Errorf("%w: rabbitmqtransport: SourceConfig.Prefetch %d: AMQP takes 0 (the default) to 65535", outbox.ErrMisconfigured, c.Prefetch)
-	}
-	return nil
+	return cmp.Or(
+		transportkit.Required("rabbitmqtransport", "SourceConfig.Queue", c.Queue, ""),
+		transportkit.Between("rabbitmqtransport", "SourceConfig.Prefetch", c.Prefetch, 0, 65535, "AMQP takes 0 (the default) to 65535"),
+	)
 }
 
 // Source is RabbitMQ's side of an [inbox.Consumer], which processes one delivery at

@@ -2,7 +2,6 @@ package rabbitmqtransport
 
 import (
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -59,13 +58,9 @@ func Decode(d amqp.Delivery) (Delivery, error) {
 		return out, fmt.Errorf("%w: rabbitmqtransport: delivery %q from exchange %q: %w", outbox.ErrInvalidMessage, d.MessageId, d.Exchange, err)
 	}
 	out.Headers = headers
-	raw, ok := out.Header(outbox.HeaderMessageID)
-	if !ok {
-		return out, fmt.Errorf("%w: rabbitmqtransport: delivery %q from exchange %q has no %s header", outbox.ErrInvalidMessage, d.MessageId, d.Exchange, outbox.HeaderMessageID)
-	}
-	id, err := uuid.ParseBytes(raw)
+	id, err := transportkit.MessageID(&out.Message)
 	if err != nil {
-		return out, fmt.Errorf("%w: rabbitmqtransport: delivery from exchange %q: %s header %q: %w", outbox.ErrInvalidMessage, d.Exchange, outbox.HeaderMessageID, raw, err)
+		return out, fmt.Errorf("%w: rabbitmqtransport: delivery %q from exchange %q: %w", outbox.ErrInvalidMessage, d.MessageId, d.Exchange, err)
 	}
 	out.ID = id
 	return out, nil
@@ -75,13 +70,7 @@ func Decode(d amqp.Delivery) (Delivery, error) {
 func decodeHeaders(table amqp.Table) ([]outbox.Header, error) {
 	order, ok := table[HeaderOrder].([]any)
 	if !ok {
-		names := make([]string, 0, len(table))
-		for name := range table {
-			if !reserved(name) {
-				names = append(names, name)
-			}
-		}
-		slices.Sort(names)
+		names := transportkit.OtherNames(table, reserved)
 		order = make([]any, 0, len(names))
 		for _, name := range names {
 			if values, ok := table[name].([]any); ok {

@@ -38,17 +38,12 @@ type SourceConfig struct {
 // Validate reports the first invalid field, naming it, with an error wrapping
 // [outbox.ErrMisconfigured].
 func (c SourceConfig) Validate() error {
-	switch {
-	case c.Stream == "":
-		return fmt.Errorf("%w: redistransport: SourceConfig.Stream is required", outbox.ErrMisconfigured)
-	case c.Group == "":
-		return fmt.Errorf("%w: redistransport: SourceConfig.Group is required", outbox.ErrMisconfigured)
-	case c.Name == "":
-		return fmt.Errorf("%w: redistransport: SourceConfig.Name is required (a stable name per consumer process)", outbox.ErrMisconfigured)
-	case c.ReadCount < 0:
-		return fmt.Errorf("%w: redistransport: SourceConfig.ReadCount %d is negative", outbox.ErrMisconfigured, c.ReadCount)
-	}
-	return nil
+	return cmp.Or(
+		transportkit.Required("redistransport", "SourceConfig.Stream", c.Stream, ""),
+		transportkit.Required("redistransport", "SourceConfig.Group", c.Group, ""),
+		transportkit.Required("redistransport", "SourceConfig.Name", c.Name, "a stable name per consumer process"),
+		transportkit.Positive("redistransport", "SourceConfig.ReadCount", c.ReadCount, "the default"),
+	)
 }
 
 // Source is the Redis Streams side of an [inbox.Consumer], which processes one entry

@@ -90,11 +90,9 @@ type Config struct {
 // Validate reports the first setting that cannot work, naming its field. Zero values
 // are valid: they take their defaults.
 func (c Config) Validate() error {
-	if c.MaxMessageSize < 0 || c.MaxMessageSize > maxBulk {
-		return fmt.Errorf("%w: redistransport: Config.MaxMessageSize is %d; it must be between 1 and %d (or 0 for the default)", outbox.ErrMisconfigured, c.MaxMessageSize, maxBulk)
-	}
 	// The first failed check, in field order.
 	return cmp.Or(
+		transportkit.Between("redistransport", "Config.MaxMessageSize", c.MaxMessageSize, 0, maxBulk, fmt.Sprintf("it must be between 1 and %d (or 0 for the default)", maxBulk)),
 		transportkit.Positive("redistransport", "Config.MaxLen", c.MaxLen, "no trimming"),
 		transportkit.Positive("redistransport", "Config.WaitReplicas", c.WaitReplicas, "no WAIT"),
 		transportkit.Positive("redistransport", "Config.WaitTimeout", c.WaitTimeout, "the default"),
@@ -135,8 +133,8 @@ func New(client redis.UniversalClient, cfg Config) (*Transport, error) {
 // key's messages together.
 func (t *Transport) KeepsKeyOrder() bool { return true }
 
-// MaxMessageSize implements [driver.SizeLimiter]: [Config.MaxMessageSize], or its
-// default.
+// MaxMessageSize implements [driver.SizeLimiter]: [Config.MaxMessageSize], or, where
+// that is 0, [DefaultMaxMessageSize].
 func (t *Transport) MaxMessageSize() int { return t.cfg.MaxMessageSize }
 
 // As reaches the underlying client: target must be a *redis.UniversalClient, or a

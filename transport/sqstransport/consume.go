@@ -47,17 +47,12 @@ type SourceConfig struct {
 // Validate reports the first invalid field, naming it, with an error wrapping
 // [outbox.ErrMisconfigured].
 func (c SourceConfig) Validate() error {
-	switch {
-	case c.QueueURL == "":
-		return fmt.Errorf("%w: sqstransport: SourceConfig.QueueURL is required", outbox.ErrMisconfigured)
-	case c.MaxMessages < 0 || c.MaxMessages > 10:
-		return fmt.Errorf("%w: sqstransport: SourceConfig.MaxMessages %d: SQS returns 1 to 10 messages a receive", outbox.ErrMisconfigured, c.MaxMessages)
-	case c.WaitTime < 0 || c.WaitTime > 20*time.Second:
-		return fmt.Errorf("%w: sqstransport: SourceConfig.WaitTime %v: SQS long-polls for 0 to 20 s", outbox.ErrMisconfigured, c.WaitTime)
-	case c.VisibilityTimeout < 0 || c.VisibilityTimeout > 12*time.Hour:
-		return fmt.Errorf("%w: sqstransport: SourceConfig.VisibilityTimeout %v: SQS takes 0 to 12 h", outbox.ErrMisconfigured, c.VisibilityTimeout)
-	}
-	return nil
+	return cmp.Or(
+		transportkit.Required("sqstransport", "SourceConfig.QueueURL", c.QueueURL, ""),
+		transportkit.Between("sqstransport", "SourceConfig.MaxMessages", c.MaxMessages, 0, 10, "SQS returns 1 to 10 messages a receive (or 0 for 10)"),
+		transportkit.Between("sqstransport", "SourceConfig.WaitTime", c.WaitTime, 0, 20*time.Second, "SQS long-polls for 0 to 20 s"),
+		transportkit.Between("sqstransport", "SourceConfig.VisibilityTimeout", c.VisibilityTimeout, 0, 12*time.Hour, "SQS takes 0 to 12 h (or 0 for the queue's own)"),
+	)
 }
 
 // Source is SQS's side of an [inbox.Consumer]. The messages of one FIFO message

@@ -4,7 +4,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
-	"slices"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
@@ -49,13 +48,9 @@ func Decode(msg *message.Message) (Delivery, error) {
 		return d, fmt.Errorf("%w: watermilltransport: message %s: %w", outbox.ErrInvalidMessage, msg.UUID, err)
 	}
 	d.Headers = headers
-	raw, ok := d.Header(outbox.HeaderMessageID)
-	if !ok {
-		return d, fmt.Errorf("%w: watermilltransport: message %s has no %s header", outbox.ErrInvalidMessage, msg.UUID, outbox.HeaderMessageID)
-	}
-	id, err := uuid.ParseBytes(raw)
+	id, err := transportkit.MessageID(&d.Message)
 	if err != nil {
-		return d, fmt.Errorf("%w: watermilltransport: message %s: %s header %q: %w", outbox.ErrInvalidMessage, msg.UUID, outbox.HeaderMessageID, raw, err)
+		return d, fmt.Errorf("%w: watermilltransport: message %s: %w", outbox.ErrInvalidMessage, msg.UUID, err)
 	}
 	d.ID = id
 	return d, nil
@@ -64,13 +59,7 @@ func Decode(msg *message.Message) (Delivery, error) {
 func decodeHeaders(md message.Metadata) ([]outbox.Header, error) {
 	list, ok := md[MetadataHeaders]
 	if !ok {
-		names := make([]string, 0, len(md))
-		for name := range md {
-			if !reserved(name) {
-				names = append(names, name)
-			}
-		}
-		slices.Sort(names)
+		names := transportkit.OtherNames(md, reserved)
 		headers := make([]outbox.Header, len(names))
 		for i, name := range names {
 			headers[i] = outbox.Header{Key: name, Value: []byte(md[name])}

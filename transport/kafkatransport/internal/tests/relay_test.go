@@ -32,7 +32,7 @@ func relayHarness() relaysuite.Harness {
 		Foreign: rc.foreign,
 		Settled: rc.settled,
 		Features: relaysuite.Features{
-			Ordered: true, Proxy: true, Pinger: true, KeepsKeyOrder: true, SizeLimiter: true, PublishTimeouter: true,
+			Ordered: true, Proxy: true, ReconnectBackoff: true, Pinger: true, KeepsKeyOrder: true, SizeLimiter: true, PublishTimeouter: true,
 			IdempotencyKey: true, HeadersAtLimit: 28,
 		},
 	}
