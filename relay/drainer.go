@@ -36,7 +36,7 @@ type drainer struct {
 
 	// failLogMu guards failLog, the per-bucket rate limit of publish-failure warnings.
 	failLogMu sync.Mutex
-	failLog   []failLogState
+	failLog   []warnLimit
 }
 
 // loop drains the buckets this relay holds: those a commit wake-up names, and every
@@ -588,25 +588,12 @@ func (d *drainer) complete(ctx context.Context, acked []*driver.Envelope) error 
 	return nil
 }
 
-// failLogState is one bucket's publish-failure warning rate limit.
-type failLogState struct {
-	last       time.Time // when the last warning was logged; zero: never
-	suppressed int       // failures logged at DEBUG since then
-}
-
 // logFailure logs a failed publish that will be retried: at WARN for the first
 // failure of a bucket in each LeaseRenewInterval, with the number of failures logged
 // at DEBUG since the previous warning; at DEBUG otherwise.
 func (d *drainer) logFailure(e *driver.Envelope, attempts int, next time.Time, cause string, now time.Time) {
 	d.failLogMu.Lock()
-	st := &d.failLog[e.Bucket]
-	warn := st.last.IsZero() || now.Sub(st.last) >= d.cfg.LeaseRenewInterval || now.Before(st.last)
-	suppressed := st.suppressed
-	if warn {
-		st.last, st.suppressed = now, 0
-	} else {
-		st.suppressed++
-	}
+	warn, suppressed := d.failLog[e.Bucket].next(now, d.cfg.LeaseRenewInterval)
 	d.failLogMu.Unlock()
 	attrs := []any{"message_id", e.ID, "topic", e.Topic, "bucket", e.Bucket, "attempts", attempts,
 		"next_attempt", next, "error", cause}

@@ -148,3 +148,29 @@ func TestPermanentFailureParksWithAWarning(t *testing.T) {
 	}
 	require.Empty(t, sink.Records("publish failed"))
 }
+
+// The rate limit both warnings share: the first record warns, the next ones within
+// the interval go to DEBUG, the first a full interval on warns with their count, and
+// so does one after the clock went back.
+func TestWarnLimit(t *testing.T) {
+	var w warnLimit
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	type step struct {
+		at         time.Duration
+		warn       bool
+		suppressed int
+	}
+	for i, s := range []step{
+		{0, true, 0},
+		{time.Second, false, 0},
+		{9 * time.Second, false, 0},
+		{10 * time.Second, true, 2},
+		{11 * time.Second, false, 0},
+		{5 * time.Second, true, 1}, // the clock went back
+		{6 * time.Second, false, 0},
+	} {
+		warn, suppressed := w.next(t0.Add(s.at), 10*time.Second)
+		require.Equal(t, s.warn, warn, "step %d", i)
+		require.Equal(t, s.suppressed, suppressed, "step %d", i)
+	}
+}

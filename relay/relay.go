@@ -199,7 +199,7 @@ func assemble(store driver.Store, transport driver.Transport, cfg Config) (*Rela
 		d.coord.metered = m.Metered()
 	}
 	d.drain = &drainer{cfg: c, log: d.log, store: bounded, transport: transport, retainer: retainer,
-		leases: d.leases, meter: d.meter, health: health, failLog: make([]failLogState, cfg.BucketCount)}
+		leases: d.leases, meter: d.meter, health: health, failLog: make([]warnLimit, cfg.BucketCount)}
 	d.drain.notifier, _ = store.(driver.Notifier)
 	if p, ok := store.(driver.Prober); ok {
 		d.drain.prober = deadlinedProber{bounded, p}

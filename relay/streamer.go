@@ -47,10 +47,8 @@ type streamer struct {
 	held     map[string][]uuid.UUID // key → its pending envelopes in the table, oldest first
 	watched  time.Time              // last look at the held keys
 	diverted atomic.Int64
-	// divertWarned is when a write to the table lane was last logged at WARN;
-	// divertSuppressed counts those logged at DEBUG since.
-	divertWarned     time.Time
-	divertSuppressed int
+	// divertLog rate-limits the warnings of writes to the table lane.
+	divertLog warnLimit
 }
 
 // newStreamer returns the stream service, or nil if the store has no stream. The
@@ -454,14 +452,11 @@ func (s *streamer) divert(ctx context.Context, envs []*driver.Envelope, causes m
 // write: through a broker outage, every batch); at DEBUG otherwise.
 func (s *streamer) logDiverted(n int) {
 	const msg = "relay: messages the broker kept refusing went to the table lane; their keys follow them there until it is drained"
-	now := s.cfg.now()
 	attrs := []any{"messages", n, "keys_held", len(s.held)}
-	if s.divertWarned.IsZero() || now.Sub(s.divertWarned) >= s.cfg.LeaseRenewInterval || now.Before(s.divertWarned) {
-		s.log.Warn(msg, append(attrs, "suppressed", s.divertSuppressed)...)
-		s.divertWarned, s.divertSuppressed = now, 0
+	if warn, suppressed := s.divertLog.next(s.cfg.now(), s.cfg.LeaseRenewInterval); warn {
+		s.log.Warn(msg, append(attrs, "suppressed", suppressed)...)
 		return
 	}
-	s.divertSuppressed++
 	s.log.Debug(msg, attrs...)
 }
 

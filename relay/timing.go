@@ -70,3 +70,23 @@ func (c *Config) backoff(attempts int) time.Duration {
 	}
 	return delay
 }
+
+// warnLimit rate-limits a repeated warning to one WARN per LeaseRenewInterval; the
+// records between two warnings go to DEBUG, and the next warning says how many.
+type warnLimit struct {
+	last       time.Time // when the last warning was logged; zero: never
+	suppressed int       // records logged at DEBUG since then
+}
+
+// next reports whether the record due at now is a warning (the first, one a full
+// interval after the last, or one after the clock went back) and, if so, how many
+// records went to DEBUG since the previous warning.
+func (w *warnLimit) next(now time.Time, interval time.Duration) (warn bool, suppressed int) {
+	if !w.last.IsZero() && now.Sub(w.last) < interval && !now.Before(w.last) {
+		w.suppressed++
+		return false, 0
+	}
+	suppressed = w.suppressed
+	w.last, w.suppressed = now, 0
+	return true, suppressed
+}
