@@ -127,15 +127,15 @@ func (t *Transport) KeepsKeyOrder() bool { return t.cfg.PipelineKeys }
 // that is 0, the connection's max_payload less the room the headers need.
 func (t *Transport) MaxMessageSize() int { return t.cfg.MaxMessageSize }
 
-// As reaches the underlying clients: target must be a *jetstream.JetStream or a
-// **nats.Conn.
+// As reaches the underlying clients: target must be a **nats.Conn or a
+// *jetstream.JetStream.
 func (t *Transport) As(target any) bool {
 	switch p := target.(type) {
-	case *jetstream.JetStream:
-		*p = t.js
-		return true
 	case **nats.Conn:
 		*p = t.js.Conn()
+		return true
+	case *jetstream.JetStream:
+		*p = t.js
 		return true
 	}
 	return false

@@ -112,10 +112,11 @@ type Transport struct {
 // New returns an error wrapping [outbox.ErrMisconfigured] when client is nil or cfg
 // is invalid ([Config.Validate], and WaitReplicas with a cluster client).
 func New(client redis.UniversalClient, cfg Config) (*Transport, error) {
+	_, cluster := client.(*redis.ClusterClient)
 	if err := transportkit.CheckArgs(client == nil, "redistransport: client is nil: pass a client from redis.NewClient", cfg); err != nil {
 		return nil, err
 	}
-	if _, cluster := client.(*redis.ClusterClient); cluster && cfg.WaitReplicas > 0 {
+	if cluster && cfg.WaitReplicas > 0 {
 		return nil, fmt.Errorf("%w: redistransport: Config.WaitReplicas needs a client of one primary (redis.NewClient or redis.NewFailoverClient): on a cluster client WAIT reaches a single node", outbox.ErrMisconfigured)
 	}
 	if cfg.MaxMessageSize == 0 {
