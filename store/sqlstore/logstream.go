@@ -31,7 +31,8 @@ var _ driver.Streamer = logDriverStore{}
 // wal_sender_timeout (60 s by default); a status update goes out well before.
 const (
 	streamIdleWait       = 500 * time.Millisecond // Next returns empty after this
-	streamLinger         = 500 * time.Microsecond // more commits already on the wire join a batch
+	streamLinger         = 500 * time.Microsecond // the longest wait for more commits to join a batch
+	streamLingerMin      = 50 * time.Microsecond  // the shortest, once such waits catch nothing
 	streamStatusInterval = 10 * time.Second
 	streamMaxBatch       = 1024
 )
@@ -69,7 +70,7 @@ func (s logDriverStore) OpenStream(ctx context.Context) (driver.Stream, error) {
 		}
 		return nil, s.wrap(ctx, "start replication", err)
 	}
-	return &logStream{s: s.Store, conn: conn, prefix: s.LogPrefix(), lastStatus: time.Now()}, nil
+	return &logStream{s: s.Store, conn: conn, prefix: s.LogPrefix(), lastStatus: time.Now(), linger: streamLinger}, nil
 }
 
 func isState(err error, state string) bool {
@@ -122,6 +123,9 @@ type logStream struct {
 	inTx   bool
 	txEnvs []*driver.Envelope // the open transaction's messages
 	ready  []*driver.Envelope // whole transactions not yet handed out
+	txns   int                // how many transactions ready holds
+	// linger is how long a batch waits for one more commit: see adapt.
+	linger time.Duration
 	// readyPos is past the last transaction in ready; handed past the last handed
 	// out; confirmed what the caller confirmed; idle the latest position past which
 	// every transaction was received (commits without our messages, keepalives).
@@ -152,7 +156,7 @@ func (st *logStream) Next(ctx context.Context) ([]*driver.Envelope, driver.Strea
 		}
 		if len(st.ready) > 0 {
 			// Commits already on their way join the batch.
-			until = time.Now().Add(streamLinger)
+			until = time.Now().Add(st.linger)
 		}
 		rctx, cancel := context.WithDeadline(ctx, until)
 		msg, err := st.conn.ReceiveMessage(rctx)
@@ -164,6 +168,7 @@ func (st *logStream) Next(ctx context.Context) ([]*driver.Envelope, driver.Strea
 			}
 			if timedOut && pgconn.Timeout(err) {
 				if len(st.ready) > 0 {
+					st.adapt()
 					return st.hand()
 				}
 				if !time.Now().Before(idleUntil) {
@@ -182,9 +187,23 @@ func (st *logStream) Next(ctx context.Context) ([]*driver.Envelope, driver.Strea
 // hand hands out the ready transactions.
 func (st *logStream) hand() ([]*driver.Envelope, driver.StreamPosition, error) {
 	out := st.ready
-	st.ready = nil
+	st.ready, st.txns = nil, 0
 	st.handed = st.readyPos
 	return out, driver.StreamPosition(st.handed), nil
+}
+
+// adapt sets the next batch's linger when this one is handed out after waiting in
+// vain for another commit. Where commits come closer together than streamLinger, a
+// batch gathers several and the full wait pays for itself in fewer, larger publishes;
+// where they come apart, every message would wait it out for nothing, so each batch of
+// one transaction halves the wait, down to streamLingerMin, and the first batch of
+// several restores it.
+func (st *logStream) adapt() {
+	if st.txns > 1 {
+		st.linger = streamLinger
+		return
+	}
+	st.linger = max(st.linger/2, streamLingerMin)
 }
 
 func (st *logStream) fail(err error) error {
@@ -247,6 +266,7 @@ func (st *logStream) decode(data []byte) error {
 		st.inTx = false
 		if len(st.txEnvs) > 0 {
 			st.ready = append(st.ready, st.txEnvs...)
+			st.txns++
 			st.readyPos = c.TransactionEndLSN
 			st.txEnvs = nil
 		} else if c.TransactionEndLSN > st.idle {
