@@ -191,8 +191,9 @@ type Features struct {
 //     (Features.Pinger): a cut that outlasts a message's attempts and a lease parks
 //     nothing, and a relay started once the proxy heals delivers everything. Call:
 //     one Publish call during a cut fails, transiently, claiming nothing sent, and
-//     Ping fails (Features.Pinger); once the proxy heals Ping answers, the retry
-//     and the next call succeed, and every message is on the broker once.
+//     Ping fails (Features.Pinger); once the proxy heals Ping answers, the first
+//     retry (with Features.ReconnectBackoff, one after the client's backoff) and
+//     the next call succeed, and every message is on the broker once.
 //   - CutOffRelayHandsOver (Features.Proxy and Features.Pinger): of two relays on
 //     one store, the one whose broker connection is cut hands its buckets to the
 //     other, which delivers everything; nothing is parked; the first takes its share
